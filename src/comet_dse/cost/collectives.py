@@ -1,0 +1,142 @@
+"""Collective communication costed by algorithm on the network dimensions a group spans.
+
+Devices are numbered with the innermost network dimension varying fastest. A
+group of ``size`` devices with ``stride`` (TP: stride 1; PP: stride tp; DP:
+stride tp*pp) covers a number of coordinates in each dimension (its *span*).
+Multi-dimension collectives are hierarchical: reduce-scatter inner to outer
+dimension (data shrinking by each span), all-gather back outer to inner.
+
+Per dimension with span n, data S bytes, per-device bandwidth B and step latency a:
+    reduce-scatter = all-gather = (n-1)/n * S / B  +  steps(n) * a
+    all-reduce     = reduce-scatter + all-gather
+    all-to-all     = (n-1)/n * S / B * hops(n) + steps(n) * a
+Sources: Thakur, Rabenseifner & Gropp 2005 (ring/recursive algorithms);
+Patarasuk & Yuan 2009 (bandwidth-optimal all-reduce); docs/model.md.
+All functions are element-wise over numpy arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from comet_dse.hardware.spec import NetworkDim, Topology
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One network dimension as the cost model sees it (arrays allowed)."""
+
+    size: object
+    topology: Topology
+    bandwidth: object
+    link_bandwidth: object
+    latency: object
+
+    @classmethod
+    def of(cls, dim: NetworkDim, size: int) -> "Dim":
+        return cls(size=size, topology=dim.topology, bandwidth=dim.device_bandwidth,
+                   link_bandwidth=dim.link_bandwidth * dim.efficiency, latency=dim.latency)
+
+
+def spans(dims: tuple, stride, size) -> list:
+    """Members of a (stride, size) group along each dimension, innermost first.
+
+    For dimension i with c_i = product of the sizes inside it:
+        span_i = clip(stride*size / c_i, 1, d_i) / clip(stride / c_i, 1, d_i)
+    e.g. on 8-GPU nodes, DP=32 at stride 8 spans (1, 32); TP=16 at stride 1 spans (8, 2).
+    """
+    out, inner = [], 1.0
+    for dim in dims:
+        reach = np.clip(stride * size / inner, 1.0, dim.size)
+        start = np.clip(stride / inner, 1.0, dim.size)
+        out.append(np.maximum(reach / start, 1.0))
+        inner = inner * dim.size
+    return out
+
+
+def effective_bandwidth(dim: Dim, n):
+    """Per-device bandwidth a bandwidth-optimal collective gets on ``n`` members of ``dim`` [bytes/s].
+
+    switch, ring: all the device's links. torus: all links when the group closes
+    the ring (n == size), else half (a line). mesh: half (a ring embedded in a
+    line uses each link once per direction). fully connected: the links to the
+    n-1 peers in the group.
+    """
+    if dim.topology is Topology.SWITCH or dim.topology is Topology.RING:
+        return dim.bandwidth * np.ones_like(n)
+    if dim.topology is Topology.TORUS:
+        return np.where(n >= dim.size, dim.bandwidth, 0.5 * dim.bandwidth)
+    if dim.topology is Topology.MESH:
+        return 0.5 * dim.bandwidth * np.ones_like(n)
+    peers = np.maximum(dim.size - 1, 1)
+    return dim.bandwidth * np.maximum(n - 1, 1) / peers
+
+
+def latency_steps(dim: Dim, n):
+    """Message steps of one reduce-scatter or all-gather phase.
+
+    Rings, tori and meshes: n-1 (ring algorithm). Switches and fully connected:
+    ceil(log2 n) (tree / recursive halving), which collective libraries pick
+    when latency matters.
+    """
+    if dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
+        return np.ceil(np.log2(np.maximum(n, 1)))
+    return n - 1
+
+
+def reduce_scatter_time(nbytes, dims: tuple, group_spans: list):
+    """Hierarchical reduce-scatter of ``nbytes`` per device over the spanned dimensions [s]."""
+    total = np.zeros(np.broadcast(nbytes, *group_spans).shape)
+    data = nbytes * 1.0
+    for dim, n in zip(dims, group_spans):
+        t = (n - 1) / n * data / effective_bandwidth(dim, n) + latency_steps(dim, n) * dim.latency
+        total = total + np.where(n > 1, t, 0.0)
+        data = data / n
+    return total
+
+
+def all_gather_time(nbytes, dims: tuple, group_spans: list):
+    """All-gather whose result is ``nbytes`` per device: same cost as the reduce-scatter [s]."""
+    return reduce_scatter_time(nbytes, dims, group_spans)
+
+
+def all_reduce_time(nbytes, dims: tuple, group_spans: list):
+    """Bandwidth-optimal all-reduce = reduce-scatter + all-gather [s]."""
+    return 2.0 * reduce_scatter_time(nbytes, dims, group_spans)
+
+
+def all_to_all_time(nbytes, dims: tuple, group_spans: list):
+    """All-to-all where each device holds ``nbytes`` and keeps 1/n of it [s].
+
+    Per dimension: (n-1)/n * S / B * hops + steps * latency, where hops is the
+    mean path length a byte travels: 1 on a switch or fully connected, n/4 on a
+    closed ring/torus (both directions), n/3 on a line (mesh, open torus).
+    Dimensions are traversed one after another (dimension-ordered routing).
+    """
+    total = np.zeros(np.broadcast(nbytes, *group_spans).shape)
+    for dim, n in zip(dims, group_spans):
+        if dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
+            hops = np.ones_like(n)
+        elif dim.topology is Topology.RING or dim.topology is Topology.TORUS:
+            hops = np.where(n >= dim.size, np.maximum(n / 4.0, 1.0), np.maximum(n / 3.0, 1.0))
+        else:
+            hops = np.maximum(n / 3.0, 1.0)
+        bw = dim.bandwidth if dim.topology is not Topology.FULLY_CONNECTED else effective_bandwidth(dim, n)
+        t = (n - 1) / n * nbytes / bw * hops + (n - 1) * dim.latency
+        total = total + np.where(n > 1, t, 0.0)
+    return total
+
+
+def send_recv_time(nbytes, dims: tuple, group_spans: list):
+    """Point-to-point transfer between neighbours of a group (pipeline stages) [s].
+
+    The slowest hop is through the outermost dimension the group spans. A
+    switch lets one transfer use all the device's links; rings, tori, meshes
+    and fully connected dimensions give it one link.
+    """
+    time = np.zeros(np.broadcast(nbytes, *group_spans).shape)
+    for dim, n in zip(dims, group_spans):
+        bw = dim.bandwidth if dim.topology is Topology.SWITCH else dim.link_bandwidth
+        time = np.where(n > 1, nbytes / bw + dim.latency, time)
+    return time

@@ -1,0 +1,148 @@
+"""Kernel time: a roofline over the memory hierarchy.
+
+Every function works element-wise on numpy arrays (a scalar is an array of
+one), so the same code serves one estimate and a sweep of millions.
+
+A kernel takes max(FLOPs / achievable FLOP/s, bytes / bandwidth of the tier
+the bytes stream from) + a fixed launch overhead (docs/model.md, "Compute").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Device:
+    """The numbers of an accelerator that kernel times need (SI units; arrays allowed).
+
+    peak: dense matrix FLOP/s for the step's dtype; matmul_eff: best-shape
+    fraction of it (benchmark); units, tile_m, tile_n: compute units and the
+    largest matmul tile (for wave/tile quantisation); sram_cap, sram_bw:
+    on-chip memory; hbm_bw: achievable off-chip bandwidth; vector: FLOP/s of
+    the vector units; overhead: seconds per kernel.
+    """
+
+    peak: object
+    matmul_eff: object
+    units: object
+    tile_m: object
+    tile_n: object
+    sram_cap: object
+    sram_bw: object
+    hbm_bw: object
+    vector: object
+    overhead: object
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Time of a kernel split by what bounds it: ``math`` if FLOP-bound, else ``memory``.
+
+    math + memory = total; one of the two is zero for each element.
+    """
+
+    math: np.ndarray
+    memory: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.math + self.memory
+
+    def __add__(self, other: "KernelTime") -> "KernelTime":
+        return KernelTime(self.math + other.math, self.memory + other.memory)
+
+    def scale(self, factor) -> "KernelTime":
+        return KernelTime(self.math * factor, self.memory * factor)
+
+
+def zero_time(shape=()) -> KernelTime:
+    return KernelTime(np.zeros(shape), np.zeros(shape))
+
+
+def roofline(flops, flop_rate, bytes_moved, bandwidth, overhead) -> KernelTime:
+    """t = max(flops / flop_rate, bytes / bandwidth) + overhead  [s].
+
+    The overhead is booked with whichever bound wins.
+    """
+    t_math = flops / flop_rate
+    t_mem = bytes_moved / bandwidth
+    math_bound = t_math >= t_mem
+    t = np.maximum(t_math, t_mem) + overhead
+    return KernelTime(np.where(math_bound, t, 0.0), np.where(math_bound, 0.0, t))
+
+
+def quantisation_efficiency(batch, m, n, dev: Device):
+    """Fraction of the compute units doing useful work for a batch x (m x n) output.
+
+    The output is cut into tiles of tile_m x tile_n (or half or quarter of
+    that, whichever keeps the device busiest, as cuBLAS heuristics do);
+    tiles run in waves of ``units``:
+        tile_eff = m*n / (ceil(m/tm)*tm * ceil(n/tn)*tn)       (padding)
+        wave_eff = tiles / (ceil(tiles/units) * units)          (last wave idle)
+    Source: NVIDIA Deep Learning Performance Guide, "Matrix Multiplication
+    Background" (tile and wave quantisation).
+    """
+    best = np.zeros(np.broadcast(batch, m, n, dev.units).shape)
+    for div_m, div_n in ((1, 1), (2, 1), (2, 2)):
+        tm = np.maximum(dev.tile_m // div_m, 1)
+        tn = np.maximum(dev.tile_n // div_n, 1)
+        tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+        tiles = batch * tiles_m * tiles_n
+        tile_eff = (m * n) / (tiles_m * tm * tiles_n * tn)
+        wave_eff = tiles / (np.ceil(tiles / dev.units) * dev.units)
+        best = np.maximum(best, tile_eff * wave_eff)
+    return best
+
+
+def gemm_hbm_bytes(batch, m, n, k, bytes_in, bytes_out, sram_cap):
+    """Off-chip bytes of C[m,n] = A[m,k] @ B[k,n], blocked for on-chip SRAM [bytes].
+
+    An output block T x T is kept on chip (T^2 fp32 accumulators plus the A
+    and B panels streaming through, ~ 3 T^2 * 4 bytes <= SRAM), so A is read
+    ceil(n/T) times and B ceil(m/T) times:
+        bytes = batch * (bytes_in * (m*k*ceil(n/T) + k*n*ceil(m/T)) + bytes_out * m*n)
+    More SRAM, larger T, fewer re-reads (Hong & Kung 1981 I/O lower bound
+    ~ 2mnk/sqrt(S)). Source for the blocking argument: docs/model.md.
+    """
+    t = np.maximum(np.floor(np.sqrt(sram_cap / 12.0)), 16.0)
+    a_reads = m * k * np.ceil(n / t)
+    b_reads = k * n * np.ceil(m / t)
+    return batch * (bytes_in * (a_reads + b_reads) + bytes_out * m * n)
+
+
+def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:
+    """Time of a (batched) GEMM: batch x [m,k] @ [k,n], in seconds.
+
+    FLOPs = 2*batch*m*n*k at peak * matmul_eff * quantisation_efficiency;
+    bytes per gemm_hbm_bytes at the achievable HBM bandwidth.
+    """
+    flops = 2.0 * batch * m * n * k
+    rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev)
+    moved = gemm_hbm_bytes(batch, m, n, k, bytes_per_el, bytes_per_el, dev.sram_cap)
+    return roofline(flops, rate, moved, dev.hbm_bw, dev.overhead)
+
+
+def stream_bandwidth(working_set, dev: Device):
+    """Bandwidth of the tier an element-wise kernel streams from [bytes/s].
+
+    A working set that fits in half the on-chip SRAM (the rest holds other
+    live data) streams at SRAM bandwidth, otherwise at achievable HBM bandwidth.
+    """
+    return np.where(working_set <= 0.5 * dev.sram_cap, dev.sram_bw, dev.hbm_bw)
+
+
+def elementwise_time(elements, bytes_per_element, flops_per_element, dev: Device) -> KernelTime:
+    """Time of an element-wise kernel (norm, softmax, dropout, activation) [s].
+
+    bytes = elements * bytes_per_element (all reads and writes),
+    flops = elements * flops_per_element at the vector-unit rate.
+    """
+    moved = elements * bytes_per_element
+    return roofline(elements * flops_per_element, dev.vector, moved, stream_bandwidth(moved, dev), dev.overhead)
+
+
+def memory_pass_time(bytes_moved, dev: Device) -> KernelTime:
+    """Time to stream ``bytes_moved`` through the memory system once (optimizer step, copies)."""
+    return roofline(0.0, 1.0, bytes_moved, stream_bandwidth(bytes_moved, dev), dev.overhead)

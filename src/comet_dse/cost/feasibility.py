@@ -1,0 +1,75 @@
+"""Validity rules of a design point, as boolean arrays with a reason each.
+
+An invalid or non-fitting point is a result with every reason listed, not an
+exception. ``violations`` returns, for each rule, the mask of points that
+break it and a function that writes the reason for one point.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import StrategyArrays
+from comet_dse.units import format_bytes
+
+
+def _divides(a, b):
+    """True where a divides b (element-wise, on float arrays of integers)."""
+    return np.mod(b, a) == 0
+
+
+def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, step) -> list:
+    """[(code, mask, reason(i) -> str)] for every rule; mask is True where the point breaks it."""
+    t, p, d, v, b, B = st.tp, st.pp, st.dp, st.interleave, st.micro_batch, st.global_batch
+    a, k, L, s = model.attention.heads, model.attention.kv_heads, model.layers, model.seq_len
+    hbm = cluster.accelerator.hbm.capacity
+    exp = cluster.accelerator.expansion
+    has_rate = np.array([x in cluster.accelerator.peak_flops for x in np.atleast_1d(st.dtype)])
+    rules = [
+        ("devices", t * p * d != devices,
+         lambda i: f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
+        ("tp_heads", ~_divides(t, a),
+         lambda i: f"tp={t[i]:.0f} does not divide the {a} attention heads"),
+        ("tp_kv_heads", ~(_divides(t, k) | _divides(k, t)),
+         lambda i: f"tp={t[i]:.0f} and the {k} KV heads do not divide one another"),
+        ("tp_ffn", ~_divides(t, model.mlp.ffn),
+         lambda i: f"tp={t[i]:.0f} does not divide the FFN size {model.mlp.ffn}"),
+        ("batch", ~_divides(d * b, B),
+         lambda i: f"global batch {B[i]:.0f} is not a multiple of dp*micro_batch = {d[i] * b[i]:.0f}"),
+        ("pp_layers", p > L,
+         lambda i: f"pp={p[i]:.0f} exceeds the {L} layers"),
+        ("interleave", (v > 1) & ((p == 1) | ~_divides(p * v, L)),
+         lambda i: f"interleave={v[i]:.0f} needs pp > 1 and pp*interleave={p[i] * v[i]:.0f} dividing the {L} layers"),
+        ("interleave_batch", (v > 1) & ~_divides(p, np.floor(B / np.maximum(d * b, 1))),
+         lambda i: f"interleaved 1F1B needs micro-batches per pipeline ({B[i] / (d[i] * b[i]):.0f}) to be a multiple of pp={p[i]:.0f}"),
+        ("sp_seq", st.sequence_parallel & ~_divides(t, s),
+         lambda i: f"sequence parallelism needs tp={t[i]:.0f} to divide the sequence length {s}"),
+        ("dtype", ~has_rate,
+         lambda i: f"{cluster.accelerator.name} has no {st.dtype[i]} rate"),
+        ("memory", ~step.fits,
+         lambda i: _memory_reason(step, i, hbm, exp)),
+    ]
+    return rules
+
+
+def _memory_reason(step, i, hbm, expansion) -> str:
+    need = step.memory_total[i]
+    parts = ", ".join(f"{name} {format_bytes(val[i])}" for name, val in step.memory.items() if val[i] > 0)
+    if expansion is None:
+        return f"needs {format_bytes(need)} per device ({parts}), HBM holds {format_bytes(hbm)}"
+    return (f"needs {format_bytes(need)} per device ({parts}), HBM holds {format_bytes(hbm)} "
+            f"and the {expansion.name} tier {format_bytes(expansion.capacity)}")
+
+
+def feasible_mask(rules: list):
+    """True where no rule is broken."""
+    bad = np.zeros_like(rules[0][1], dtype=bool)
+    for _, mask, _ in rules:
+        bad = bad | mask
+    return ~bad
+
+
+def reasons_for(rules: list, i: int) -> list:
+    """Every reason point ``i`` is infeasible (empty when feasible)."""
+    return [reason(i) for _, mask, reason in rules if mask[i]]

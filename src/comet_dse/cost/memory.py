@@ -1,0 +1,95 @@
+"""Memory per device: model states, activations, buffers, and placement across tiers.
+
+Model states per parameter for mixed-precision Adam (Rajbhandari et al. 2020,
+ZeRO, Sec. 3.1): weights in 16-bit (2 B), gradients (2 B in fp16 runs with
+loss scaling; 4 B fp32 main gradients for bf16/fp8, as Megatron-LM keeps
+them), optimizer state 12 B (fp32 master weights, Adam m and v).
+ZeRO over the data-parallel group of size N_d divides: stage 1 the optimizer
+state, stage 2 also gradients, stage 3 also weights.
+
+Activations of the busiest pipeline stage under 1F1B (Korthikanti et al.
+2022, Sec. 4.2.3): the first stage holds min(m, p) micro-batches of its L/p
+layers; with v-way interleaving it holds L/(p v) * min(m v, p v + p - 1)
+layer-micro-batches, i.e. L (1 + (p-1)/(p v)) when m is large.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+OPTIMIZER_BYTES = 12.0   # fp32 master weight + Adam m + Adam v
+WEIGHT_BYTES = 2.0       # 16-bit working copy
+
+
+def grad_bytes(dtype_is_fp16):
+    """Bytes per gradient element: 2 for fp16 (loss-scaled fp16 grads), 4 otherwise (fp32 main grads)."""
+    return np.where(dtype_is_fp16, 2.0, 4.0)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per device of weights, gradients and optimizer state (arrays)."""
+
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+
+
+def model_state_bytes(params, dp, zero, grad_el_bytes) -> ModelStates:
+    """Weights, gradients, optimizer bytes of ``params`` parameters on one device under ZeRO.
+
+    weights   = 2 P / (N_d if zero >= 3 else 1)
+    gradients = g P / (N_d if zero >= 2 else 1)
+    optimizer = 12 P / (N_d if zero >= 1 else 1)
+    """
+    return ModelStates(
+        weights=WEIGHT_BYTES * params / np.where(zero >= 3, dp, 1),
+        gradients=grad_el_bytes * params / np.where(zero >= 2, dp, 1),
+        optimizer=OPTIMIZER_BYTES * params / np.where(zero >= 1, dp, 1),
+    )
+
+
+def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches):
+    """Layer-micro-batches whose activations the first stage holds at its peak (1F1B).
+
+    v = 1: (L/p) * min(m, p).  v > 1: (L/(p v)) * min(m v, p v + p - 1)
+    (Megatron-LM interleaved schedule: 2(p-1) + (v-1)p warm-up chunks + 1).
+    """
+    chunk = layers_per_stage / interleave
+    plain = layers_per_stage * np.minimum(microbatches, pp)
+    interleaved = chunk * np.minimum(microbatches * interleave, pp * interleave + pp - 1)
+    return np.where(interleave > 1, interleaved, plain)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the footprint lives: bytes in HBM and in the expansion tier, and what spilled."""
+
+    hbm: np.ndarray
+    expansion: np.ndarray
+    spilled_optimizer: np.ndarray
+    spilled_weights: np.ndarray
+    spilled_activations: np.ndarray
+    fits: np.ndarray
+
+
+def place(parts: dict, hbm_capacity, expansion_capacity) -> Placement:
+    """Place the footprint: HBM first; what does not fit spills to the expansion tier.
+
+    Spill order (cheapest traffic first): optimizer state (touched once per
+    step), then weights and gradients (touched every micro-batch), then
+    activations. Fits when the spill fits in the expansion tier.
+    """
+    total = sum(parts.values())
+    over = np.maximum(total - hbm_capacity, 0.0)
+    opt = np.minimum(over, parts["optimizer"])
+    over = over - opt
+    wg = np.minimum(over, parts["weights"] + parts["gradients"])
+    over = over - wg
+    act = np.minimum(over, parts["activations"])
+    over = over - act
+    spilled = opt + wg + act
+    fits = (over <= 0.0) & (spilled <= expansion_capacity)
+    return Placement(hbm=total - spilled, expansion=spilled, spilled_optimizer=opt,
+                     spilled_weights=wg, spilled_activations=act, fits=fits)

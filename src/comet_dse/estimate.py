@@ -1,0 +1,103 @@
+"""``estimate(model, cluster, devices, strategy)``: one design point, a batch of one.
+
+The math lives in cost/step.py and runs on arrays; this module only packs a
+single Strategy into arrays and unpacks the result into a typed Estimate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from comet_dse.cost.feasibility import feasible_mask, reasons_for, violations
+from comet_dse.cost.step import evaluate
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import Strategy, StrategyArrays
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Result of one design point. Units: seconds, bytes, FLOP; fractions 0..1.
+
+    breakdown_s parts add up to step_time_s. memory_bytes parts add up to
+    memory_per_device_bytes (the busiest pipeline stage).
+    """
+
+    feasible: bool
+    reasons: list
+    step_time_s: float
+    tokens_per_second: float
+    mfu: float
+    hfu: float
+    memory_per_device_bytes: int
+    memory_bytes: dict
+    memory_tiers_bytes: dict
+    breakdown_s: dict
+    phases_s: dict
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    microbatches: float
+    layers_per_stage: int
+    inputs: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The JSON contract of ``comet-dse estimate --json``."""
+        return {
+            "feasible": self.feasible,
+            "reasons": list(self.reasons),
+            "step_time_s": self.step_time_s,
+            "tokens_per_second": self.tokens_per_second,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "memory_per_device_bytes": self.memory_per_device_bytes,
+            "memory_bytes": dict(self.memory_bytes),
+            "memory_tiers_bytes": dict(self.memory_tiers_bytes),
+            "breakdown_s": dict(self.breakdown_s),
+            "phases_s": dict(self.phases_s),
+            "model_flops_per_step": self.model_flops_per_step,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "microbatches": self.microbatches,
+            "layers_per_stage": self.layers_per_stage,
+            "inputs": dict(self.inputs),
+        }
+
+
+def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy) -> Estimate:
+    """Estimate one training iteration of ``model`` on ``devices`` devices of ``cluster``."""
+    arrays = StrategyArrays.of([strategy])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = evaluate(model, cluster, devices, arrays)
+        rules = violations(model, cluster, devices, arrays, step)
+    feasible = bool(feasible_mask(rules)[0])
+    step_time = float(step.step_time[0])
+    peak = cluster.accelerator.peak_flops.get(strategy.dtype, float("nan"))
+    capacity = devices * peak * step_time
+    tokens = strategy.global_batch * model.seq_len
+    return Estimate(
+        feasible=feasible,
+        reasons=reasons_for(rules, 0),
+        step_time_s=step_time,
+        tokens_per_second=tokens / step_time,
+        mfu=float(step.model_flops[0] / capacity),
+        hfu=float(step.hardware_flops[0] / capacity),
+        memory_per_device_bytes=int(round(float(step.memory_total[0]))),
+        memory_bytes={k: int(round(float(v[0]))) for k, v in step.memory.items()},
+        memory_tiers_bytes={"hbm": int(round(float(step.hbm_bytes[0]))),
+                            "expansion": int(round(float(step.expansion_bytes[0])))},
+        breakdown_s={k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.breakdown.items()},
+        phases_s={k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.phases.items()},
+        model_flops_per_step=float(step.model_flops[0]),
+        hardware_flops_per_step=float(step.hardware_flops[0]),
+        microbatches=float(step.microbatches[0]),
+        layers_per_stage=int(np.asarray(step.stage_layers).reshape(-1)[0]),
+        inputs={"model": model.name, "cluster": cluster.name, "devices": devices,
+                "strategy": _strategy_dict(strategy)},
+    )
+
+
+def _strategy_dict(strategy: Strategy) -> dict:
+    out = {}
+    for key, value in strategy.__dict__.items():
+        out[key] = value.value if hasattr(value, "value") else value
+    return out

@@ -1,0 +1,108 @@
+"""Cluster specs from mappings (YAML presets or user files).
+
+Plausibility bounds reject impossible magnitudes (e.g. 80 TB of HBM per chip)
+with a message naming the field; they are generous (about 10x beyond any
+device announced by 2026) so that what-if studies stay possible.
+"""
+from __future__ import annotations
+
+from comet_dse.errors import InputError
+from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
+from comet_dse.loading import Fields
+from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME
+
+TiB = 2.0**40
+MAX_FLOPS = 1e17          # 100 PFLOP/s per device
+MAX_SRAM = 64 * 2.0**30   # 64 GiB on chip (wafer-scale parts hold ~44 GB)
+MAX_HBM = 4 * TiB         # 4 TiB per device
+MAX_EXPANSION = 256 * TiB
+MAX_MEM_BW = 1e15         # 1 PB/s
+MAX_LINK_BW = 1e13        # 10 TB/s per link
+MAX_LATENCY = 1.0
+
+
+def tier_from(fields: Fields, name: str, max_capacity: float, with_latency: bool = False) -> MemoryTier:
+    tier = MemoryTier(
+        name=name,
+        capacity=fields.quantity("capacity", KIND_BYTES, high=max_capacity),
+        bandwidth=fields.quantity("bandwidth", KIND_BANDWIDTH, high=MAX_MEM_BW),
+        efficiency=fields.fraction("efficiency", 1.0),
+        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY) if with_latency else 0.0,
+    )
+    fields.reject_unknown(("source",))
+    return tier
+
+
+def accelerator_from(fields: Fields) -> Accelerator:
+    peaks = fields.sub("peak_flops")
+    peak_flops = {}
+    for dtype in DTYPES:
+        if peaks.has(dtype):
+            peak_flops[dtype] = peaks.quantity(dtype, KIND_FLOPS, high=MAX_FLOPS)
+    peaks.reject_unknown(("source",))
+    if not peak_flops:
+        raise InputError(peaks.prefix, f"needs at least one of {', '.join(DTYPES)}")
+    memory = fields.sub("memory")
+    expansion = tier_from(memory.sub("expansion"), "expansion", MAX_EXPANSION, True) if memory.has("expansion") else None
+    tile = fields.raw("matmul_tile", [128, 128])
+    if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(x, int) and x > 0 for x in tile)):
+        raise InputError(fields.name("matmul_tile"), f"must be two positive integers [rows, cols], got {tile!r}")
+    accelerator = Accelerator(
+        name=fields.text("name"),
+        peak_flops=peak_flops,
+        matmul_efficiency=fields.fraction("matmul_efficiency"),
+        compute_units=fields.integer("compute_units"),
+        matmul_tile=tuple(tile),
+        sram=tier_from(memory.sub("sram"), "sram", MAX_SRAM),
+        hbm=tier_from(memory.sub("hbm"), "hbm", MAX_HBM),
+        expansion=expansion,
+        vector_flops=fields.quantity("vector_flops", KIND_FLOPS, high=MAX_FLOPS),
+        kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, high=MAX_LATENCY),
+    )
+    memory.reject_unknown(("source",))
+    fields.reject_unknown(("source",))
+    return accelerator
+
+
+def network_dim_from(fields: Fields, outermost: bool) -> NetworkDim:
+    size = fields.raw("size", None)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise InputError(fields.name("size"), f"must be a positive integer or null (outermost only), got {size!r}")
+    if size is None and not outermost:
+        raise InputError(fields.name("size"), "only the outermost network dimension may be unbounded (null)")
+    dim = NetworkDim(
+        name=fields.text("name"),
+        size=size,
+        topology=fields.choice("topology", Topology),
+        link_bandwidth=fields.quantity("link_bandwidth", KIND_BANDWIDTH, high=MAX_LINK_BW),
+        links_per_device=fields.integer("links_per_device", 1),
+        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY),
+        efficiency=fields.fraction("efficiency", 1.0),
+    )
+    fields.reject_unknown(("source",))
+    return dim
+
+
+def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
+    """Build a Cluster from a mapping shaped like presets/clusters/*.yaml."""
+    fields = Fields(data, prefix)
+    dims_raw = fields.raw("network")
+    if not isinstance(dims_raw, list) or not dims_raw:
+        raise InputError(fields.name("network"), "must be a non-empty list of dimensions, innermost first")
+    network = tuple(
+        network_dim_from(Fields(d, f"{fields.name('network')}[{i}]"), i == len(dims_raw) - 1)
+        for i, d in enumerate(dims_raw)
+    )
+    cluster = Cluster(
+        name=fields.text("name"),
+        accelerator=accelerator_from(fields.sub("accelerator")),
+        devices_per_node=fields.integer("devices_per_node"),
+        network=network,
+        max_devices=fields.integer("max_devices", None),
+        device_price_usd=fields.quantity("device_price_usd", "count", None, high=1e8),
+        device_power_w=fields.quantity("device_power_w", "count", None, high=1e5),
+        source=fields.text("source", ""),
+        description=fields.text("description", ""),
+    )
+    fields.reject_unknown()
+    return cluster

@@ -1,0 +1,150 @@
+"""The machine: accelerator, memory hierarchy, network dimensions, cluster.
+
+All fields are SI base units (bytes, bytes/s, FLOP/s, seconds). Efficiencies
+are fractions of a datasheet peak that a public benchmark reaches; each
+preset names its benchmark (docs/hardware.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from comet_dse.errors import InputError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+class Topology(str, Enum):
+    """How the devices of one network dimension are wired."""
+
+    SWITCH = "switch"
+    """Every device has links into a non-blocking switch (NVSwitch, a fat tree)."""
+    RING = "ring"
+    """Devices in a ring; a device's links alternate between its two neighbours."""
+    TORUS = "torus"
+    """One dimension of a torus: a ring with wrap-around, links in both directions."""
+    MESH = "mesh"
+    """One dimension of a mesh: a line without wrap-around (Dojo's 2D mesh)."""
+    FULLY_CONNECTED = "fully_connected"
+    """A direct link between every pair of devices (AMD Infinity Fabric, Gaudi)."""
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """One level of the memory hierarchy of a device.
+
+    capacity: bytes per device; bandwidth: bytes/s per device (datasheet peak);
+    efficiency: fraction of bandwidth a streaming kernel reaches (benchmark);
+    latency: seconds per access (used for the expansion tier).
+    """
+
+    name: str
+    capacity: float
+    bandwidth: float
+    efficiency: float = 1.0
+    latency: float = 0.0
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        """bytes/s a streaming kernel reaches: bandwidth * efficiency."""
+        return self.bandwidth * self.efficiency
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One device: compute per dtype and its memory tiers.
+
+    peak_flops: dtype -> dense FLOP/s (datasheet).
+    matmul_efficiency: fraction of peak the best-shaped large GEMM reaches (a
+      published microbenchmark; the shape-dependent losses on top of it are
+      modelled in cost/compute.py from compute_units and matmul_tile).
+    vector_flops: FLOP/s of the non-matrix units (for element-wise work).
+    kernel_overhead: seconds of fixed cost per launched kernel.
+    """
+
+    name: str
+    peak_flops: dict
+    matmul_efficiency: float
+    compute_units: int
+    matmul_tile: tuple
+    sram: MemoryTier
+    hbm: MemoryTier
+    expansion: MemoryTier | None = None
+    vector_flops: float = 0.0
+    kernel_overhead: float = 0.0
+
+    def flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for ``dtype``; an error names the dtypes the device has."""
+        if dtype not in self.peak_flops:
+            raise InputError("dtype", f"{self.name} has no {dtype} rate; it has {', '.join(sorted(self.peak_flops))}")
+        return self.peak_flops[dtype]
+
+
+@dataclass(frozen=True)
+class NetworkDim:
+    """One dimension of the network, innermost first.
+
+    size: devices along this dimension (None for the outermost: as many as needed).
+    link_bandwidth: bytes/s per link per direction (datasheet).
+    links_per_device: links a device has in this dimension.
+    latency: seconds per message step (software + wire).
+    efficiency: fraction of link bandwidth a collective library reaches (benchmark).
+    """
+
+    name: str
+    size: int | None
+    topology: Topology
+    link_bandwidth: float
+    links_per_device: int = 1
+    latency: float = 0.0
+    efficiency: float = 1.0
+
+    @property
+    def device_bandwidth(self) -> float:
+        """bytes/s one device can inject per direction: link_bandwidth * links * efficiency."""
+        return self.link_bandwidth * self.links_per_device * self.efficiency
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster of identical devices connected by an ordered list of network dimensions."""
+
+    name: str
+    accelerator: Accelerator
+    devices_per_node: int
+    network: tuple
+    max_devices: int | None = None
+    device_price_usd: float | None = None
+    device_power_w: float | None = None
+    source: str = ""
+    description: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def dim_sizes(self, devices: int) -> tuple:
+        """Sizes of each network dimension when the cluster holds ``devices`` devices.
+
+        Dimensions fill innermost first; the outermost unbounded one (size None)
+        takes what is left. Raises InputError when ``devices`` cannot be laid out.
+        """
+        if devices <= 0:
+            raise InputError("devices", f"must be a positive integer, got {devices}")
+        if self.max_devices is not None and devices > self.max_devices:
+            raise InputError("devices", f"{self.name} has at most {self.max_devices} devices, asked for {devices}")
+        sizes, left = [], devices
+        for dim in self.network:
+            cap = left if dim.size is None else dim.size
+            used = min(cap, left)
+            if left % used:
+                raise InputError(
+                    "devices", f"{devices} devices cannot fill {self.name}'s {dim.name} dimension of {cap}; "
+                    f"use a multiple of {devices - left % used if devices > used else used}")
+            sizes.append(used)
+            left //= used
+        if left != 1:
+            total = devices // left
+            raise InputError("devices", f"{self.name} holds at most {total} devices in its network, asked for {devices}")
+        return tuple(sizes)
+
+    def scaled(self, **changes) -> "Cluster":
+        """Copy with fields replaced (for sweeps and what-if studies)."""
+        return replace(self, **changes)

@@ -1,0 +1,107 @@
+"""Transformer specs from mappings: comet-dse's own YAML schema and Hugging Face config.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from comet_dse.errors import InputError
+from comet_dse.loading import Fields
+from comet_dse.model.spec import MLP, Attention, MLPKind, PositionEmbedding, Transformer
+
+
+def transformer_from(data: dict, prefix: str = "model") -> Transformer:
+    """Build a Transformer from a mapping shaped like presets/models/*.yaml."""
+    f = Fields(data, prefix)
+    hidden = f.integer("hidden")
+    heads = f.integer("heads")
+    head_dim = f.integer("head_dim", None)
+    if head_dim is None:
+        if hidden % heads:
+            raise InputError(f.name("heads"), f"{heads} does not divide hidden={hidden}; give head_dim explicitly")
+        head_dim = hidden // heads
+    model = Transformer(
+        name=f.text("name"),
+        layers=f.integer("layers"),
+        hidden=hidden,
+        attention=Attention(heads=heads, kv_heads=f.integer("kv_heads", heads), head_dim=head_dim),
+        mlp=MLP(ffn=f.integer("ffn"), kind=f.choice("mlp", MLPKind, MLPKind.GELU)),
+        vocab=f.integer("vocab"),
+        seq_len=f.integer("seq_len"),
+        tied_embeddings=f.boolean("tied_embeddings", True),
+        position=f.choice("position", PositionEmbedding, PositionEmbedding.LEARNED),
+        dropout=f.boolean("dropout", True),
+        source=f.text("source", ""),
+        description=f.text("description", ""),
+    )
+    f.reject_unknown()
+    return model
+
+
+# Hugging Face key names, GPT-2 style first, Llama style second.
+_HF_KEYS = {
+    "layers": ("n_layer", "num_hidden_layers"),
+    "hidden": ("n_embd", "hidden_size"),
+    "heads": ("n_head", "num_attention_heads"),
+    "vocab": ("vocab_size",),
+}
+
+
+def _hf_get(config: dict, field: str, path: Path) -> int:
+    for key in _HF_KEYS[field]:
+        if key in config and config[key] is not None:
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InputError(f"{path.name}:{key}", f"must be a positive integer, got {value!r}")
+            return value
+    raise InputError(f"{path.name}", f"missing {' or '.join(_HF_KEYS[field])} (needed for {field})")
+
+
+def transformer_from_hf_config(path: Path) -> Transformer:
+    """Read a local Hugging Face config.json (GPT-2 or Llama style); no network access.
+
+    GPT-2 style: n_layer, n_embd, n_head, n_inner (default 4*n_embd), n_positions;
+    GELU MLP, learned positions, tied embeddings.
+    Llama style: num_hidden_layers, hidden_size, num_attention_heads,
+    num_key_value_heads, intermediate_size, max_position_embeddings,
+    tie_word_embeddings; SwiGLU MLP, rotary positions.
+    """
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError("model", f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError("model", f"{path} is not valid JSON (line {exc.lineno})") from None
+    if not isinstance(config, dict):
+        raise InputError("model", f"{path} must hold a JSON object")
+    layers, hidden = _hf_get(config, "layers", path), _hf_get(config, "hidden", path)
+    heads, vocab = _hf_get(config, "heads", path), _hf_get(config, "vocab", path)
+    gpt2_style = "n_embd" in config
+    if gpt2_style:
+        ffn = config.get("n_inner") or 4 * hidden
+        kind, position, tied = MLPKind.GELU, PositionEmbedding.LEARNED, True
+        dropout = float(config.get("resid_pdrop", 0.1) or 0.0) > 0.0
+        seq_len = config.get("n_positions") or config.get("n_ctx") or 1024
+        kv_heads = heads
+    else:
+        if "intermediate_size" not in config:
+            raise InputError(f"{path.name}", "missing intermediate_size (needed for the MLP size)")
+        ffn = config["intermediate_size"]
+        act = str(config.get("hidden_act", "silu")).lower()
+        kind = MLPKind.SWIGLU if act in ("silu", "swish", "swiglu") else MLPKind.GELU
+        position = PositionEmbedding.ROPE
+        tied = bool(config.get("tie_word_embeddings", False))
+        seq_len = config.get("max_position_embeddings") or 2048
+        kv_heads = config.get("num_key_value_heads") or heads
+        dropout = float(config.get("attention_dropout", 0.0) or 0.0) > 0.0
+    head_dim = config.get("head_dim") or hidden // heads
+    name = config.get("_name_or_path") or path.parent.name or path.stem
+    try:
+        return Transformer(
+            name=str(name), layers=layers, hidden=hidden,
+            attention=Attention(heads=heads, kv_heads=kv_heads, head_dim=head_dim),
+            mlp=MLP(ffn=ffn, kind=kind), vocab=vocab, seq_len=seq_len,
+            tied_embeddings=tied, position=position, dropout=dropout, source=str(path),
+        )
+    except InputError as exc:
+        raise InputError(f"{path.name}:{exc.field.removeprefix('model.')}", exc.message) from None

@@ -1,0 +1,54 @@
+"""Built-in presets (YAML data files shipped in the package) and resolving user references.
+
+A model or cluster reference is a preset name (``megatron-1t``), a YAML file
+path, or, for models, a Hugging Face ``config.json`` path.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from comet_dse.errors import InputError
+from comet_dse.hardware.load import cluster_from
+from comet_dse.hardware.spec import Cluster
+from comet_dse.loading import read_yaml
+from comet_dse.model.load import transformer_from, transformer_from_hf_config
+from comet_dse.model.spec import Transformer
+
+
+def _preset_dir(kind: str):
+    return resources.files("comet_dse").joinpath("presets", kind)
+
+
+def preset_names(kind: str) -> list:
+    """Sorted names of the built-in presets of ``kind`` ('models' or 'clusters')."""
+    return sorted(p.name[:-5] for p in _preset_dir(kind).iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_data(kind: str, name: str) -> dict:
+    path = _preset_dir(kind).joinpath(f"{name}.yaml")
+    if not path.is_file():
+        field = "model" if kind == "models" else "cluster"
+        raise InputError(field, f"unknown preset {name!r}; built-in {kind}: {', '.join(preset_names(kind))}")
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def load_model(ref: str) -> Transformer:
+    """A model from a preset name, a YAML file, or a Hugging Face config.json."""
+    path = Path(ref)
+    if ref.endswith(".json"):
+        if not path.is_file():
+            raise InputError("model", f"no such file {ref}")
+        return transformer_from_hf_config(path)
+    if ref.endswith((".yaml", ".yml")):
+        return transformer_from(read_yaml(path, "model"), "model")
+    return transformer_from(preset_data("models", ref), "model")
+
+
+def load_cluster(ref: str) -> Cluster:
+    """A cluster from a preset name or a YAML file."""
+    if ref.endswith((".yaml", ".yml")):
+        return cluster_from(read_yaml(Path(ref), "cluster"), "cluster")
+    return cluster_from(preset_data("clusters", ref), "cluster")

@@ -1,0 +1,124 @@
+"""How a training step is parallelised and executed: degrees and knobs.
+
+A Strategy is one design point. Validity rules that depend on the model and
+cluster (degrees must divide heads, batch, devices) live in
+cost/feasibility.py, because an invalid point is a result with reasons, not
+an exception.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from comet_dse.errors import InputError
+
+
+class Recompute(str, Enum):
+    """Activation recomputation (Korthikanti et al. 2022, arXiv:2205.05198)."""
+
+    NONE = "none"
+    """Store every activation needed by backward."""
+    SELECTIVE = "selective"
+    """Drop the attention score/softmax/dropout tensors (O(s^2)) and recompute them in backward."""
+    FULL = "full"
+    """Store only each layer's input; recompute the whole layer forward in backward."""
+
+
+class GradAccumulation(str, Enum):
+    """How weight gradients of successive micro-batches are summed in fp32."""
+
+    FUSED = "fused"
+    """The weight-gradient GEMM accumulates into the fp32 buffer (Megatron-LM >= 2022, --gradient-accumulation-fusion)."""
+    SEPARATE = "separate"
+    """A separate element-wise add per micro-batch: main_grad += grad (Megatron-LM 2021-2022 DDP hook)."""
+
+
+RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+DTYPE_CHOICES = ("bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One parallelisation and execution choice.
+
+    tp, pp, dp: tensor, pipeline and data parallel degrees (tp*pp*dp = devices).
+    global_batch, micro_batch: sequences per iteration and per micro-batch.
+    interleave: virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2).
+    zero: ZeRO stage 0..3 over the data-parallel group (Rajbhandari et al. 2020).
+    dp_overlap: overlap the data-parallel gradient reduction with backward compute.
+    flash_attention: fused attention kernel that never materialises the s x s scores.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    global_batch: int = 1
+    micro_batch: int = 1
+    interleave: int = 1
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    zero: int = 0
+    dtype: str = "bf16"
+    dp_overlap: bool = True
+    flash_attention: bool = False
+    grad_accumulation: GradAccumulation = GradAccumulation.FUSED
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise InputError("zero", f"must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise InputError("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def microbatches(self) -> float:
+        """Micro-batches per pipeline per iteration: m = B / (dp * b)."""
+        return self.global_batch / (self.dp * self.micro_batch)
+
+
+@dataclass(frozen=True)
+class StrategyArrays:
+    """Many strategies as parallel numpy arrays: the input of the batched cost model."""
+
+    tp: object
+    pp: object
+    dp: object
+    global_batch: object
+    micro_batch: object
+    interleave: object
+    recompute: object         # 0 none, 1 selective, 2 full (RECOMPUTE_CODES)
+    sequence_parallel: object
+    zero: object
+    dtype: object             # strings from DTYPE_CHOICES
+    dp_overlap: object
+    flash_attention: object
+    grad_fused: object
+
+    @classmethod
+    def of(cls, strategies: list) -> "StrategyArrays":
+        """Stack a list of Strategy into arrays (a single strategy is a batch of one)."""
+        import numpy as np
+
+        def col(fn, dtype):
+            return np.array([fn(x) for x in strategies], dtype=dtype)
+
+        return cls(
+            tp=col(lambda x: x.tp, float), pp=col(lambda x: x.pp, float), dp=col(lambda x: x.dp, float),
+            global_batch=col(lambda x: x.global_batch, float), micro_batch=col(lambda x: x.micro_batch, float),
+            interleave=col(lambda x: x.interleave, float),
+            recompute=col(lambda x: RECOMPUTE_CODES[x.recompute], int),
+            sequence_parallel=col(lambda x: x.sequence_parallel, bool), zero=col(lambda x: x.zero, int),
+            dtype=col(lambda x: x.dtype, object), dp_overlap=col(lambda x: x.dp_overlap, bool),
+            flash_attention=col(lambda x: x.flash_attention, bool),
+            grad_fused=col(lambda x: x.grad_accumulation is GradAccumulation.FUSED, bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.tp)
