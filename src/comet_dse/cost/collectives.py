@@ -76,12 +76,12 @@ def effective_bandwidth(dim: Dim, n):
 def latency_steps(dim: Dim, n):
     """Message steps of one reduce-scatter or all-gather phase.
 
-    Rings, tori and meshes: n-1 (ring algorithm). Switches and fully connected:
-    ceil(log2 n) (tree / recursive halving), which collective libraries pick
-    when latency matters.
+    Rings, tori and meshes: n-1 (ring algorithm). Switches and fully connected
+    dimensions: the ring's n-1 for small groups, 2*ceil(log2 n) (a tree) once
+    that is fewer, as NCCL switches from rings to trees at scale.
     """
     if dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
-        return np.ceil(np.log2(np.maximum(n, 1)))
+        return np.minimum(n - 1, 2.0 * np.ceil(np.log2(np.maximum(n, 1))))
     return n - 1
 
 

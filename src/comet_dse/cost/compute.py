@@ -18,8 +18,9 @@ class Device:
     """The numbers of an accelerator that kernel times need (SI units; arrays allowed).
 
     peak: dense matrix FLOP/s for the step's dtype; matmul_eff: best-shape
-    fraction of it (benchmark); units, tile_m, tile_n: compute units and the
-    largest matmul tile (for wave/tile quantisation); sram_cap, sram_bw:
+    fraction of it (benchmark); units, tile_m, tile_n, tile_k: compute units and
+    the largest matmul tile (for wave/tile quantisation); pipeline_overhead:
+    non-overlapped main-loop iterations per tile; sram_cap, sram_bw:
     on-chip memory; hbm_bw: achievable off-chip bandwidth; vector: FLOP/s of
     the vector units; overhead: seconds per kernel.
     """
@@ -29,6 +30,8 @@ class Device:
     units: object
     tile_m: object
     tile_n: object
+    tile_k: object
+    pipeline_overhead: object
     sram_cap: object
     sram_bw: object
     hbm_bw: object
@@ -76,24 +79,37 @@ def roofline(flops, flop_rate, bytes_moved, bandwidth, overhead) -> KernelTime:
 def quantisation_efficiency(batch, m, n, dev: Device):
     """Fraction of the compute units doing useful work for a batch x (m x n) output.
 
-    The output is cut into tiles of tile_m x tile_n (or half or quarter of
-    that, whichever keeps the device busiest, as cuBLAS heuristics do);
-    tiles run in waves of ``units``:
+    The output is cut into tiles of tile_m x tile_n; tiles run in waves of
+    ``units`` (one tile per unit at a time):
         tile_eff = m*n / (ceil(m/tm)*tm * ceil(n/tn)*tn)       (padding)
         wave_eff = tiles / (ceil(tiles/units) * units)          (last wave idle)
+    Like cuBLAS heuristics, the largest tile is used when it yields at least one
+    full wave; smaller problems use quarter tiles (tm/2 x tn/2).
     Source: NVIDIA Deep Learning Performance Guide, "Matrix Multiplication
     Background" (tile and wave quantisation).
     """
-    best = np.zeros(np.broadcast(batch, m, n, dev.units).shape)
-    for div_m, div_n in ((1, 1), (2, 1), (2, 2)):
-        tm = np.maximum(dev.tile_m // div_m, 1)
-        tn = np.maximum(dev.tile_n // div_n, 1)
+    def efficiency(tm, tn):
         tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
         tiles = batch * tiles_m * tiles_n
         tile_eff = (m * n) / (tiles_m * tm * tiles_n * tn)
         wave_eff = tiles / (np.ceil(tiles / dev.units) * dev.units)
-        best = np.maximum(best, tile_eff * wave_eff)
-    return best
+        return tile_eff * wave_eff, tiles
+
+    big, big_tiles = efficiency(dev.tile_m, dev.tile_n)
+    small, _ = efficiency(np.maximum(dev.tile_m // 2, 1), np.maximum(dev.tile_n // 2, 1))
+    return np.where(big_tiles >= dev.units, big, small)
+
+
+def pipeline_efficiency(k, dev: Device):
+    """Main-loop share of a tile's time: kt / (kt + c) with kt = ceil(k / tile_k).
+
+    Each output tile runs kt main-loop iterations plus about c iterations'
+    worth of work that does not overlap them: filling the multi-stage copy
+    pipeline (prologue) and converting and storing the accumulators
+    (epilogue). Short reductions (attention scores, k = head dim) pay most.
+    """
+    kt = np.ceil(k / dev.tile_k)
+    return kt / (kt + dev.pipeline_overhead)
 
 
 def gemm_hbm_bytes(batch, m, n, k, bytes_in, bytes_out, sram_cap):
@@ -115,11 +131,11 @@ def gemm_hbm_bytes(batch, m, n, k, bytes_in, bytes_out, sram_cap):
 def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:
     """Time of a (batched) GEMM: batch x [m,k] @ [k,n], in seconds.
 
-    FLOPs = 2*batch*m*n*k at peak * matmul_eff * quantisation_efficiency;
+    FLOPs = 2*batch*m*n*k at peak * matmul_eff * quantisation_efficiency * pipeline_efficiency;
     bytes per gemm_hbm_bytes at the achievable HBM bandwidth.
     """
     flops = 2.0 * batch * m * n * k
-    rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev)
+    rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev) * pipeline_efficiency(k, dev)
     moved = gemm_hbm_bytes(batch, m, n, k, bytes_per_el, bytes_per_el, dev.sram_cap)
     return roofline(flops, rate, moved, dev.hbm_bw, dev.overhead)
 

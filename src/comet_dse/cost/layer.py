@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost.compute import (
-    Device, KernelTime, elementwise_time, gemm_time, quantisation_efficiency, roofline, zero_time,
+    Device, KernelTime, elementwise_time, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline,
+    zero_time,
 )
 from comet_dse.model.spec import PositionEmbedding, Transformer
 
@@ -110,7 +111,7 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     # Flash attention: QK^T and PV fused, causal => half the s x s blocks: 2*b*(a/t)*s^2*d FLOPs;
     # off-chip bytes: Q, K, V read and O written once per head.
     flash_flops = 2.0 * batch * s * s * d
-    flash_rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, s, d, dev)
+    flash_rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, s, d, dev) * pipeline_efficiency(s, dev)
     flash_f = roofline(flash_flops, flash_rate, 4.0 * batch * s * d * e, dev.hbm_bw, dev.overhead)
     flash_b = flash_f.scale(2.5)
     flash = shape.flash

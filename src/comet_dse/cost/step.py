@@ -26,8 +26,24 @@ from comet_dse.strategy import StrategyArrays
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
-ADAM_STEP_BYTES = 34.0          # bytes moved per parameter by the optimizer step (docs/model.md)
-SEPARATE_ACCUMULATION_BYTES = 10.0  # main_grad(fp32) += grad(16-bit): read 4 + read 2 + write 4
+
+
+def optimizer_step_bytes(dtype_is_fp16):
+    """Bytes moved per parameter by a mixed-precision Adam step (Megatron-LM passes).
+
+    Adam itself (fused): read fp32 weight, grad, m, v (16), write weight, m, v (12);
+    grad-norm for clipping: read grad (4); copy fp32 weights to the 16-bit
+    model (read 4, write 2); zero the main gradients (write g).
+    fp16 adds loss scaling: cast the fp16 grads to fp32 (read 2, write 4) and
+    unscale with an inf/nan check (read 4, write 4).
+    fp16: 28 + 4 + 6 + 2 + 6 + 8 = 54 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 + 4 = 42.
+    """
+    return np.where(dtype_is_fp16, 54.0, 42.0)
+
+
+def separate_accumulation_bytes(grad_el_bytes):
+    """main_grad += grad per micro-batch: read main (g) + read grad (2) + write main (g) bytes/param."""
+    return 2.0 * grad_el_bytes + 2.0
 
 
 @dataclass
@@ -54,7 +70,8 @@ def device_of(cluster: Cluster, dtype) -> Device:
     peaks = np.array([acc.peak_flops.get(x, np.nan) for x in np.atleast_1d(dtype)], dtype=float)
     return Device(
         peak=peaks, matmul_eff=acc.matmul_efficiency, units=acc.compute_units,
-        tile_m=acc.matmul_tile[0], tile_n=acc.matmul_tile[1],
+        tile_m=acc.matmul_tile[0], tile_n=acc.matmul_tile[1], tile_k=acc.matmul_tile[2],
+        pipeline_overhead=acc.matmul_pipeline_overhead,
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
     )
@@ -144,8 +161,9 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
                             np.maximum(most * layer_params,
                                        np.maximum(first * layer_params + emb_params, last * layer_params + head_params)))
 
-    gbytes = grad_bytes(np.array([x == "fp16" for x in np.atleast_1d(st.dtype)]))
-    accumulate = memory_pass_time(stage_params * SEPARATE_ACCUMULATION_BYTES, dev)
+    is_fp16 = np.array([x == "fp16" for x in np.atleast_1d(st.dtype)])
+    gbytes = grad_bytes(is_fp16)
+    accumulate = memory_pass_time(stage_params * separate_accumulation_bytes(gbytes), dev)
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.grad_fused, 0.0, accumulate.total)
 
     p2p_bytes = b * s * h * e / t  # scatter-gather optimisation / SP: each TP rank sends 1/t
@@ -158,7 +176,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
 
     dp_exposed = _data_parallel(model, st, dims, dp_spans, pp_spans, stage, stage_params, gbytes, m, t, p, d)
     opt_params = stage_params / np.where(st.zero >= 1, d, 1)
-    optimizer = memory_pass_time(opt_params * ADAM_STEP_BYTES, dev).total
+    optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
 
     memory, act_per_mb = _memory(model, st, layer, stage_params, first, most, gbytes, m, t, p, d, v, b, s, e)
     acc = cluster.accelerator
@@ -212,9 +230,11 @@ def _embedding_and_head(model: Transformer, shape: LayerShape, dev: Device, dims
     gemm_b = gemm_time(1, tok, h, vocab, shape.gemm_e, dev) + gemm_time(1, h, vocab, tok, shape.gemm_e, dev)
     loss_f = elementwise_time(tok * vocab, e + FP32, 5, dev)
     loss_b = elementwise_time(tok * vocab, FP32 + e, 2, dev)
-    gather = np.where(shape.sp, coll.all_gather_time(tok * h * e, dims, tp_spans), 0.0)
+    # Input of the column-parallel head: gathered (SP) or all-reduced in backward (no SP).
+    head_input = np.where(shape.sp, 2.0 * coll.all_gather_time(tok * h * e, dims, tp_spans),
+                          coll.all_reduce_time(tok * h * e, dims, tp_spans))
     loss_comm = 3.0 * coll.all_reduce_time(tok * FP32, dims, tp_spans)
-    head = _work(norm_f + gemm_f + loss_f, norm_b + gemm_b + loss_b, zero, 2.0 * gather + loss_comm)
+    head = _work(norm_f + gemm_f + loss_f, norm_b + gemm_b + loss_b, zero, head_input + loss_comm)
     return emb, head
 
 

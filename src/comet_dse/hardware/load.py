@@ -44,15 +44,19 @@ def accelerator_from(fields: Fields) -> Accelerator:
         raise InputError(peaks.prefix, f"needs at least one of {', '.join(DTYPES)}")
     memory = fields.sub("memory")
     expansion = tier_from(memory.sub("expansion"), "expansion", MAX_EXPANSION, True) if memory.has("expansion") else None
-    tile = fields.raw("matmul_tile", [128, 128])
-    if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(x, int) and x > 0 for x in tile)):
-        raise InputError(fields.name("matmul_tile"), f"must be two positive integers [rows, cols], got {tile!r}")
+    tile = fields.raw("matmul_tile")
+    if not (isinstance(tile, list) and len(tile) == 3 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)):
+        raise InputError(fields.name("matmul_tile"), f"must be three positive integers [m, n, k], got {tile!r}")
+    overhead = fields.raw("matmul_pipeline_overhead")
+    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead <= 64:
+        raise InputError(fields.name("matmul_pipeline_overhead"), f"must be a number of iterations in [0, 64], got {overhead!r}")
     accelerator = Accelerator(
         name=fields.text("name"),
         peak_flops=peak_flops,
         matmul_efficiency=fields.fraction("matmul_efficiency"),
         compute_units=fields.integer("compute_units"),
         matmul_tile=tuple(tile),
+        matmul_pipeline_overhead=float(overhead),
         sram=tier_from(memory.sub("sram"), "sram", MAX_SRAM),
         hbm=tier_from(memory.sub("hbm"), "hbm", MAX_HBM),
         expansion=expansion,

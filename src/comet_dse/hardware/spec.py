@@ -55,9 +55,12 @@ class Accelerator:
     """One device: compute per dtype and its memory tiers.
 
     peak_flops: dtype -> dense FLOP/s (datasheet).
-    matmul_efficiency: fraction of peak the best-shaped large GEMM reaches (a
-      published microbenchmark; the shape-dependent losses on top of it are
-      modelled in cost/compute.py from compute_units and matmul_tile).
+    matmul_efficiency: fraction of peak the GEMM main loop sustains (a published
+      microbenchmark; the shape-dependent losses on top of it are modelled in
+      cost/compute.py from compute_units, matmul_tile and matmul_pipeline_overhead).
+    matmul_tile: (m, n, k) of the largest GEMM thread-block tile.
+    matmul_pipeline_overhead: main-loop iterations' worth of non-overlapped
+      prologue and epilogue per output tile.
     vector_flops: FLOP/s of the non-matrix units (for element-wise work).
     kernel_overhead: seconds of fixed cost per launched kernel.
     """
@@ -67,6 +70,7 @@ class Accelerator:
     matmul_efficiency: float
     compute_units: int
     matmul_tile: tuple
+    matmul_pipeline_overhead: float
     sram: MemoryTier
     hbm: MemoryTier
     expansion: MemoryTier | None = None
