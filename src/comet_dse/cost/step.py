@@ -120,35 +120,68 @@ def _total(work: dict):
     return sum(work.values())
 
 
-def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
-    """Step time, breakdown and memory for every strategy in ``st`` (same model, cluster, devices)."""
-    dev = device_of(cluster, st.dtype)
-    dims = tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
-    t, p, d, v, b = st.tp, st.pp, st.dp, st.interleave, st.micro_batch
-    s, h, L, V = model.seq_len, model.hidden, model.layers, model.vocab
-    e = ACTIVATION_BYTES
-    gemm_e = np.array([DTYPE_BYTES[x] for x in np.atleast_1d(st.dtype)])
-    m = st.global_batch / (d * b)
-    tp_spans, pp_spans, dp_spans = coll.spans(dims, 1.0, t), coll.spans(dims, t, p), coll.spans(dims, t * p, d)
+@dataclass(frozen=True)
+class Context:
+    """What every term needs: the device, the network dimensions and each group's span."""
 
-    shape = LayerShape(b=b, s=s, t=t, sp=st.sequence_parallel, flash=st.flash_attention, e=e, gemm_e=gemm_e)
-    layer = layer_cost(model, shape, dev)
-    tp_ar = coll.all_reduce_time(layer.tp_message_bytes, dims, tp_spans)   # = AG + RS with SP
-    tp_pass = layer.tp_messages * tp_ar
+    dev: Device
+    dims: tuple
+    tp_spans: list
+    pp_spans: list
+    dp_spans: list
+    shape: LayerShape
+
+
+def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Context:
+    """Device view, network dimensions for ``devices``, and the TP/PP/DP group spans.
+
+    Placement: TP innermost (stride 1), then PP (stride tp), then DP (stride tp*pp).
+    """
+    dims = tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
+    t, p = st.tp, st.pp
+    gemm_e = np.array([DTYPE_BYTES[x] for x in np.atleast_1d(st.dtype)])
+    shape = LayerShape(b=st.micro_batch, s=model.seq_len, t=t, sp=st.sequence_parallel,
+                       flash=st.flash_attention, e=ACTIVATION_BYTES, gemm_e=gemm_e)
+    return Context(dev=device_of(cluster, st.dtype), dims=dims, tp_spans=coll.spans(dims, 1.0, t),
+                   pp_spans=coll.spans(dims, t, p), dp_spans=coll.spans(dims, t * p, st.dp), shape=shape)
+
+
+def layer_work(model: Transformer, ctx: Context, st: StrategyArrays):
+    """One layer, one micro-batch: kernel times by phase plus exposed TP collectives.
+
+    TP collectives per layer: 2 all-reduces in forward and 2 in backward
+    (Megatron f/g operators); with SP each becomes an all-gather plus a
+    reduce-scatter of the same total volume. Full recomputation repeats the
+    forward ones. Returns (work dict, LayerCost, forward TP time).
+    """
+    layer = layer_cost(model, ctx.shape, ctx.dev)
+    tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, ctx.dims, ctx.tp_spans)
     rc = st.recompute
-    no_kernel = KernelTime(np.zeros_like(t), np.zeros_like(t))
     rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
                      np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
-    layer_work = _work(layer.forward, layer.backward, rec, 2.0 * tp_pass + np.where(rc == 2, tp_pass, 0.0))
+    work = _work(layer.forward, layer.backward, rec, 2.0 * tp_pass + np.where(rc == 2, tp_pass, 0.0))
+    return work, layer, tp_pass
+
+
+def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
+    """Step time, breakdown and memory for every strategy in ``st`` (same model, cluster, devices)."""
+    ctx = context_of(model, cluster, devices, st)
+    dev, dims, shape = ctx.dev, ctx.dims, ctx.shape
+    tp_spans, pp_spans, dp_spans = ctx.tp_spans, ctx.pp_spans, ctx.dp_spans
+    t, p, d, v, b = st.tp, st.pp, st.dp, st.interleave, st.micro_batch
+    s, h, L = model.seq_len, model.hidden, model.layers
+    e = ACTIVATION_BYTES
+    m = st.global_batch / (d * b)
+    layer_w, layer, _ = layer_work(model, ctx, st)
 
     emb_work, head_work = _embedding_and_head(model, shape, dev, dims, tp_spans)
     first, last, most = _stage_layers(L, p)
     single = p == 1
-    whole = _add(_add(_scale(layer_work, L), emb_work), head_work)
+    whole = _add(_add(_scale(layer_w, L), emb_work), head_work)
     slowest = _pick([
-        _scale(layer_work, most),
-        _add(_scale(layer_work, first), emb_work),
-        _add(_scale(layer_work, last), head_work),
+        _scale(layer_w, most),
+        _add(_scale(layer_w, first), emb_work),
+        _add(_scale(layer_w, last), head_work),
     ], key=_total)
     stage = {k: np.where(single, whole[k], slowest[k]) for k in whole}
     stage_layers = np.where(single, L, most)

@@ -1,0 +1,156 @@
+"""Re-predict published measurements of real training runs (shared/validation).
+
+Every row is predicted with the ONE ``dgx-a100-80gb`` preset. What differs
+between rows is only what the authors ran: model, parallel degrees, batch,
+recomputation, and the software configuration their scripts used (read from
+the papers and the public run scripts, see docs/validation.md):
+
+- Korthikanti et al. 2022 (Megatron-LM, 2022): gradient-accumulation fusion
+  (--gradient-accumulation-fusion, on by default since early 2022).
+- Narayanan et al. 2021 (Megatron-LM, container nvcr.io pytorch:20.12,
+  examples/sc21/run_table_1.sh): fp16 gradients added into a main-gradient
+  buffer by a separate kernel per micro-batch; gradients all-reduced after the
+  last micro-batch's backward (no overlap) for the DDP=local rows; PyTorch DDP
+  (bucketed all-reduce overlapped with backward) for the DDP=torch rows
+  (1.7B to 18.4B).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from comet_dse.cost.step import context_of, layer_work
+from comet_dse.errors import InputError
+from comet_dse.estimate import estimate
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import MLP, Attention, MLPKind, PositionEmbedding, Transformer
+from comet_dse.strategy import GradAccumulation, Recompute, Strategy, StrategyArrays
+
+TABLE5 = "korthikanti2022_table5.csv"
+TABLE1 = "narayanan2021_table1.csv"
+TABLE4 = "korthikanti2022_table4.csv"
+PRESET = "dgx-a100-80gb"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One predicted-vs-measured value (seconds)."""
+
+    dataset: str
+    label: str
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        """Relative error (predicted - measured) / measured."""
+        return (self.predicted - self.measured) / self.measured
+
+
+def validation_dir() -> Path:
+    """Where the measurement CSVs are: $COMET_DSE_VALIDATION_DIR, ../shared/validation, or the packaged copy."""
+    env = os.environ.get("COMET_DSE_VALIDATION_DIR")
+    candidates = [Path(env)] if env else []
+    here = Path.cwd()
+    candidates += [here / "shared" / "validation", here.parent / "shared" / "validation"]
+    for path in candidates:
+        if (path / TABLE5).is_file():
+            return path
+    return Path(str(resources.files("comet_dse").joinpath("data", "validation")))
+
+
+def _read(directory: Path, name: str) -> list:
+    path = directory / name
+    if not path.is_file():
+        raise InputError("validation", f"{path} is missing")
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _gpt(row: dict, name: str) -> Transformer:
+    """Megatron GPT: GELU MLP, learned positions, tied embeddings, dropout (validation README)."""
+    hidden, heads = int(row["hidden"]), int(row["heads"])
+    return Transformer(
+        name=name, layers=int(row["layers"]), hidden=hidden,
+        attention=Attention(heads=heads, kv_heads=heads, head_dim=hidden // heads),
+        mlp=MLP(ffn=int(row["ffn"]), kind=MLPKind.GELU), vocab=int(row["vocab"]),
+        seq_len=int(row["seq_len"]), tied_embeddings=True, position=PositionEmbedding.LEARNED,
+    )
+
+
+def _strategy(row: dict, **software) -> Strategy:
+    return Strategy(
+        tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
+        global_batch=int(row["global_batch"]), micro_batch=int(row["micro_batch"]),
+        interleave=int(row["interleave"]), recompute=Recompute(row["recompute"]),
+        sequence_parallel=row.get("sequence_parallel", "false").lower() == "true",
+        dtype=row["dtype"], **software,
+    )
+
+
+def table5_comparisons(cluster: Cluster, directory: Path) -> list:
+    """Korthikanti et al. 2022, Table 5: iteration time of 8 end-to-end runs."""
+    out = []
+    for row in _read(directory, TABLE5):
+        model = _gpt(row, row["model"])
+        strategy = _strategy(row, grad_accumulation=GradAccumulation.FUSED, dp_overlap=False)
+        result = estimate(model, cluster, int(row["gpus"]), strategy)
+        mode = "selective+SP" if strategy.sequence_parallel else row["recompute"]
+        label = f"{row['model']} {mode} {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
+        out.append(Comparison(TABLE5, label, result.step_time_s, float(row["measured_iteration_time_s"])))
+    return out
+
+
+def table1_comparisons(cluster: Cluster, directory: Path) -> list:
+    """Narayanan et al. 2021, Table 1: iteration time implied by the reported TFLOP/s."""
+    out = []
+    for row in _read(directory, TABLE1):
+        torch_ddp = float(row["params_b"]) <= 18.4  # DDP=torch in examples/sc21/run_table_1.sh
+        model = _gpt(row, f"{row['params_b']}B")
+        strategy = _strategy(row, grad_accumulation=GradAccumulation.SEPARATE, dp_overlap=torch_ddp)
+        result = estimate(model, cluster, int(row["gpus"]), strategy)
+        label = f"{row['params_b']}B {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
+        out.append(Comparison(TABLE1, label, result.step_time_s, float(row["derived_iteration_time_s"])))
+    return out
+
+
+def table4_comparisons(cluster: Cluster, directory: Path) -> list:
+    """Korthikanti et al. 2022, Table 4: forward and backward time of one 22B layer on 8 GPUs."""
+    base = {"layers": "48", "hidden": "6144", "heads": "64", "ffn": "24576", "seq_len": "2048", "vocab": "51200"}
+    model = _gpt(base, "megatron-22B layer")
+    out = []
+    for row in _read(directory, TABLE4):
+        strategy = Strategy(tp=8, pp=1, dp=1, global_batch=4, micro_batch=4,
+                            recompute=Recompute(row["recompute"]),
+                            sequence_parallel=row["sequence_parallel"].lower() == "true", dtype="fp16")
+        st = StrategyArrays.of([strategy])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            work, _, _ = layer_work(model, context_of(model, cluster, 8, st), st)
+        fwd_tp = work["tp"][0] / (3.0 if strategy.recompute is Recompute.FULL else 2.0)
+        forward = work["fwd_math"][0] + work["fwd_mem"][0] + fwd_tp
+        backward = (work["bwd_math"][0] + work["bwd_mem"][0] + work["rec_math"][0] + work["rec_mem"][0]
+                    + work["tp"][0] - fwd_tp)
+        name = row["experiment"]
+        out.append(Comparison(TABLE4, f"{name} forward", forward, float(row["forward_ms"]) / 1e3))
+        out.append(Comparison(TABLE4, f"{name} backward", backward, float(row["backward_ms"]) / 1e3))
+    return out
+
+
+def all_comparisons(cluster: Cluster, directory: Path | None = None) -> list:
+    """Every comparison, in dataset order."""
+    directory = directory or validation_dir()
+    return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
+            + table4_comparisons(cluster, directory))
+
+
+def summary(comparisons: list) -> dict:
+    """dataset -> {rows, mean_abs_error, max_abs_error} (fractions)."""
+    out = {}
+    for comp in comparisons:
+        out.setdefault(comp.dataset, []).append(abs(comp.error))
+    return {k: {"rows": len(v), "mean_abs_error": sum(v) / len(v), "max_abs_error": max(v)} for k, v in out.items()}
