@@ -1,0 +1,184 @@
+"""Command line: ``comet-dse estimate | presets | validate``. A thin layer over the library.
+
+Bad input prints one line ``comet-dse: error: <field>: <what is valid>`` on
+stderr and exits with status 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from comet_dse.errors import InputError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) and exit status 2."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        sys.stderr.write(f"comet-dse: error: {message} (see comet-dse {self.prog.split()[-1]} --help)\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="comet-dse", description="Analytical model of distributed LLM training (COMET methodology).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    est = sub.add_parser("estimate", help="estimate one training iteration")
+    est.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
+    est.add_argument("--cluster", required=True, help="preset name or cluster YAML")
+    est.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
+    est.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
+    est.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel degree (default 1)")
+    est.add_argument("--dp", type=_positive_int, default=None, help="data-parallel degree (default devices/(tp*pp))")
+    est.add_argument("--global-batch", type=_positive_int, required=True, help="sequences per iteration")
+    est.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch (default 1)")
+    est.add_argument("--interleave", type=_positive_int, default=1, help="virtual pipeline stages per device (default 1)")
+    est.add_argument("--recompute", choices=("none", "selective", "full"), default="none", help="activation recomputation")
+    est.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the TP group")
+    est.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over the data-parallel group")
+    est.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16", help="training precision (default bf16)")
+    est.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
+    est.add_argument("--flash-attention", action="store_true", help="fused attention that never stores the s x s scores")
+    est.add_argument("--no-dp-overlap", action="store_true", help="do not overlap the gradient reduction with backward")
+    est.add_argument("--grad-accumulation", choices=("fused", "separate"), default="fused",
+                     help="fp32 gradient accumulation fused into the GEMM (default) or a separate add per micro-batch")
+    est.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
+
+    pre = sub.add_parser("presets", help="list the built-in models and clusters")
+    pre.add_argument("--json", action="store_true", help="print JSON")
+
+    val = sub.add_parser("validate", help="re-predict published measurements and report the error")
+    val.add_argument("--data", default=None, help="folder with the validation CSVs (default: ../shared/validation or packaged copy)")
+    val.add_argument("--cluster", default="dgx-a100-80gb", help="cluster preset used for every row (default dgx-a100-80gb)")
+    val.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _strategy_from(args, devices: int):
+    from comet_dse.strategy import GradAccumulation, Recompute, Strategy
+
+    if args.dp is None:
+        if devices % (args.tp * args.pp):
+            raise InputError("devices", f"{devices} is not a multiple of tp*pp = {args.tp * args.pp}; give --dp or change --tp/--pp")
+        dp = devices // (args.tp * args.pp)
+    else:
+        dp = args.dp
+    if args.tp * args.pp * dp != devices:
+        raise InputError("devices", f"tp*pp*dp = {args.tp}*{args.pp}*{dp} = {args.tp * args.pp * dp} must equal --devices {devices}")
+    return Strategy(
+        tp=args.tp, pp=args.pp, dp=dp, global_batch=args.global_batch, micro_batch=args.micro_batch,
+        interleave=args.interleave, recompute=Recompute(args.recompute), sequence_parallel=args.sequence_parallel,
+        zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
+        grad_accumulation=GradAccumulation(args.grad_accumulation),
+    )
+
+
+def cmd_estimate(args) -> int:
+    from comet_dse.estimate import estimate
+    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.report_text import render_estimate
+
+    model = load_model(args.model)
+    if args.seq_len:
+        model = model.with_seq_len(args.seq_len)
+    cluster = load_cluster(args.cluster)
+    cluster.dim_sizes(args.devices)
+    strategy = _strategy_from(args, args.devices)
+    result = estimate(model, cluster, args.devices, strategy)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        exp = cluster.accelerator.expansion
+        print(render_estimate(result, cluster.accelerator.hbm.capacity, exp.capacity if exp else None))
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from comet_dse.presets import load_cluster, load_model, preset_names
+    from comet_dse.report_text import describe_peak, render_table
+    from comet_dse.units import format_bytes, format_rate
+
+    models = [load_model(n) for n in preset_names("models")]
+    clusters = [load_cluster(n) for n in preset_names("clusters")]
+    if args.json:
+        print(json.dumps({
+            "models": [{"name": m.name, "params": m.total_params(), "layers": m.layers, "hidden": m.hidden,
+                        "description": m.description, "source": m.source} for m in models],
+            "clusters": [{"name": c.name, "device": c.accelerator.name, "description": c.description,
+                          "source": c.source} for c in clusters],
+        }, indent=2))
+        return 0
+    rows = [[m.name, f"{m.total_params() / 1e9:.1f}B", m.layers, m.hidden, m.attention.heads,
+             m.attention.kv_heads, m.mlp.ffn, m.mlp.kind.value, m.seq_len, m.description] for m in models]
+    print("Models")
+    print(render_table(["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "seq", "description"], rows))
+    rows = []
+    for c in clusters:
+        acc = c.accelerator
+        net = " x ".join(f"{d.name}({d.size or 'n'}, {d.topology.value}, {format_rate(d.link_bandwidth * d.links_per_device, 'B/s')})"
+                         for d in c.network)
+        rows.append([c.name, acc.name, describe_peak(acc.peak_flops), format_bytes(acc.hbm.capacity),
+                     format_rate(acc.hbm.bandwidth, "B/s"), format_bytes(acc.sram.capacity), net])
+    print("\nClusters")
+    print(render_table(["name", "device", "peak", "HBM", "HBM bw", "SRAM", "network (innermost first)"], rows))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from pathlib import Path
+
+    from comet_dse.presets import load_cluster
+    from comet_dse.report_text import render_table
+    from comet_dse.validation import all_comparisons, summary, validation_dir
+
+    directory = Path(args.data) if args.data else validation_dir()
+    if not directory.is_dir():
+        raise InputError("data", f"{directory} is not a folder")
+    comparisons = all_comparisons(load_cluster(args.cluster), directory)
+    stats = summary(comparisons)
+    if args.json:
+        print(json.dumps({
+            "data": str(directory),
+            "rows": [{"dataset": c.dataset, "label": c.label, "predicted_s": c.predicted, "measured_s": c.measured,
+                      "error": c.error} for c in comparisons],
+            "summary": stats,
+        }, indent=2))
+        return 0
+    print(f"Validation against published runs in {directory} (cluster preset {args.cluster})\n")
+    rows = [[c.dataset.removesuffix(".csv"), c.label, f"{c.predicted:.4g}", f"{c.measured:.4g}", f"{c.error * 100:+.1f}%"]
+            for c in comparisons]
+    print(render_table(["dataset", "run", "predicted s", "measured s", "error"], rows))
+    print()
+    rows = [[k.removesuffix(".csv"), v["rows"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%"]
+            for k, v in stats.items()]
+    print(render_table(["dataset", "rows", "mean |error|", "max |error|"], rows))
+    return 0
+
+
+COMMANDS = {"estimate": cmd_estimate, "presets": cmd_presets, "validate": cmd_validate}
+
+
+def main(argv: list | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except InputError as exc:
+        sys.stderr.write(f"comet-dse: error: {exc}\n")
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Plain-text rendering of estimates, presets and validation results for the terminal."""
+from __future__ import annotations
+
+from comet_dse.estimate import Estimate
+from comet_dse.units import format_bytes, format_rate, format_time
+
+BREAKDOWN_LABELS = {
+    "compute": "compute-bound kernels",
+    "memory": "memory-bound kernels",
+    "tp_communication": "tensor-parallel comm (exposed)",
+    "pp_communication": "pipeline send/recv",
+    "pipeline_bubble": "pipeline bubble (idle)",
+    "dp_communication": "data-parallel comm (exposed)",
+    "optimizer": "optimizer step",
+    "offload": "expansion-tier traffic",
+}
+MEMORY_LABELS = {
+    "weights": "weights",
+    "gradients": "gradients",
+    "optimizer": "optimizer state",
+    "activations": "activations",
+    "buffers": "communication buffers",
+}
+
+
+def _bar(fraction: float, width: int = 24) -> str:
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "#" * filled + "." * (width - filled)
+
+
+def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> str:
+    """A readable breakdown of one iteration: time by part, memory by part and tier, fit, throughput."""
+    inputs = est.inputs
+    st = inputs.get("strategy", {})
+    lines = [
+        f"{inputs.get('model')} on {inputs.get('devices')} x {inputs.get('cluster')}",
+        f"  tp={st.get('tp')} pp={st.get('pp')} dp={st.get('dp')}  global batch {st.get('global_batch')}, "
+        f"micro-batch {st.get('micro_batch')} ({est.microbatches:g} per pipeline), interleave {st.get('interleave')}",
+        f"  recompute {st.get('recompute')}, sequence parallel {'on' if st.get('sequence_parallel') else 'off'}, "
+        f"ZeRO {st.get('zero')}, {st.get('dtype')}, {est.layers_per_stage} layers on the busiest stage",
+        "",
+        f"Step time        {format_time(est.step_time_s)}",
+        f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
+        f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
+        "",
+        "Time per iteration (parts add up to the step time)",
+    ]
+    total = max(est.step_time_s, 1e-30)
+    for key, value in est.breakdown_s.items():
+        lines.append(f"  {BREAKDOWN_LABELS.get(key, key):32s} {format_time(value):>11s} {value / total * 100:5.1f}%  {_bar(value / total)}")
+    lines.append("  by phase (critical stage, bubble excluded): " + ", ".join(
+        f"{k} {format_time(v)}" for k, v in est.phases_s.items()))
+    lines += ["", "Memory per device (busiest pipeline stage)"]
+    for key, value in est.memory_bytes.items():
+        lines.append(f"  {MEMORY_LABELS.get(key, key):32s} {format_bytes(value):>11s}")
+    lines.append(f"  {'total':32s} {format_bytes(est.memory_per_device_bytes):>11s}")
+    tiers = est.memory_tiers_bytes
+    tier_line = f"  in HBM {format_bytes(tiers['hbm'])} of {format_bytes(hbm_capacity)}"
+    if expansion_capacity:
+        tier_line += f"; in the expansion tier {format_bytes(tiers['expansion'])} of {format_bytes(expansion_capacity)}"
+    lines.append(tier_line)
+    lines.append("")
+    if est.feasible:
+        lines.append("Feasible: yes")
+    else:
+        lines.append("Feasible: NO")
+        lines += [f"  - {reason}" for reason in est.reasons]
+    return "\n".join(lines)
+
+
+def render_table(headers: list, rows: list) -> str:
+    """Left-aligned first column, right-aligned others, widths from content."""
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+    def fmt(cells):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def describe_peak(flops: dict) -> str:
+    key = "bf16" if "bf16" in flops else next(iter(flops))
+    return f"{format_rate(flops[key], 'FLOP/s')} {key}"
