@@ -36,15 +36,18 @@ class ModelStates:
     optimizer: np.ndarray
 
 
-def model_state_bytes(params, dp, zero, grad_el_bytes) -> ModelStates:
+def model_state_bytes(params, dp, zero, grad_el_bytes, gathered=0.0) -> ModelStates:
     """Weights, gradients, optimizer bytes of ``params`` parameters on one device under ZeRO.
 
-    weights   = 2 P / (N_d if zero >= 3 else 1)
+    weights   = 2 P, or with ZeRO 3: min(2 P, 2 P / N_d + 2 G (1 - 1/N_d)) where G is
+                the parameter count gathered at a time (the current and the
+                prefetched layer: G = 2 * layer parameters)
     gradients = g P / (N_d if zero >= 2 else 1)
     optimizer = 12 P / (N_d if zero >= 1 else 1)
     """
+    sharded = WEIGHT_BYTES * (params / dp + gathered * (1.0 - 1.0 / dp))
     return ModelStates(
-        weights=WEIGHT_BYTES * params / np.where(zero >= 3, dp, 1),
+        weights=np.where(zero >= 3, np.minimum(WEIGHT_BYTES * params, sharded), WEIGHT_BYTES * params),
         gradients=grad_el_bytes * params / np.where(zero >= 2, dp, 1),
         optimizer=OPTIMIZER_BYTES * params / np.where(zero >= 1, dp, 1),
     )

@@ -301,7 +301,7 @@ def _data_parallel(model, st, dims, dp_spans, pp_spans, stage, stage_params, gby
 
 def _memory(model, st, layer, stage_params, first, most, gbytes, m, t, p, d, v, b, s, e):
     """Bytes per device on the busiest stage, by part, and activation bytes per micro-batch."""
-    states = model_state_bytes(stage_params, d, st.zero, gbytes)
+    states = model_state_bytes(stage_params, d, st.zero, gbytes, gathered=2.0 * model.layer_params() / t)
     rc = st.recompute
     per_layer = np.where(rc == 2, layer.input_bytes,
                          np.where(rc == 1, layer.saved_bytes - layer.attention_core_bytes, layer.saved_bytes))
@@ -312,8 +312,7 @@ def _memory(model, st, layer, stage_params, first, most, gbytes, m, t, p, d, v, 
                        np.where(rc == 1, layer.attention_core_bytes, 0.0))
     logits = np.where(p == 1, b * s * model.vocab / t * (FP32 + e), 0.0)
     activations = inflight * per_layer + working + logits
-    zero3_prefetch = np.where(st.zero >= 3, 2.0 * 2.0 * model.layer_params() / t, 0.0)
-    buffers = np.where(t > 1, 2.0 * layer.tp_message_bytes, 0.0) + zero3_prefetch
+    buffers = np.where(t > 1, 2.0 * layer.tp_message_bytes, 0.0)
     memory = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
               "activations": activations, "buffers": buffers}
     return memory, layers_per_stage * per_layer

@@ -1,0 +1,40 @@
+"""Accuracy against published measurements (shared/validation), one preset for every row.
+
+Bounds from the project issue "Core: an accurate model of one training step".
+"""
+import pytest
+
+from comet_dse.presets import load_cluster
+from comet_dse.validation import TABLE1, TABLE4, TABLE5, all_comparisons, summary, validation_dir
+
+
+@pytest.fixture(scope="module")
+def results():
+    comparisons = all_comparisons(load_cluster("dgx-a100-80gb"), validation_dir())
+    return comparisons, summary(comparisons)
+
+
+def test_every_row_is_predicted(results):
+    comparisons, stats = results
+    assert stats[TABLE5]["rows"] == 8
+    assert stats[TABLE1]["rows"] == 10
+    assert stats[TABLE4]["rows"] == 10   # forward and backward of 5 settings
+
+
+def test_korthikanti_table5(results):
+    _, stats = results
+    assert stats[TABLE5]["mean_abs_error"] <= 0.035
+    assert stats[TABLE5]["max_abs_error"] <= 0.07
+
+
+def test_narayanan_table1(results):
+    _, stats = results
+    assert stats[TABLE1]["mean_abs_error"] <= 0.05
+    assert stats[TABLE1]["max_abs_error"] <= 0.10
+
+
+def test_korthikanti_table4_layer(results):
+    comparisons, _ = results
+    for comp in comparisons:
+        if comp.dataset == TABLE4:
+            assert abs(comp.error) <= 0.10, comp.label
