@@ -14,6 +14,8 @@ def read_yaml(path: Path, what: str) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(what, f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(what, f"{path} is not UTF-8 text") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

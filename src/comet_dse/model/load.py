@@ -56,6 +56,13 @@ def _hf_get(config: dict, field: str, path: Path) -> int:
     raise InputError(f"{path.name}", f"missing {' or '.join(_HF_KEYS[field])} (needed for {field})")
 
 
+def _probability(config: dict, key: str, default: float, path: Path) -> float:
+    try:
+        return float(config.get(key, default) or 0.0)
+    except (TypeError, ValueError):
+        raise InputError(f"{path.name}:{key}", f"must be a number, got {config[key]!r}") from None
+
+
 def transformer_from_hf_config(path: Path) -> Transformer:
     """Read a local Hugging Face config.json (GPT-2 or Llama style); no network access.
 
@@ -72,6 +79,8 @@ def transformer_from_hf_config(path: Path) -> Transformer:
         raise InputError("model", f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise InputError("model", f"{path} is not valid JSON (line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise InputError("model", f"{path} is not UTF-8 text") from None
     if not isinstance(config, dict):
         raise InputError("model", f"{path} must hold a JSON object")
     layers, hidden = _hf_get(config, "layers", path), _hf_get(config, "hidden", path)
@@ -80,7 +89,7 @@ def transformer_from_hf_config(path: Path) -> Transformer:
     if gpt2_style:
         ffn = config.get("n_inner") or 4 * hidden
         kind, position, tied = MLPKind.GELU, PositionEmbedding.LEARNED, True
-        dropout = float(config.get("resid_pdrop", 0.1) or 0.0) > 0.0
+        dropout = _probability(config, "resid_pdrop", 0.1, path) > 0.0
         seq_len = config.get("n_positions") or config.get("n_ctx") or 1024
         kv_heads = heads
     else:
@@ -93,7 +102,7 @@ def transformer_from_hf_config(path: Path) -> Transformer:
         tied = bool(config.get("tie_word_embeddings", False))
         seq_len = config.get("max_position_embeddings") or 2048
         kv_heads = config.get("num_key_value_heads") or heads
-        dropout = float(config.get("attention_dropout", 0.0) or 0.0) > 0.0
+        dropout = _probability(config, "attention_dropout", 0.0, path) > 0.0
     head_dim = config.get("head_dim") or hidden // heads
     name = config.get("_name_or_path") or path.parent.name or path.stem
     try:
