@@ -1,0 +1,95 @@
+"""End-to-end behaviour of estimate(): feasibility, tiers, uneven stages, presets."""
+import dataclasses as dc
+
+import pytest
+
+from comet_dse.estimate import estimate
+from comet_dse.hardware.spec import MemoryTier
+from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.strategy import Recompute, Strategy
+from comet_dse.units import format_bytes
+
+GiB = 2**30
+
+
+def test_readme_example_is_feasible_and_plausible(a100, megatron_1t):
+    st = Strategy(tp=8, pp=64, dp=1, global_batch=512, micro_batch=1, recompute=Recompute.SELECTIVE,
+                  sequence_parallel=True, dtype="fp16")
+    r = estimate(megatron_1t, a100, 512, st)
+    assert r.feasible and r.reasons == []
+    # Korthikanti et al. 2022 Table 5 report MFU 56.3 % for this run.
+    assert r.mfu == pytest.approx(0.563, abs=0.03)
+    assert r.memory_per_device_bytes < 80 * GiB
+
+
+def test_infeasible_lists_every_reason(a100, megatron_1t):
+    st = Strategy(tp=3, pp=1, dp=2, global_batch=7, micro_batch=1)
+    r = estimate(megatron_1t, a100, 8, st)
+    assert not r.feasible
+    text = " | ".join(r.reasons)
+    assert "tp*pp*dp = 3*1*2 = 6, but the cluster has 8 devices" in text
+    assert "tp=3 does not divide the 160 attention heads" in text
+    assert "global batch 7 is not a multiple of dp*micro_batch = 2" in text
+    assert "HBM holds 80.0 GiB" in text
+
+
+def test_memory_reason_names_the_need(a100, megatron_1t):
+    r = estimate(megatron_1t, a100, 8, Strategy(tp=8, pp=1, dp=1, global_batch=1))
+    (reason,) = r.reasons
+    assert r.memory_per_device_bytes == pytest.approx(2.2 * 2**40, rel=0.05)
+    assert reason.startswith(f"needs {format_bytes(r.memory_per_device_bytes)} per device (weights ")
+    assert reason.endswith("HBM holds 80.0 GiB")
+
+
+def _with_expansion(cluster, capacity, bandwidth=64e9):
+    tier = MemoryTier(name="cxl", capacity=capacity, bandwidth=bandwidth, efficiency=1.0, latency=1e-6)
+    return dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, expansion=tier))
+
+
+def test_expansion_tier_makes_a_config_fit_at_a_cost(a100):
+    model = load_model("gpt3-175b")
+    st = Strategy(tp=8, pp=4, dp=1, global_batch=32, micro_batch=1, recompute=Recompute.FULL)
+    plain = estimate(model, a100, 32, st)
+    assert not plain.feasible
+    over = plain.memory_per_device_bytes - 80 * GiB
+    big = estimate(model, _with_expansion(a100, 512 * GiB), 32, st)
+    assert big.feasible
+    assert big.memory_tiers_bytes["expansion"] == pytest.approx(over, rel=1e-9)
+    assert big.memory_tiers_bytes["hbm"] == pytest.approx(80 * GiB, rel=1e-9)
+    assert big.breakdown_s["offload"] > 0
+    faster = estimate(model, _with_expansion(a100, 512 * GiB, bandwidth=256e9), 32, st)
+    assert faster.breakdown_s["offload"] < big.breakdown_s["offload"]
+    small = estimate(model, _with_expansion(a100, 1 * GiB), 32, st)
+    assert not small.feasible and "cxl tier 1.0 GiB" in small.reasons[0]
+
+
+def test_uneven_stages_llama3_405b():
+    """Llama-3 405B: 126 layers on 16 stages; the slowest stage sets the pace."""
+    model = load_model("llama3-405b")
+    h100 = load_cluster("dgx-h100")
+    st = Strategy(tp=8, pp=16, dp=16, global_batch=256, micro_batch=1, recompute=Recompute.NONE,
+                  sequence_parallel=True, flash_attention=True)
+    r = estimate(model, h100, 2048, st)
+    assert r.layers_per_stage == 8            # ceil(126 / 16)
+    even = estimate(dc.replace(model, layers=128), h100, 2048, st)
+    assert r.step_time_s <= even.step_time_s  # 126 layers never slower than 128
+
+
+@pytest.mark.parametrize("cluster,devices,tp,pp", [
+    ("dgx-a100-80gb", 1024, 8, 16), ("dgx-h100", 1024, 8, 16), ("tpu-v4", 1024, 8, 16), ("dojo", 1000, 5, 20),
+])
+def test_every_cluster_preset_estimates(cluster, devices, tp, pp):
+    model = load_model("gpt3-175b")
+    c = load_cluster(cluster)
+    heads_ok = model.attention.heads % tp == 0
+    dp = devices // (tp * pp)
+    st = Strategy(tp=tp, pp=pp, dp=dp, global_batch=dp * 16, micro_batch=1, recompute=Recompute.FULL)
+    r = estimate(model, c, devices, st)
+    assert r.step_time_s > 0
+    assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s)
+    if not heads_ok:
+        assert any("attention heads" in x for x in r.reasons)
+
+
+def test_presets_cover_the_issue():
+    assert {"dgx-a100-80gb", "dgx-h100", "tpu-v4", "dojo"} <= set(preset_names("clusters"))
