@@ -19,7 +19,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         sys.stderr.write(f"comet-dse: error: {message} (see comet-dse {self.prog.split()[-1]} --help)\n")
-        raise SystemExit(1)
+        raise SystemExit(EXIT_BAD_INPUT)
 
 
 def _positive_int(text: str) -> int:
