@@ -398,3 +398,30 @@ def test_subprocess_exit_status_and_no_traceback(tmp_path):
         assert result.stdout == ""
         assert len(result.stderr.splitlines()) == 1
         assert result.stderr.startswith("comet-dse: error: ")
+
+
+def test_dtype_the_device_cannot_run(capsys):
+    argv = ["estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--devices", "64",
+            "--tp", "8", "--pp", "8", "--global-batch", "64", "--dtype", "fp8"]
+    assert_bad_input(run(capsys, *argv), "comet-dse: error: dtype: ", "has no fp8 rate", "bf16")
+
+
+def test_folder_as_model(capsys, tmp_path):
+    assert_bad_input(run(capsys, "estimate", "--model", str(tmp_path), *SMALL),
+                     "comet-dse: error: model: ", "is a folder")
+
+
+def test_config_json_string_boolean(capsys, tmp_path):
+    config = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000,
+              "intermediate_size": 512, "tie_word_embeddings": "false"}
+    path = write(tmp_path / "config.json", json.dumps(config))
+    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL),
+                     "comet-dse: error: config.json:tie_word_embeddings: ", "true or false")
+
+
+def test_infeasible_without_expansion_tier_keeps_everything_in_hbm(capsys):
+    out = run_json(capsys, "estimate", "--model", "megatron-1t", "--cluster", "dgx-a100-80gb", "--devices", "8",
+                   "--tp", "8", "--global-batch", "8")
+    assert out["feasible"] is False
+    assert out["memory_tiers_bytes"]["expansion"] == 0
+    assert out["memory_tiers_bytes"]["hbm"] == out["memory_per_device_bytes"]

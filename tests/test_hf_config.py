@@ -37,17 +37,18 @@ GPT2_XL_ATTENTION = 1600 * 75 * 64 + 75 * 64 + 25 * 64 * 1600 + 1600      # 10,2
 GPT2_XL_MLP = 2 * 1600 * 6400 + 6400 + 1600                                # 20,488,000
 GPT2_XL_LAYER = GPT2_XL_ATTENTION + GPT2_XL_MLP + 4 * 1600                 # 30,740,800
 GPT2_XL_PARAMS = 48 * GPT2_XL_LAYER + 50257 * 1600 + 1024 * 1600 + 2 * 1600
-# Llama 3 8B: h=4096, a=32, k=8, d=128, f=14336, L=32, V=128256, RoPE (no table), untied.
-LLAMA_ATTENTION = 4096 * 48 * 128 + 48 * 128 + 32 * 128 * 4096 + 4096     # 41,953,280
+# Llama 3 8B: h=4096, a=32, k=8, d=128, f=14336, L=32, V=128256, RoPE (no table), untied,
+# no biases, RMSNorm (h parameters per norm).
+LLAMA_ATTENTION = 4096 * 48 * 128 + 32 * 128 * 4096                       # 41,943,040
 LLAMA_MLP = 3 * 4096 * 14336                                               # 176,160,768
-LLAMA_LAYER = LLAMA_ATTENTION + LLAMA_MLP + 4 * 4096                       # 218,130,432
-LLAMA_PARAMS = 32 * LLAMA_LAYER + 128256 * 4096 + 2 * 4096 + 128256 * 4096
+LLAMA_LAYER = LLAMA_ATTENTION + LLAMA_MLP + 2 * 4096                       # 218,112,000
+LLAMA_PARAMS = 32 * LLAMA_LAYER + 128256 * 4096 + 4096 + 128256 * 4096
 
 
 def test_hand_counts():
     """The hand arithmetic above, written out, so a typo there cannot hide."""
     assert GPT2_XL_PARAMS == 1_557_611_200  # also the count Hugging Face reports for gpt2-xl
-    assert LLAMA_PARAMS == 8_030_855_168
+    assert LLAMA_PARAMS == 8_030_261_248  # the published count of Meta-Llama-3-8B
 
 
 def write_config(directory: Path, config: dict, name: str = "config.json") -> Path:

@@ -178,6 +178,12 @@ def main(argv: list | None = None) -> int:
     except InputError as exc:
         sys.stderr.write(f"comet-dse: error: {exc}\n")
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as Unix tools do.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -64,7 +64,14 @@ class Estimate:
 
 
 def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy) -> Estimate:
-    """Estimate one training iteration of ``model`` on ``devices`` devices of ``cluster``."""
+    """Estimate one training iteration of ``model`` on ``devices`` devices of ``cluster``.
+
+    Raises InputError for input that has no meaningful estimate (a dtype the
+    device cannot run, a device count the network cannot hold); every other
+    problem is a reason in the result.
+    """
+    cluster.accelerator.flops(strategy.dtype)
+    cluster.dim_sizes(devices)
     arrays = StrategyArrays.of([strategy])
     with np.errstate(divide="ignore", invalid="ignore"):
         step = evaluate(model, cluster, devices, arrays)

@@ -38,6 +38,8 @@ def preset_data(kind: str, name: str) -> dict:
 def load_model(ref: str) -> Transformer:
     """A model from a preset name, a YAML file, or a Hugging Face config.json."""
     path = Path(ref)
+    if path.is_dir():
+        raise InputError("model", f"{ref} is a folder; give a preset name, a model YAML or a config.json file")
     if ref.endswith(".json"):
         if not path.is_file():
             raise InputError("model", f"no such file {ref}")

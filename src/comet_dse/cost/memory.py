@@ -82,10 +82,11 @@ def place(parts: dict, hbm_capacity, expansion_capacity) -> Placement:
 
     Spill order (cheapest traffic first): optimizer state (touched once per
     step), then weights and gradients (touched every micro-batch), then
-    activations. Fits when the spill fits in the expansion tier.
+    activations. Without an expansion tier nothing spills. Fits when HBM holds
+    what stays and the expansion tier holds what spilled.
     """
     total = sum(parts.values())
-    over = np.maximum(total - hbm_capacity, 0.0)
+    over = np.where(expansion_capacity > 0, np.maximum(total - hbm_capacity, 0.0), 0.0)
     opt = np.minimum(over, parts["optimizer"])
     over = over - opt
     wg = np.minimum(over, parts["weights"] + parts["gradients"])
@@ -93,6 +94,6 @@ def place(parts: dict, hbm_capacity, expansion_capacity) -> Placement:
     act = np.minimum(over, parts["activations"])
     over = over - act
     spilled = opt + wg + act
-    fits = (over <= 0.0) & (spilled <= expansion_capacity)
+    fits = (over <= 0.0) & (spilled <= expansion_capacity) & (total - spilled <= hbm_capacity)
     return Placement(hbm=total - spilled, expansion=spilled, spilled_optimizer=opt,
                      spilled_weights=wg, spilled_activations=act, fits=fits)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from comet_dse.errors import InputError
 from comet_dse.loading import Fields
-from comet_dse.model.spec import MLP, Attention, MLPKind, PositionEmbedding, Transformer
+from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 
 
 def transformer_from(data: dict, prefix: str = "model") -> Transformer:
@@ -30,6 +30,8 @@ def transformer_from(data: dict, prefix: str = "model") -> Transformer:
         tied_embeddings=f.boolean("tied_embeddings", True),
         position=f.choice("position", PositionEmbedding, PositionEmbedding.LEARNED),
         dropout=f.boolean("dropout", True),
+        bias=f.boolean("bias", True),
+        norm=f.choice("norm", Norm, Norm.LAYERNORM),
         source=f.text("source", ""),
         description=f.text("description", ""),
     )
@@ -63,6 +65,13 @@ def _probability(config: dict, key: str, default: float, path: Path) -> float:
         raise InputError(f"{path.name}:{key}", f"must be a number, got {config[key]!r}") from None
 
 
+def _flag(config: dict, key: str, default: bool, path: Path) -> bool:
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{path.name}:{key}", f"must be true or false, got {value!r}")
+    return value
+
+
 def transformer_from_hf_config(path: Path) -> Transformer:
     """Read a local Hugging Face config.json (GPT-2 or Llama style); no network access.
 
@@ -70,7 +79,7 @@ def transformer_from_hf_config(path: Path) -> Transformer:
     GELU MLP, learned positions, tied embeddings.
     Llama style: num_hidden_layers, hidden_size, num_attention_heads,
     num_key_value_heads, intermediate_size, max_position_embeddings,
-    tie_word_embeddings; SwiGLU MLP, rotary positions.
+    tie_word_embeddings, attention_bias; SwiGLU MLP, rotary positions, RMSNorm.
     """
     path = Path(path)
     try:
@@ -88,7 +97,8 @@ def transformer_from_hf_config(path: Path) -> Transformer:
     gpt2_style = "n_embd" in config
     if gpt2_style:
         ffn = config.get("n_inner") or 4 * hidden
-        kind, position, tied = MLPKind.GELU, PositionEmbedding.LEARNED, True
+        kind, position, norm, bias = MLPKind.GELU, PositionEmbedding.LEARNED, Norm.LAYERNORM, True
+        tied = _flag(config, "tie_word_embeddings", True, path)
         dropout = _probability(config, "resid_pdrop", 0.1, path) > 0.0
         seq_len = config.get("n_positions") or config.get("n_ctx") or 1024
         kv_heads = heads
@@ -99,18 +109,25 @@ def transformer_from_hf_config(path: Path) -> Transformer:
         act = str(config.get("hidden_act", "silu")).lower()
         kind = MLPKind.SWIGLU if act in ("silu", "swish", "swiglu") else MLPKind.GELU
         position = PositionEmbedding.ROPE
-        tied = bool(config.get("tie_word_embeddings", False))
+        tied = _flag(config, "tie_word_embeddings", False, path)
+        norm = Norm.RMSNORM
+        bias = _flag(config, "attention_bias", False, path)
         seq_len = config.get("max_position_embeddings") or 2048
         kv_heads = config.get("num_key_value_heads") or heads
         dropout = _probability(config, "attention_dropout", 0.0, path) > 0.0
-    head_dim = config.get("head_dim") or hidden // heads
+    head_dim = config.get("head_dim")
+    if not head_dim:
+        if hidden % heads:
+            raise InputError(f"{path.name}", f"hidden size {hidden} is not a multiple of {heads} heads and no head_dim is given")
+        head_dim = hidden // heads
     name = config.get("_name_or_path") or path.parent.name or path.stem
     try:
         return Transformer(
             name=str(name), layers=layers, hidden=hidden,
             attention=Attention(heads=heads, kv_heads=kv_heads, head_dim=head_dim),
             mlp=MLP(ffn=ffn, kind=kind), vocab=vocab, seq_len=seq_len,
-            tied_embeddings=tied, position=position, dropout=dropout, source=str(path),
+            tied_embeddings=tied, position=position, dropout=dropout, bias=bias, norm=norm,
+            source=str(path),
         )
     except InputError as exc:
         raise InputError(f"{path.name}:{exc.field.removeprefix('model.')}", exc.message) from None

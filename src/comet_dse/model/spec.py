@@ -25,6 +25,15 @@ class MLPKind(str, Enum):
     """Gated: three GEMMs (gate and up h -> f, down f -> h), SiLU(gate) * up (Llama)."""
 
 
+class Norm(str, Enum):
+    """Normalisation layer type."""
+
+    LAYERNORM = "layernorm"
+    """LayerNorm: scale and bias, 2h parameters (GPT, Megatron)."""
+    RMSNORM = "rmsnorm"
+    """RMSNorm: scale only, h parameters (Llama)."""
+
+
 class PositionEmbedding(str, Enum):
     """How positions are encoded."""
 
@@ -69,6 +78,8 @@ class Transformer:
     tied_embeddings: bool = True
     position: PositionEmbedding = PositionEmbedding.LEARNED
     dropout: bool = True
+    bias: bool = True
+    norm: Norm = Norm.LAYERNORM
     source: str = ""
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
@@ -85,20 +96,25 @@ class Transformer:
 
     # --- parameter counts (elements), formulas in docs/model.md -------------------
     def attention_params(self) -> int:
-        """QKV and output projections with biases: h*(a+2k)*d + (a+2k)*d + a*d*h + h."""
+        """QKV and output projections: h*(a+2k)*d + a*d*h, plus biases (a+2k)*d + h when used."""
         a, k, d, h = self.attention.heads, self.attention.kv_heads, self.attention.head_dim, self.hidden
-        return h * (a + 2 * k) * d + (a + 2 * k) * d + a * d * h + h
+        biases = (a + 2 * k) * d + h if self.bias else 0
+        return h * (a + 2 * k) * d + a * d * h + biases
 
     def mlp_params(self) -> int:
-        """GELU: 2*h*f + f + h (with biases). SwiGLU: 3*h*f (no biases, as in Llama)."""
+        """GELU: 2*h*f (+ f + h biases). SwiGLU: 3*h*f (+ 2f + h biases)."""
         h, f = self.hidden, self.mlp.ffn
         if self.mlp.gated:
-            return 3 * h * f
-        return 2 * h * f + f + h
+            return 3 * h * f + (2 * f + h if self.bias else 0)
+        return 2 * h * f + (f + h if self.bias else 0)
+
+    def norm_params(self) -> int:
+        """One norm layer: 2h for LayerNorm (scale, bias), h for RMSNorm."""
+        return (2 if self.norm is Norm.LAYERNORM else 1) * self.hidden
 
     def layer_params(self) -> int:
-        """One transformer layer: attention + MLP + two LayerNorms (2*2h)."""
-        return self.attention_params() + self.mlp_params() + 4 * self.hidden
+        """One transformer layer: attention + MLP + two norms."""
+        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
 
     def embedding_params(self) -> int:
         """Token table V*h, plus a learned position table s*h when used."""
@@ -106,8 +122,8 @@ class Transformer:
         return self.vocab * self.hidden + pos
 
     def head_params(self) -> int:
-        """Final LayerNorm (2h) plus the LM head V*h when embeddings are untied."""
-        return 2 * self.hidden + (0 if self.tied_embeddings else self.vocab * self.hidden)
+        """Final norm plus the LM head V*h when embeddings are untied."""
+        return self.norm_params() + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     def total_params(self) -> int:
         """All parameters: L layers + embeddings + final norm / head."""
