@@ -124,7 +124,8 @@ def cmd_presets(args) -> int:
     rows = [[m.name, f"{m.total_params() / 1e9:.1f}B", m.layers, m.hidden, m.attention.heads,
              m.attention.kv_heads, m.mlp.ffn, m.mlp.kind.value, m.seq_len, m.description] for m in models]
     print("Models")
-    print(render_table(["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "seq", "description"], rows))
+    print(render_table(["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "seq", "description"], rows,
+                       left=(0, 7, 9)))
     rows = []
     for c in clusters:
         acc = c.accelerator
@@ -133,7 +134,8 @@ def cmd_presets(args) -> int:
         rows.append([c.name, acc.name, describe_peak(acc.peak_flops), format_bytes(acc.hbm.capacity),
                      format_rate(acc.hbm.bandwidth, "B/s"), format_bytes(acc.sram.capacity), net])
     print("\nClusters")
-    print(render_table(["name", "device", "peak", "HBM", "HBM bw", "SRAM", "network (innermost first)"], rows))
+    print(render_table(["name", "device", "peak", "HBM", "HBM bw", "SRAM", "network (innermost first)"], rows,
+                       left=(0, 1, 6)))
     return 0
 
 
@@ -160,7 +162,7 @@ def cmd_validate(args) -> int:
     print(f"Validation against published runs in {directory} (cluster preset {args.cluster})\n")
     rows = [[c.dataset.removesuffix(".csv"), c.label, f"{c.predicted:.4g}", f"{c.measured:.4g}", f"{c.error * 100:+.1f}%"]
             for c in comparisons]
-    print(render_table(["dataset", "run", "predicted s", "measured s", "error"], rows))
+    print(render_table(["dataset", "run", "predicted s", "measured s", "error"], rows, left=(0, 1)))
     print()
     rows = [[k.removesuffix(".csv"), v["rows"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%"]
             for k, v in stats.items()]

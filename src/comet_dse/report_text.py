@@ -68,11 +68,14 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     return "\n".join(lines)
 
 
-def render_table(headers: list, rows: list) -> str:
-    """Left-aligned first column, right-aligned others, widths from content."""
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:
+    """A text table: columns in ``left`` left-aligned (text), the others right-aligned (numbers)."""
+    widths = [max([len(str(h))] + [len(str(r[i])) for r in rows]) for i, h in enumerate(headers)]
+
     def fmt(cells):
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
     return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
