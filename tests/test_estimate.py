@@ -93,3 +93,14 @@ def test_every_cluster_preset_estimates(cluster, devices, tp, pp):
 
 def test_presets_cover_the_issue():
     assert {"dgx-a100-80gb", "dgx-h100", "tpu-v4", "dojo"} <= set(preset_names("clusters"))
+
+
+def test_placement_moves_tp_off_nvlink(a100):
+    """TP across nodes (dp innermost) is slower than TP inside a node, everything else equal."""
+    model = load_model("gpt3-175b")
+    base = Strategy(tp=8, pp=8, dp=4, global_batch=64, micro_batch=1, recompute=Recompute.FULL)
+    inside = estimate(model, a100, 256, base)
+    across = estimate(model, a100, 256, dc.replace(base, placement="dp-pp-tp"))
+    assert across.breakdown_s["tp_communication"] > 5 * inside.breakdown_s["tp_communication"]
+    assert across.breakdown_s["dp_communication"] <= inside.breakdown_s["dp_communication"] + 1e-12
+    assert across.step_time_s > inside.step_time_s

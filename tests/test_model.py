@@ -1,5 +1,4 @@
 """Formulas against hand calculations."""
-import numpy as np
 import pytest
 
 from comet_dse.cost.step import _flops

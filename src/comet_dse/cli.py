@@ -10,6 +10,7 @@ import json
 import sys
 
 from comet_dse.errors import InputError
+from comet_dse.strategy import PLACEMENTS
 
 EXIT_BAD_INPUT = 2
 
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--no-dp-overlap", action="store_true", help="do not overlap the gradient reduction with backward")
     est.add_argument("--grad-accumulation", choices=("fused", "separate"), default="fused",
                      help="fp32 gradient accumulation fused into the GEMM (default) or a separate add per micro-batch")
+    est.add_argument("--placement", choices=PLACEMENTS, default="tp-pp-dp",
+                     help="order of the parallel axes on the devices, innermost first (default tp-pp-dp)")
     est.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
@@ -82,7 +85,7 @@ def _strategy_from(args, devices: int):
         tp=args.tp, pp=args.pp, dp=dp, global_batch=args.global_batch, micro_batch=args.micro_batch,
         interleave=args.interleave, recompute=Recompute(args.recompute), sequence_parallel=args.sequence_parallel,
         zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
-        grad_accumulation=GradAccumulation(args.grad_accumulation),
+        grad_accumulation=GradAccumulation(args.grad_accumulation), placement=args.placement,
     )
 
 

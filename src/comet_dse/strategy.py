@@ -35,6 +35,8 @@ class GradAccumulation(str, Enum):
 
 RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 DTYPE_CHOICES = ("bf16", "fp16", "fp8")
+# Orders of the parallel axes on the device numbering, innermost first.
+PLACEMENTS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "pp-dp-tp", "dp-tp-pp", "dp-pp-tp")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Strategy:
     zero: ZeRO stage 0..3 over the data-parallel group (Rajbhandari et al. 2020).
     dp_overlap: overlap the data-parallel gradient reduction with backward compute.
     flash_attention: fused attention kernel that never materialises the s x s scores.
+    placement: order of the parallel axes on the devices, innermost first
+      (default tp-pp-dp: TP inside a node, then PP, then DP).
     """
 
     tp: int = 1
@@ -62,6 +66,7 @@ class Strategy:
     dp_overlap: bool = True
     flash_attention: bool = False
     grad_accumulation: GradAccumulation = GradAccumulation.FUSED
+    placement: str = "tp-pp-dp"
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave"):
@@ -72,6 +77,8 @@ class Strategy:
             raise InputError("zero", f"must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise InputError("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.placement not in PLACEMENTS:
+            raise InputError("placement", f"must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
 
     @property
     def devices(self) -> int:
@@ -100,6 +107,7 @@ class StrategyArrays:
     dp_overlap: object
     flash_attention: object
     grad_fused: object
+    placement: object         # index into PLACEMENTS
 
     @classmethod
     def of(cls, strategies: list) -> "StrategyArrays":
@@ -118,7 +126,24 @@ class StrategyArrays:
             dtype=col(lambda x: x.dtype, object), dp_overlap=col(lambda x: x.dp_overlap, bool),
             flash_attention=col(lambda x: x.flash_attention, bool),
             grad_fused=col(lambda x: x.grad_accumulation is GradAccumulation.FUSED, bool),
+            placement=col(lambda x: PLACEMENTS.index(x.placement), int),
         )
+
+    def strides(self):
+        """Device-number stride of the TP, PP and DP groups under each point's placement.
+
+        An axis's stride is the product of the degrees of the axes inside it.
+        """
+        import numpy as np
+
+        degree = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+        out = {axis: np.ones_like(self.tp, dtype=float) for axis in degree}
+        for code, order in enumerate(PLACEMENTS):
+            inner = np.ones_like(self.tp, dtype=float)
+            for axis in order.split("-"):
+                out[axis] = np.where(self.placement == code, inner, out[axis])
+                inner = inner * degree[axis]
+        return out["tp"], out["pp"], out["dp"]
 
     def __len__(self) -> int:
         return len(self.tp)

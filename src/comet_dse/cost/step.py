@@ -135,15 +135,17 @@ class Context:
 def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Context:
     """Device view, network dimensions for ``devices``, and the TP/PP/DP group spans.
 
-    Placement: TP innermost (stride 1), then PP (stride tp), then DP (stride tp*pp).
+    Placement: by default TP innermost (stride 1), then PP (stride tp), then DP
+    (stride tp*pp); ``Strategy.placement`` orders the axes otherwise.
     """
     dims = tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
     t, p = st.tp, st.pp
     gemm_e = np.array([DTYPE_BYTES[x] for x in np.atleast_1d(st.dtype)])
     shape = LayerShape(b=st.micro_batch, s=model.seq_len, t=t, sp=st.sequence_parallel,
                        flash=st.flash_attention, e=ACTIVATION_BYTES, gemm_e=gemm_e)
-    return Context(dev=device_of(cluster, st.dtype), dims=dims, tp_spans=coll.spans(dims, 1.0, t),
-                   pp_spans=coll.spans(dims, t, p), dp_spans=coll.spans(dims, t * p, st.dp), shape=shape)
+    tp_stride, pp_stride, dp_stride = st.strides()
+    return Context(dev=device_of(cluster, st.dtype), dims=dims, tp_spans=coll.spans(dims, tp_stride, t),
+                   pp_spans=coll.spans(dims, pp_stride, p), dp_spans=coll.spans(dims, dp_stride, st.dp), shape=shape)
 
 
 def layer_work(model: Transformer, ctx: Context, st: StrategyArrays):
