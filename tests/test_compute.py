@@ -6,6 +6,7 @@ from comet_dse.cost.compute import (
     gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline,
 )
 from comet_dse.cost.step import device_of
+from comet_dse.strategy import Strategy, StrategyArrays
 
 
 def test_roofline_is_max_of_bounds_plus_overhead():
@@ -15,7 +16,7 @@ def test_roofline_is_max_of_bounds_plus_overhead():
 
 
 def test_wave_quantisation_on_a100(a100):
-    dev = device_of(a100, np.array(["bf16"]))
+    dev = device_of(a100, StrategyArrays.of([Strategy(dtype="bf16")]))
     # 6912 x 16384 output in 256 x 128 tiles = 27 * 128 = 3456 tiles = 32 full waves of 108 SMs.
     assert float(quantisation_efficiency(1, 6912, 16384, dev)) == pytest.approx(1.0)
     # 8192 x 2304: 32 * 18 = 576 tiles -> 6 waves, last one 1/3 full: 576 / 648.
@@ -23,7 +24,7 @@ def test_wave_quantisation_on_a100(a100):
 
 
 def test_pipeline_efficiency(a100):
-    dev = device_of(a100, np.array(["bf16"]))
+    dev = device_of(a100, StrategyArrays.of([Strategy(dtype="bf16")]))
     assert pipeline_efficiency(6144, dev)[()] == pytest.approx(96 / 100)   # 96 k-steps of 64, 4 exposed
     assert pipeline_efficiency(96, dev)[()] == pytest.approx(2 / 6)
 
@@ -37,7 +38,7 @@ def test_more_sram_means_fewer_gemm_bytes():
 
 
 def test_large_gemm_time_by_hand(a100):
-    dev = device_of(a100, np.array(["fp16"]))
+    dev = device_of(a100, StrategyArrays.of([Strategy(dtype="fp16")]))
     m, n, k = 6912, 16384, 2048
     t = gemm_time(1, m, n, k, 2.0, dev)
     rate = 312e12 * 0.859 * 1.0 * (32 / 36)

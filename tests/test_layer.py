@@ -4,6 +4,7 @@ import pytest
 
 from comet_dse.cost.layer import LayerShape, layer_cost
 from comet_dse.cost.step import device_of
+from comet_dse.strategy import Strategy, StrategyArrays
 from comet_dse.model.spec import MLP, Attention, Transformer
 
 
@@ -22,7 +23,7 @@ def _shape(b, s, t, sp, flash=False):
 def test_saved_activations_match_korthikanti_eq(a100, t, b):
     h, a, s = 6144, 64, 2048
     model = _gpt(h, a, s)
-    dev = device_of(a100, np.array(["bf16"]))
+    dev = device_of(a100, StrategyArrays.of([Strategy(dtype="bf16")]))
     plain = layer_cost(model, _shape(b, s, t, False), dev).saved_bytes[0]
     sp = layer_cost(model, _shape(b, s, t, True), dev).saved_bytes[0]
     assert plain == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)  # Eq. (2)
@@ -31,7 +32,7 @@ def test_saved_activations_match_korthikanti_eq(a100, t, b):
 
 def test_selective_drops_exactly_the_score_tensors(a100):
     h, a, s, b, t = 6144, 64, 2048, 4, 8
-    cost = layer_cost(_gpt(h, a, s), _shape(b, s, t, True), device_of(a100, np.array(["bf16"])))
+    cost = layer_cost(_gpt(h, a, s), _shape(b, s, t, True), device_of(a100, StrategyArrays.of([Strategy(dtype="bf16")])))
     kept = cost.saved_bytes[0] - cost.attention_core_bytes[0]
     assert kept == pytest.approx(34 * s * b * h / t, rel=1e-12)  # Korthikanti Eq. (6) with SP
     assert cost.input_bytes[0] == pytest.approx(2 * s * b * h / t)  # full recompute keeps the input
@@ -39,7 +40,7 @@ def test_selective_drops_exactly_the_score_tensors(a100):
 
 def test_flash_attention_stores_no_scores(a100):
     h, a, s, b, t = 4096, 32, 8192, 1, 1
-    dev = device_of(a100, np.array(["bf16"]))
+    dev = device_of(a100, StrategyArrays.of([Strategy(dtype="bf16")]))
     std = layer_cost(_gpt(h, a, s), _shape(b, s, t, False), dev)
     flash = layer_cost(_gpt(h, a, s), _shape(b, s, t, False, flash=True), dev)
     assert flash.attention_core_bytes[0] == 0.0

@@ -103,7 +103,7 @@ class StrategyArrays:
     recompute: object         # 0 none, 1 selective, 2 full (RECOMPUTE_CODES)
     sequence_parallel: object
     zero: object
-    dtype: object             # strings from DTYPE_CHOICES
+    dtype: object             # index into DTYPE_CHOICES
     dp_overlap: object
     flash_attention: object
     grad_fused: object
@@ -123,11 +123,24 @@ class StrategyArrays:
             interleave=col(lambda x: x.interleave, float),
             recompute=col(lambda x: RECOMPUTE_CODES[x.recompute], int),
             sequence_parallel=col(lambda x: x.sequence_parallel, bool), zero=col(lambda x: x.zero, int),
-            dtype=col(lambda x: x.dtype, object), dp_overlap=col(lambda x: x.dp_overlap, bool),
+            dtype=col(lambda x: DTYPE_CHOICES.index(x.dtype), int), dp_overlap=col(lambda x: x.dp_overlap, bool),
             flash_attention=col(lambda x: x.flash_attention, bool),
             grad_fused=col(lambda x: x.grad_accumulation is GradAccumulation.FUSED, bool),
             placement=col(lambda x: PLACEMENTS.index(x.placement), int),
         )
+
+    def take(self, index) -> "StrategyArrays":
+        """The points at ``index`` (an integer array), as a new StrategyArrays."""
+        from dataclasses import fields
+
+        return StrategyArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def dtype_table(self, values: dict, missing: float = float("nan")):
+        """Per point, ``values[dtype name]`` (``missing`` where absent), by table lookup."""
+        import numpy as np
+
+        table = np.array([values.get(name, missing) for name in DTYPE_CHOICES], dtype=float)
+        return table[self.dtype]
 
     def strides(self):
         """Device-number stride of the TP, PP and DP groups under each point's placement.

@@ -10,7 +10,7 @@ import numpy as np
 
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import StrategyArrays
+from comet_dse.strategy import DTYPE_CHOICES, StrategyArrays
 from comet_dse.units import format_bytes
 
 
@@ -25,7 +25,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     a, k, L, s = model.attention.heads, model.attention.kv_heads, model.layers, model.seq_len
     hbm = cluster.accelerator.hbm.capacity
     exp = cluster.accelerator.expansion
-    has_rate = np.array([x in cluster.accelerator.peak_flops for x in np.atleast_1d(st.dtype)])
+    has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
     rules = [
         ("devices", t * p * d != devices,
          lambda i: f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
@@ -46,7 +46,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
         ("sp_seq", st.sequence_parallel & ~_divides(t, s),
          lambda i: f"sequence parallelism needs tp={t[i]:.0f} to divide the sequence length {s}"),
         ("dtype", ~has_rate,
-         lambda i: f"{cluster.accelerator.name} has no {st.dtype[i]} rate"),
+         lambda i: f"{cluster.accelerator.name} has no {DTYPE_CHOICES[st.dtype[i]]} rate"),
         ("memory", ~step.fits,
          lambda i: _memory_reason(step, i, hbm, exp)),
     ]

@@ -64,10 +64,10 @@ class StepArrays:
     stage_layers: np.ndarray
 
 
-def device_of(cluster: Cluster, dtype) -> Device:
-    """Cost-model view of the accelerator for an array of dtype names."""
+def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
+    """Cost-model view of the accelerator for the dtypes of ``st``."""
     acc = cluster.accelerator
-    peaks = np.array([acc.peak_flops.get(x, np.nan) for x in np.atleast_1d(dtype)], dtype=float)
+    peaks = st.dtype_table(acc.peak_flops)
     return Device(
         peak=peaks, matmul_eff=acc.matmul_efficiency, units=acc.compute_units,
         tile_m=acc.matmul_tile[0], tile_n=acc.matmul_tile[1], tile_k=acc.matmul_tile[2],
@@ -140,11 +140,11 @@ def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     """
     dims = tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
     t, p = st.tp, st.pp
-    gemm_e = np.array([DTYPE_BYTES[x] for x in np.atleast_1d(st.dtype)])
+    gemm_e = st.dtype_table(DTYPE_BYTES)
     shape = LayerShape(b=st.micro_batch, s=model.seq_len, t=t, sp=st.sequence_parallel,
                        flash=st.flash_attention, e=ACTIVATION_BYTES, gemm_e=gemm_e)
     tp_stride, pp_stride, dp_stride = st.strides()
-    return Context(dev=device_of(cluster, st.dtype), dims=dims, tp_spans=coll.spans(dims, tp_stride, t),
+    return Context(dev=device_of(cluster, st), dims=dims, tp_spans=coll.spans(dims, tp_stride, t),
                    pp_spans=coll.spans(dims, pp_stride, p), dp_spans=coll.spans(dims, dp_stride, st.dp), shape=shape)
 
 
@@ -174,9 +174,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     s, h, L = model.seq_len, model.hidden, model.layers
     e = ACTIVATION_BYTES
     m = st.global_batch / (d * b)
-    layer_w, layer, _ = layer_work(model, ctx, st)
-
-    emb_work, head_work = _embedding_and_head(model, shape, dev, dims, tp_spans)
+    terms = _deduplicated(model, cluster, devices, st, ctx)
+    layer_w, emb_work, head_work = (_prefixed(terms, name) for name in ("layer.", "emb.", "head."))
     first, last, most = _stage_layers(L, p)
     single = p == 1
     whole = _add(_add(_scale(layer_w, L), emb_work), head_work)
@@ -196,15 +195,13 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
                             np.maximum(most * layer_params,
                                        np.maximum(first * layer_params + emb_params, last * layer_params + head_params)))
 
-    is_fp16 = np.array([x == "fp16" for x in np.atleast_1d(st.dtype)])
+    is_fp16 = st.dtype_table({"fp16": 1.0}, 0.0) > 0
     gbytes = grad_bytes(is_fp16)
     accumulate = memory_pass_time(stage_params * separate_accumulation_bytes(gbytes), dev)
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.grad_fused, 0.0, accumulate.total)
 
     p2p_bytes = b * s * h * e / t  # scatter-gather optimisation / SP: each TP rank sends 1/t
-    regather = np.where(st.sequence_parallel | (t == 1), 0.0,
-                        coll.all_gather_time(b * s * h * e, dims, tp_spans))
-    p2p = np.where(p > 1, 2.0 * v * (coll.send_recv_time(p2p_bytes, dims, pp_spans) + regather), 0.0)
+    p2p = np.where(p > 1, 2.0 * v * (coll.send_recv_time(p2p_bytes, dims, pp_spans) + terms["regather"]), 0.0)
 
     stage_mb = _total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
@@ -213,7 +210,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     opt_params = stage_params / np.where(st.zero >= 1, d, 1)
     optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
 
-    memory, act_per_mb = _memory(model, st, layer, stage_params, first, most, gbytes, m, t, p, d, v, b, s, e)
+    memory, act_per_mb = _memory(model, st, terms, stage_params, first, most, gbytes, m, t, p, v, b, s, e)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.hbm.capacity, exp_cap)
@@ -241,6 +238,55 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         model_flops=model_flops, hardware_flops=hw_flops, fits=placed.fits, microbatches=m,
         stage_layers=stage_layers,
     )
+
+
+def _microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> dict:
+    """Everything that depends only on the micro-batch shape, TP group and dtype, flat by name."""
+    layer_w, layer, _ = layer_work(model, ctx, st)
+    emb, head = _embedding_and_head(model, ctx.shape, ctx.dev, ctx.dims, ctx.tp_spans)
+    shape = ctx.shape
+    tokens_h = shape.tokens * model.hidden * shape.e
+    terms = {"saved": layer.saved_bytes, "core_saved": layer.attention_core_bytes, "input": layer.input_bytes,
+             "tp_message": layer.tp_message_bytes,
+             "regather": np.where(shape.sp | (shape.t == 1), 0.0, coll.all_gather_time(tokens_h, ctx.dims, ctx.tp_spans))}
+    for prefix, work in (("layer.", layer_w), ("emb.", emb), ("head.", head)):
+        terms.update({prefix + k: v for k, v in work.items()})
+    return {k: np.broadcast_to(v, st.tp.shape) for k, v in terms.items()}
+
+
+def _prefixed(terms: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in terms.items() if k.startswith(prefix)}
+
+
+# (field, bits) packed into one int64 key of what _microbatch_terms depends on.
+_KEY_BITS = (("micro_batch", 13), ("tp", 17), ("sequence_parallel", 1), ("flash_attention", 1),
+             ("dtype", 3), ("recompute", 2))
+_STRIDE_BITS = 26
+
+
+def _deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:
+    """_microbatch_terms, computed once per distinct (micro-batch, TP, SP, flash, dtype, recompute, TP stride).
+
+    A sweep of millions of points has a few hundred distinct micro-batch shapes;
+    computing each once and gathering the results is the same math, done less
+    often. Falls back to computing every point when a value does not fit the key.
+    """
+    n = len(st)
+    key = np.zeros(n, dtype=np.int64)
+    shift = 0
+    tp_stride = st.strides()[0]
+    for values, bits in [(getattr(st, f), b) for f, b in _KEY_BITS] + [(tp_stride, _STRIDE_BITS)]:
+        ints = np.asarray(values).astype(np.int64)
+        if n == 0 or ints.min() < 0 or ints.max() >= 2**bits:
+            return _microbatch_terms(model, ctx, st)
+        key |= ints << shift
+        shift += bits
+    unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    if len(unique) * 4 > n:
+        return _microbatch_terms(model, ctx, st)
+    sub = st.take(first)
+    terms = _microbatch_terms(model, context_of(model, cluster, devices, sub), sub)
+    return {k: v[inverse] for k, v in terms.items()}
 
 
 def _embedding_and_head(model: Transformer, shape: LayerShape, dev: Device, dims, tp_spans):
@@ -301,20 +347,19 @@ def _data_parallel(model, st, dims, dp_spans, pp_spans, stage, stage_params, gby
     return exposed + emb_sync
 
 
-def _memory(model, st, layer, stage_params, first, most, gbytes, m, t, p, d, v, b, s, e):
+def _memory(model, st, terms, stage_params, first, most, gbytes, m, t, p, v, b, s, e):
     """Bytes per device on the busiest stage, by part, and activation bytes per micro-batch."""
-    states = model_state_bytes(stage_params, d, st.zero, gbytes, gathered=2.0 * model.layer_params() / t)
+    states = model_state_bytes(stage_params, st.dp, st.zero, gbytes, gathered=2.0 * model.layer_params() / t)
     rc = st.recompute
-    per_layer = np.where(rc == 2, layer.input_bytes,
-                         np.where(rc == 1, layer.saved_bytes - layer.attention_core_bytes, layer.saved_bytes))
+    saved, core, layer_input = terms["saved"], terms["core_saved"], terms["input"]
+    per_layer = np.where(rc == 2, layer_input, np.where(rc == 1, saved - core, saved))
     layers_per_stage = np.where(p == 1, model.layers, np.maximum(first, most))
     inflight = inflight_layer_microbatches(layers_per_stage, p, v, m)
     # Transient: the layer being recomputed holds its full activations once.
-    working = np.where(rc == 2, layer.saved_bytes - layer.input_bytes,
-                       np.where(rc == 1, layer.attention_core_bytes, 0.0))
+    working = np.where(rc == 2, saved - layer_input, np.where(rc == 1, core, 0.0))
     logits = np.where(p == 1, b * s * model.vocab / t * (FP32 + e), 0.0)
     activations = inflight * per_layer + working + logits
-    buffers = np.where(t > 1, 2.0 * layer.tp_message_bytes, 0.0)
+    buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     memory = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
               "activations": activations, "buffers": buffers}
     return memory, layers_per_stage * per_layer
