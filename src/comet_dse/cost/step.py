@@ -168,8 +168,7 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays):
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
     """Step time, breakdown and memory for every strategy in ``st`` (same model, cluster, devices)."""
     ctx = context_of(model, cluster, devices, st)
-    dev, dims, shape = ctx.dev, ctx.dims, ctx.shape
-    tp_spans, pp_spans, dp_spans = ctx.tp_spans, ctx.pp_spans, ctx.dp_spans
+    dev, dims, pp_spans, dp_spans = ctx.dev, ctx.dims, ctx.pp_spans, ctx.dp_spans
     t, p, d, v, b = st.tp, st.pp, st.dp, st.interleave, st.micro_batch
     s, h, L = model.seq_len, model.hidden, model.layers
     e = ACTIVATION_BYTES
