@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.strategy import PLACEMENTS
@@ -60,6 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="order of the parallel axes on the devices, innermost first (default tp-pp-dp)")
     est.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
+    sea = sub.add_parser("search", help="evaluate every parallelisation strategy and rank them")
+    sea.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
+    sea.add_argument("--cluster", required=True, help="preset name or cluster YAML")
+    sea.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
+    sea.add_argument("--global-batch", required=True, type=_positive_int, help="sequences per iteration")
+    sea.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
+    sea.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16", help="training precision")
+    sea.add_argument("--flash-attention", action="store_true", help="fused attention for every strategy")
+    sea.add_argument("--tp", type=_int_list, default=None, help="allowed TP degrees, e.g. 4,8 (default: all)")
+    sea.add_argument("--pp", type=_int_list, default=None, help="allowed PP degrees (default: all)")
+    sea.add_argument("--micro-batch", type=_int_list, default=None, help="allowed micro-batches (default: all up to 16)")
+    sea.add_argument("--recompute", type=_word_list, default=None, help="allowed recompute modes (default: none,selective,full)")
+    sea.add_argument("--zero", type=_int_list, default=None, help="allowed ZeRO stages (default: 0,1,2,3)")
+    sea.add_argument("--top", type=_positive_int, default=10, help="how many of the fastest to show (default 10)")
+    sea.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
+    sea.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
+
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
     pre.add_argument("--json", action="store_true", help="print JSON")
 
@@ -68,6 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--cluster", default="dgx-a100-80gb", help="cluster preset used for every row (default dgx-a100-80gb)")
     val.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _int_list(text: str) -> tuple:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got {text!r}")
+    return values
+
+
+def _word_list(text: str) -> tuple:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _strategy_from(args, devices: int):
@@ -109,6 +143,65 @@ def cmd_estimate(args) -> int:
     return 0
 
 
+def cmd_search(args) -> int:
+    import time
+
+    from comet_dse.estimate import estimate
+    from comet_dse.explore.output import to_arrow, write_atomically
+    from comet_dse.explore.search import search, strategy_at
+    from comet_dse.explore.space import SearchSpace
+    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.report_text import render_estimate, render_search
+
+    model = load_model(args.model)
+    if args.seq_len:
+        model = model.with_seq_len(args.seq_len)
+    cluster = load_cluster(args.cluster)
+    defaults = SearchSpace()
+    space = SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
+                        recompute=args.recompute or defaults.recompute, zero=args.zero or defaults.zero,
+                        dtype=args.dtype, flash_attention=args.flash_attention)
+    started = time.perf_counter()
+    result = search(model, cluster, args.devices, args.global_batch, space)
+    elapsed = time.perf_counter() - started
+    if args.output:
+        write_atomically(to_arrow(result.columns), Path(args.output))
+    best = None
+    if result.feasible:
+        best = estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])))
+    if args.json:
+        top = [{"rank": i + 1, **_row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]
+        print(json.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,
+                          "infeasible_by_rule": result.infeasible_by_rule, "top": top,
+                          "best": best.to_dict() if best else None}, indent=2))
+        return 0
+    print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top))
+    if best:
+        exp = cluster.accelerator.expansion
+        print("\nThe fastest strategy in detail\n")
+        print(render_estimate(best, cluster.accelerator.hbm.capacity, exp.capacity if exp else None))
+    if args.output:
+        print(f"\nWrote {result.evaluated:,} rows to {args.output}")
+    return 0
+
+
+def _row_dict(columns: dict, row: int) -> dict:
+    from comet_dse.explore.table import decode
+
+    out = {}
+    for name, values in columns.items():
+        value = values[row]
+        if name in ("recompute", "dtype", "placement"):
+            out[name] = decode(name, int(value))
+        elif isinstance(value, (np.bool_, bool)):
+            out[name] = bool(value)
+        elif isinstance(value, (np.integer,)):
+            out[name] = int(value)
+        else:
+            out[name] = float(value)
+    return out
+
+
 def cmd_presets(args) -> int:
     from comet_dse.presets import load_cluster, load_model, preset_names
     from comet_dse.report_text import describe_peak, render_table
@@ -143,8 +236,6 @@ def cmd_presets(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from pathlib import Path
-
     from comet_dse.presets import load_cluster
     from comet_dse.report_text import render_table
     from comet_dse.validation import all_comparisons, summary, validation_dir
@@ -173,7 +264,7 @@ def cmd_validate(args) -> int:
     return 0
 
 
-COMMANDS = {"estimate": cmd_estimate, "presets": cmd_presets, "validate": cmd_validate}
+COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "presets": cmd_presets, "validate": cmd_validate}
 
 
 def main(argv: list | None = None) -> int:

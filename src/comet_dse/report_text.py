@@ -82,3 +82,30 @@ def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:
 def describe_peak(flops: dict) -> str:
     key = "bf16" if "bf16" in flops else next(iter(flops))
     return f"{format_rate(flops[key], 'FLOP/s')} {key}"
+
+
+def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int) -> str:
+    """Counts, infeasible reasons and the top-k table of an exhaustive search."""
+    from comet_dse.explore.table import RULE_TEXT, RULES, decode
+
+    cols = result.columns
+    lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "
+             f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible"]
+    if result.infeasible_by_rule:
+        lines.append("Infeasible, by rule (a strategy can break several):")
+        for code in RULES:
+            if code in result.infeasible_by_rule:
+                lines.append(f"  {RULE_TEXT[code]:70s} {result.infeasible_by_rule[code]:>10,}")
+    if not result.feasible:
+        lines.append("No strategy is feasible.")
+        return "\n".join(lines)
+    rows = []
+    for rank, i in enumerate(result.ranked[:top], start=1):
+        rows.append([rank, cols["tp"][i], cols["pp"][i], cols["dp"][i], cols["micro_batch"][i], cols["interleave"][i],
+                     decode("recompute", int(cols["recompute"][i])), "on" if cols["sequence_parallel"][i] else "off",
+                     cols["zero"][i], format_time(cols["step_time_s"][i]), f"{cols['tokens_per_second'][i]:,.0f}",
+                     f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])])
+    lines += ["", f"Fastest {min(top, result.feasible)}"]
+    lines.append(render_table(["rank", "tp", "pp", "dp", "mb", "v", "recompute", "sp", "zero", "step time",
+                               "tokens/s", "MFU", "memory/device"], rows, left=(6, 7)))
+    return "\n".join(lines)

@@ -31,7 +31,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
         ("tp_heads", ~_divides(t, a),
          lambda i: f"tp={t[i]:.0f} does not divide the {a} attention heads"),
-        ("tp_kv_heads", ~(_divides(t, k) | _divides(k, t)),
+        ("tp_kv_heads", (k != a) & ~(_divides(t, k) | _divides(k, t)),
          lambda i: f"tp={t[i]:.0f} and the {k} KV heads do not divide one another"),
         ("tp_ffn", ~_divides(t, model.mlp.ffn),
          lambda i: f"tp={t[i]:.0f} does not divide the FFN size {model.mlp.ffn}"),

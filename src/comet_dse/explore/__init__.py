@@ -1,0 +1,1 @@
+"""Design-space exploration: enumerate strategies and cluster variants, evaluate in bulk, rank."""

@@ -1,0 +1,77 @@
+"""A batch of design points evaluated into columns: one row per point.
+
+The numbers come from the same ``cost.step.evaluate`` that ``estimate`` uses;
+this module only names and packs them. Infeasibility is a bit mask over
+``RULES`` (the codes of cost/feasibility.py), so that millions of rows can be
+counted by reason without strings.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from comet_dse.cost.feasibility import violations
+from comet_dse.cost.step import evaluate
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, StrategyArrays
+
+RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
+         "interleave_batch", "sp_seq", "dtype", "memory")
+RULE_TEXT = {
+    "devices": "tp*pp*dp differs from the device count",
+    "tp_heads": "tp does not divide the attention heads",
+    "tp_kv_heads": "tp and the KV heads do not divide one another",
+    "tp_ffn": "tp does not divide the FFN size",
+    "batch": "dp*micro_batch does not divide the global batch",
+    "pp_layers": "more pipeline stages than layers",
+    "interleave": "interleaving needs pp > 1 and pp*interleave dividing the layers",
+    "interleave_batch": "interleaving needs the micro-batches per pipeline to be a multiple of pp",
+    "sp_seq": "sequence parallelism needs tp to divide the sequence length",
+    "dtype": "the device has no rate for the dtype",
+    "memory": "does not fit in device memory",
+}
+RECOMPUTE_NAMES = tuple(sorted(RECOMPUTE_CODES, key=RECOMPUTE_CODES.get))
+STRATEGY_COLUMNS = ("tp", "pp", "dp", "micro_batch", "global_batch", "interleave", "recompute",
+                    "sequence_parallel", "zero", "dtype", "flash_attention", "placement", "dp_overlap", "grad_fused")
+
+
+def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
+    """Evaluate every point of ``st``; returns column name -> numpy array (SI units, names say the unit)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = evaluate(model, cluster, devices, st)
+        rules = violations(model, cluster, devices, st, step)
+    mask = np.zeros(len(st), dtype=np.int64)
+    for code, broken, _ in rules:
+        mask |= np.asarray(broken, dtype=np.int64) << RULES.index(code)
+    peak = st.dtype_table(cluster.accelerator.peak_flops)
+    capacity = devices * peak * step.step_time
+    tokens = st.global_batch * model.seq_len
+    cols = {
+        "tp": st.tp.astype(np.int64), "pp": st.pp.astype(np.int64), "dp": st.dp.astype(np.int64),
+        "micro_batch": st.micro_batch.astype(np.int64), "global_batch": st.global_batch.astype(np.int64),
+        "interleave": st.interleave.astype(np.int64), "recompute": np.asarray(st.recompute, dtype=np.int64),
+        "sequence_parallel": np.asarray(st.sequence_parallel, dtype=bool), "zero": np.asarray(st.zero, np.int64),
+        "dtype": np.asarray(st.dtype, dtype=np.int64), "flash_attention": np.asarray(st.flash_attention, bool),
+        "placement": np.asarray(st.placement, dtype=np.int64),
+        "dp_overlap": np.asarray(st.dp_overlap, dtype=bool), "grad_fused": np.asarray(st.grad_fused, dtype=bool),
+        "feasible": mask == 0, "infeasible_mask": mask,
+        "step_time_s": step.step_time, "tokens_per_second": tokens / step.step_time,
+        "mfu": step.model_flops / capacity, "hfu": step.hardware_flops / capacity,
+        "memory_per_device_bytes": step.memory_total, "hbm_bytes": step.hbm_bytes,
+        "expansion_bytes": step.expansion_bytes,
+    }
+    cols.update({f"time_{k}_s": np.broadcast_to(v, step.step_time.shape) for k, v in step.breakdown.items()})
+    cols.update({f"memory_{k}_bytes": np.broadcast_to(v, step.step_time.shape) for k, v in step.memory.items()})
+    return cols
+
+
+def reason_counts(masks: np.ndarray) -> dict:
+    """Rule code -> number of points that break it (a point may break several)."""
+    return {code: int(np.count_nonzero(masks & (1 << i))) for i, code in enumerate(RULES)
+            if np.any(masks & (1 << i))}
+
+
+def decode(column: str, value: int) -> str:
+    """Readable value of a coded column (recompute, dtype, placement)."""
+    names = {"recompute": RECOMPUTE_NAMES, "dtype": DTYPE_CHOICES, "placement": PLACEMENTS}
+    return names[column][value].value if column == "recompute" else names[column][value]
