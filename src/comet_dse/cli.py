@@ -80,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
     sea.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
 
+    swp = sub.add_parser("sweep", help="run a study: models x cluster variants x strategies")
+    swp.add_argument("study", help="study YAML file (see studies/README.md)")
+    swp.add_argument("--output", default=None, help="result file, .parquet or .csv (default: the study's output)")
+    swp.add_argument("--resume", action="store_true", help="continue an interrupted run from its finished chunks")
+    swp.add_argument("--engine", choices=("local", "dask"), default="local", help="where chunks run (default local)")
+    swp.add_argument("--workers", type=_positive_int, default=1, help="processes (local) or Dask workers (default 1)")
+    swp.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (with --engine dask)")
+    swp.add_argument("--top", type=_positive_int, default=5, help="strategies kept per cluster variant (default 5)")
+    swp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    swp.add_argument("--json", action="store_true", help="print the ranking as JSON")
+
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
     pre.add_argument("--json", action="store_true", help="print JSON")
 
@@ -202,6 +213,38 @@ def _row_dict(columns: dict, row: int) -> dict:
     return out
 
 
+def cmd_sweep(args) -> int:
+    import time
+
+    from comet_dse.explore.engine import run_study, summary_path
+    from comet_dse.explore.study import describe, load_study
+    from comet_dse.report_text import render_sweep
+
+    study = load_study(Path(args.study))
+    output = args.output or study.output
+    if not output:
+        raise InputError("output", "the study names no output file; pass --output results.parquet")
+    if args.scheduler and args.engine != "dask":
+        raise InputError("scheduler", "needs --engine dask")
+    if not args.json:
+        print(describe(study), file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        ranking = run_study(study, Path(output), engine=args.engine, workers=args.workers, scheduler=args.scheduler,
+                            resume=args.resume, progress=not args.no_progress, top_k=args.top)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"comet-dse: interrupted; finished chunks are kept in {output}.parts; "
+                         "run the same command with --resume to continue\n")
+        return 130
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps(ranking, indent=2))
+        return 0
+    print(render_sweep(ranking, elapsed))
+    print(f"\nWrote {ranking['points']:,} rows to {output}; ranking in {summary_path(Path(output))}")
+    return 0
+
+
 def cmd_presets(args) -> int:
     from comet_dse.presets import load_cluster, load_model, preset_names
     from comet_dse.report_text import describe_peak, render_table
@@ -264,7 +307,8 @@ def cmd_validate(args) -> int:
     return 0
 
 
-COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "presets": cmd_presets, "validate": cmd_validate}
+COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, "presets": cmd_presets,
+            "validate": cmd_validate}
 
 
 def main(argv: list | None = None) -> int:

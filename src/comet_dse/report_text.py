@@ -109,3 +109,35 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
     lines.append(render_table(["rank", "tp", "pp", "dp", "mb", "v", "recompute", "sp", "zero", "step time",
                                "tokens/s", "MFU", "memory/device"], rows, left=(6, 7)))
     return "\n".join(lines)
+
+
+def _strategy_text(row: dict) -> str:
+    sp = " sp" if row["sequence_parallel"] else ""
+    return (f"tp{row['tp']} pp{row['pp']} dp{row['dp']} mb{row['micro_batch']} v{row['interleave']} "
+            f"{row['recompute']}{sp} z{row['zero']}")
+
+
+def render_sweep(ranking: dict, seconds: float) -> str:
+    """Best strategy per cluster variant with the speedup over the baseline, then the Pareto fronts."""
+    lines = [f"{ranking['study']}: {ranking['points']:,} design points in {ranking['chunks']} chunks, "
+             f"{seconds:.1f} s ({ranking['points'] / max(seconds, 1e-9):,.0f} points/s)"
+             + (f", {ranking['skipped']} chunks resumed" if ranking["skipped"] else ""),
+             f"baseline: {ranking['baseline']}", ""]
+    rows = []
+    for g in ranking["variants"]:
+        best = g["best"]
+        rows.append([g["model"], g["devices"], g["label"], f"{g['feasible']:,}/{g['points']:,}",
+                     format_time(best["step_time_s"]) if best else "-",
+                     f"{best['mfu'] * 100:.1f}%" if best else "-",
+                     _strategy_text(best) if best else "no feasible strategy",
+                     f"{g['speedup']:.2f}x" if g["speedup"] else "-"])
+    lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
+                               "speedup"], rows, left=(0, 2, 6)))
+    for key, unit in (("pareto_cost", "cost_usd"), ("pareto_power", "power_w")):
+        front = ranking.get(key) or []
+        if front:
+            lines += ["", f"Pareto front, time vs {'cluster price (USD)' if unit == 'cost_usd' else 'power (W)'}:"]
+            lines.append(render_table(["model", "devices", "cluster variant", unit, "time"],
+                                      [[p["model"], p["devices"], p["label"], f"{p[unit]:,.0f}", format_time(p["time_s"])]
+                                       for p in front], left=(0, 2)))
+    return "\n".join(lines)

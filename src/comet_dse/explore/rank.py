@@ -1,0 +1,91 @@
+"""Ranking a sweep: top-k per cluster variant, speedup over the baseline, Pareto fronts.
+
+Summaries are computed per chunk as it finishes (a few rows each) and merged
+at the end, so ranking never needs the whole result table in memory.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from comet_dse.explore.table import RULES
+
+ROW_FIELDS = ("tp", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
+              "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes",
+              "cost_usd", "power_w")
+
+
+def _value(column: pa.ChunkedArray, i: int):
+    value = column[i].as_py()
+    return value
+
+
+def chunk_summary(table: pa.Table, top_k: int) -> dict:
+    """Counts and the top_k fastest feasible rows of one finished chunk (plain JSON-able values)."""
+    feasible = table.column("feasible").to_numpy(zero_copy_only=False)
+    times = table.column("step_time_s").to_numpy()
+    masks = table.column("infeasible_mask").to_numpy()
+    rows = np.flatnonzero(feasible)
+    best = rows[np.argsort(times[rows], kind="stable")[:top_k]]
+    names = [n for n in ROW_FIELDS if n in table.column_names]
+    first = {name: _value(table.column(name), 0) for name in ("model", "devices", "variant")}
+    return {
+        **first,
+        "points": table.num_rows,
+        "feasible": int(len(rows)),
+        "infeasible_by_rule": {code: int(np.count_nonzero(masks & (1 << i))) for i, code in enumerate(RULES)
+                               if np.any(masks & (1 << i))},
+        "top": [{name: _value(table.column(name), int(i)) for name in names} for i in best],
+    }
+
+
+def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budget: float | None) -> dict:
+    """Per (model, devices, variant): counts, top_k, best; speedup over the baseline; Pareto fronts."""
+    groups = {}
+    for s in summaries:
+        key = (s["model"], s["devices"], s["variant"])
+        g = groups.setdefault(key, {"model": s["model"], "devices": s["devices"], "variant": s["variant"],
+                                    "label": variants[s["variant"]].label, "points": 0, "feasible": 0,
+                                    "infeasible_by_rule": {}, "top": []})
+        g["points"] += s["points"]
+        g["feasible"] += s["feasible"]
+        for code, n in s["infeasible_by_rule"].items():
+            g["infeasible_by_rule"][code] = g["infeasible_by_rule"].get(code, 0) + n
+        g["top"] = sorted(g["top"] + s["top"], key=lambda r: r["step_time_s"])[:top_k]
+    rows = sorted(groups.values(), key=lambda g: (g["model"], g["devices"], g["variant"]))
+    for g in rows:
+        g["best"] = g["top"][0] if g["top"] else None
+        base = groups.get((g["model"], g["devices"], baseline))
+        base_best = base["best"] if base else None
+        g["speedup"] = (base_best["step_time_s"] / g["best"]["step_time_s"]
+                        if g["best"] and base_best else None)
+        if g["best"] and token_budget:
+            g["time_to_train_s"] = token_budget / g["best"]["tokens_per_second"]
+    return {"variants": rows, "baseline": variants[baseline].label,
+            "pareto_cost": pareto(rows, "cost_usd", token_budget), "pareto_power": pareto(rows, "power_w", token_budget)}
+
+
+def pareto(rows: list, resource: str, token_budget: float | None) -> list:
+    """The (model, devices, variant) bests not dominated in (time, resource): both lower is better.
+
+    Time is time-to-train for the token budget when one is given, else step time.
+    Rows without a price/power figure are left out.
+    """
+    out = []
+    for model in sorted({r["model"] for r in rows}):
+        points = [r for r in rows if r["model"] == model and r["best"] is not None
+                  and r["best"].get(resource) is not None and not math.isnan(r["best"][resource])]
+
+        def time_of(r):
+            return token_budget / r["best"]["tokens_per_second"] if token_budget else r["best"]["step_time_s"]
+
+        points.sort(key=lambda r: (r["best"][resource], time_of(r)))
+        best_time = math.inf
+        for r in points:
+            if time_of(r) < best_time:
+                out.append({"model": model, "devices": r["devices"], "variant": r["variant"], "label": r["label"],
+                            resource: r["best"][resource], "time_s": time_of(r)})
+                best_time = time_of(r)
+    return out

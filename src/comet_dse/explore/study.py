@@ -1,0 +1,301 @@
+"""Study files: models x cluster variants x device counts x strategies, as one design space.
+
+A study (studies/*.yaml, documented in studies/README.md) names models, a
+base cluster, the device counts, axes that vary the cluster, and which
+strategy knobs to search. Cluster variants are the Cartesian product of the
+axes; each axis value is absolute (``values``, with units) or relative to the
+base (``scale``).
+"""
+from __future__ import annotations
+
+import dataclasses as dc
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from comet_dse.errors import InputError
+from comet_dse.explore.space import SearchSpace
+from comet_dse.hardware.load import network_dim_from, tier_from, MAX_EXPANSION
+from comet_dse.hardware.spec import Cluster, Topology
+from comet_dse.loading import Fields, read_yaml
+from comet_dse.model.spec import Transformer
+from comet_dse.presets import load_cluster, load_model
+from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME, parse_quantity
+
+# Axis name -> unit kind of its absolute values ("count" = plain number, "text" = a name).
+CLUSTER_AXES = {
+    "peak_flops": KIND_FLOPS,
+    "hbm_capacity": KIND_BYTES,
+    "hbm_bandwidth": KIND_BANDWIDTH,
+    "sram_capacity": KIND_BYTES,
+    "sram_bandwidth": KIND_BANDWIDTH,
+    "expansion_capacity": KIND_BYTES,
+    "expansion_bandwidth": KIND_BANDWIDTH,
+    "expansion_latency": KIND_TIME,
+    "device_price_usd": "count",
+    "device_power_w": "count",
+    "network": "text",
+}
+DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": "count", "topology": "text"}
+STRATEGY_KEYS = ("tp", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
+                 "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One cluster variant: its index, a readable label, per-axis values, and the cluster."""
+
+    index: int
+    label: str
+    values: dict          # axis -> numeric SI value or name
+    cluster: Cluster
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    models: list
+    devices: list
+    global_batch: int
+    variants: list
+    baseline: int
+    space: SearchSpace
+    token_budget: float | None = None
+    output: str | None = None
+    source_text: str = field(default="", repr=False)
+
+    def fingerprint(self) -> str:
+        """Identifies the design space: same study text and package version, same chunks."""
+        from comet_dse import __version__
+
+        return hashlib.sha256((self.source_text + __version__).encode()).hexdigest()[:16]
+
+
+def load_study(path: Path) -> Study:
+    """Read and validate a study file; every error names the field."""
+    path = Path(path)
+    data = read_yaml(path, "study")
+    f = Fields(data, "")
+    models = _as_list(f.raw("models"), "models")
+    devices = [_positive_int(x, "devices") for x in _as_list(f.raw("devices"), "devices")]
+    base = load_cluster(str(f.raw("cluster")))
+    seq_len = f.integer("seq_len", None)
+    loaded = [load_model(str(m)) for m in models]
+    if seq_len:
+        loaded = [m.with_seq_len(seq_len) for m in loaded]
+    for n in devices:
+        base.dim_sizes(n)
+    if f.has("expansion"):
+        tier = tier_from(f.sub("expansion"), "expansion", MAX_EXPANSION, True)
+        base = dc.replace(base, accelerator=dc.replace(base.accelerator, expansion=tier))
+    networks = _networks(f, base)
+    axes = _axes(f, base, networks)
+    variants = _variants(base, axes, networks)
+    baseline = _baseline(f, axes, variants)
+    space = _space(f)
+    budget = f.quantity("token_budget", "count", None, high=1e18)
+    study = Study(name=f.text("name", path.stem), description=f.text("description", ""), models=loaded,
+                  devices=devices, global_batch=f.integer("global_batch"), variants=variants, baseline=baseline,
+                  space=space, token_budget=budget, output=f.text("output", "") or None,
+                  source_text=path.read_text(encoding="utf-8"))
+    f.reject_unknown()
+    return study
+
+
+def _as_list(value, field_name: str) -> list:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise InputError(field_name, "is an empty list; give at least one value")
+    return items
+
+
+def _positive_int(value, field_name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(field_name, f"must hold positive integers, got {value!r}")
+    return value
+
+
+def _networks(f: Fields, base: Cluster) -> dict:
+    """Named alternative networks (for the ``network`` axis); 'base' is the cluster's own."""
+    out = {"base": base.network}
+    if not f.has("networks"):
+        return out
+    raw = f.raw("networks")
+    if not isinstance(raw, dict) or not raw:
+        raise InputError("networks", "must map names to lists of network dimensions")
+    for name, dims in raw.items():
+        if not isinstance(dims, list) or not dims:
+            raise InputError(f"networks.{name}", "must be a non-empty list of dimensions, innermost first")
+        out[str(name)] = tuple(network_dim_from(Fields(d, f"networks.{name}[{i}]"), i == len(dims) - 1)
+                               for i, d in enumerate(dims))
+    return out
+
+
+def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
+    """[(label, ('scale' | 'value', number or name))] for one axis specification."""
+    if isinstance(spec, list):
+        spec = {"values": spec}
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in ("values", "scale"):
+        raise InputError(f"axes.{name}", "must be {values: [...]} (absolute, with units) or {scale: [...]} (multipliers)")
+    mode, items = next(iter(spec.items()))
+    if not isinstance(items, list) or not items:
+        raise InputError(f"axes.{name}.{mode}", "is empty; give at least one value")
+    out = []
+    for item in items:
+        where = f"axes.{name}.{mode}"
+        if mode == "scale":
+            if kind == "text":
+                raise InputError(where, f"{name} takes named values, not multipliers")
+            if isinstance(item, bool) or not isinstance(item, (int, float)) or item <= 0:
+                raise InputError(where, f"multipliers must be positive numbers, got {item!r}")
+            out.append((f"x{item:g}", ("scale", float(item))))
+        elif kind == "text":
+            valid = networks if name == "network" else [t.value for t in Topology]
+            if str(item) not in valid:
+                raise InputError(where, f"unknown {name} {item!r}; valid: {', '.join(valid)}")
+            out.append((str(item), ("value", str(item))))
+        else:
+            number = parse_quantity(item, kind if kind != "count" else "count", where)
+            if number <= 0 and not name.endswith("latency"):
+                raise InputError(where, f"must be positive, got {item!r}")
+            out.append((str(item), ("value", number)))
+    return out
+
+
+def _axes(f: Fields, base: Cluster, networks: dict) -> dict:
+    """Axis name -> list of (label, setting)."""
+    if not f.has("axes"):
+        return {}
+    raw = f.raw("axes")
+    if not isinstance(raw, dict):
+        raise InputError("axes", "must map axis names to {values: [...]} or {scale: [...]}")
+    dim_names = {d.name for net in networks.values() for d in net}
+    axes = {}
+    for name, spec in raw.items():
+        if name in CLUSTER_AXES:
+            kind = CLUSTER_AXES[name]
+        elif name.startswith("network.") and name.count(".") == 2:
+            _, dim, attr = name.split(".")
+            if dim not in dim_names or attr not in DIM_AXES:
+                raise InputError(f"axes.{name}", f"unknown network axis; dimensions are {', '.join(sorted(dim_names))}, "
+                                 f"fields {', '.join(DIM_AXES)}")
+            kind = DIM_AXES[attr]
+        else:
+            known = ", ".join(list(CLUSTER_AXES) + ["network.<dimension>.<" + "|".join(DIM_AXES) + ">"])
+            raise InputError(f"axes.{name}", f"unknown axis; known axes: {known}")
+        if name.startswith("expansion_") and base.accelerator.expansion is None:
+            raise InputError(f"axes.{name}", "the cluster has no expansion tier; add one with a top-level `expansion:`")
+        axes[name] = _axis_values(name, spec, kind, networks)
+    return axes
+
+
+def _apply(cluster: Cluster, name: str, setting: tuple, networks: dict) -> Cluster:
+    mode, x = setting
+    acc = cluster.accelerator
+
+    def scaled(base_value):
+        return base_value * x if mode == "scale" else x
+
+    if name == "peak_flops":
+        peaks = {k: (v * x if mode == "scale" else x) for k, v in acc.peak_flops.items()}
+        return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
+    if name in ("hbm_capacity", "hbm_bandwidth", "sram_capacity", "sram_bandwidth",
+                "expansion_capacity", "expansion_bandwidth", "expansion_latency"):
+        tier_name, attr = name.split("_", 1)
+        tier = getattr(acc, tier_name)
+        tier = dc.replace(tier, **{attr: scaled(getattr(tier, attr))})
+        return dc.replace(cluster, accelerator=dc.replace(acc, **{tier_name: tier}))
+    if name in ("device_price_usd", "device_power_w"):
+        base_value = getattr(cluster, name)
+        if mode == "scale" and base_value is None:
+            raise InputError(f"axes.{name}", f"{cluster.name} has no {name} to scale; give values")
+        return dc.replace(cluster, **{name: scaled(base_value)})
+    if name == "network":
+        return dc.replace(cluster, network=networks[x])
+    _, dim_name, attr = name.split(".")
+    dims = []
+    for dim in cluster.network:
+        if dim.name == dim_name:
+            value = Topology(x) if attr == "topology" else scaled(getattr(dim, attr))
+            dim = dc.replace(dim, **{attr: value})
+        dims.append(dim)
+    return dc.replace(cluster, network=tuple(dims))
+
+
+def _variants(base: Cluster, axes: dict, networks: dict) -> list:
+    """Every combination of axis values (the network axis is applied first)."""
+    names = sorted(axes, key=lambda n: (n != "network", list(axes).index(n)))
+    variants = []
+    for index, combo in enumerate(itertools.product(*(axes[n] for n in names))):
+        cluster, values, labels = base, {}, []
+        for name, (label, setting) in zip(names, combo):
+            cluster = _apply(cluster, name, setting, networks)
+            values[name] = setting[1]
+            labels.append(f"{name}={label}")
+        variants.append(Variant(index=index, label=", ".join(labels) or "base", values=values, cluster=cluster))
+    return variants
+
+
+def _baseline(f: Fields, axes: dict, variants: list) -> int:
+    """Index of the baseline variant: `baseline: {axis: label}`; default every axis at its first value."""
+    if not f.has("baseline"):
+        return 0
+    raw = f.raw("baseline")
+    if not isinstance(raw, dict):
+        raise InputError("baseline", "must map axis names to one of their values, e.g. {hbm_capacity: 1.0}")
+    wanted = {}
+    for name, value in raw.items():
+        if name not in axes:
+            raise InputError(f"baseline.{name}", f"is not an axis of this study ({', '.join(axes) or 'none'})")
+        labels = [label for label, _ in axes[name]]
+        text = f"x{value:g}" if isinstance(value, (int, float)) and f"x{value:g}" in labels else str(value)
+        if text not in labels:
+            raise InputError(f"baseline.{name}", f"{value!r} is not one of {', '.join(labels)}")
+        wanted[name] = text
+    for variant in variants:
+        parts = dict(p.split("=", 1) for p in variant.label.split(", ")) if variant.label != "base" else {}
+        if all(parts.get(k) == v for k, v in wanted.items()) and all(
+                parts.get(k) == axes[k][0][0] for k in axes if k not in wanted):
+            return variant.index
+    return 0
+
+
+def _space(f: Fields) -> SearchSpace:
+    if not f.has("strategy"):
+        return SearchSpace()
+    s = f.sub("strategy")
+    defaults = SearchSpace()
+    kwargs = {}
+    for key in STRATEGY_KEYS:
+        if not s.has(key):
+            continue
+        value = s.raw(key)
+        if key in ("tp", "pp", "micro_batch", "interleave", "zero"):
+            items = _as_list(value, f"strategy.{key}")
+            if any(isinstance(x, bool) or not isinstance(x, int) or x < (0 if key == "zero" else 1) for x in items):
+                raise InputError(f"strategy.{key}", f"must be a list of positive integers, got {value!r}")
+            kwargs[key] = tuple(items)
+        elif key in ("recompute", "placement"):
+            kwargs[key] = tuple(str(x) for x in _as_list(value, f"strategy.{key}"))
+        elif key == "sequence_parallel":
+            items = _as_list(value, "strategy.sequence_parallel")
+            if any(not isinstance(x, bool) for x in items):
+                raise InputError("strategy.sequence_parallel", f"must be true, false or a list of them, got {value!r}")
+            kwargs[key] = tuple(items)
+        elif key in ("max_micro_batch", "max_interleave"):
+            kwargs[key] = s.integer(key)
+        elif key == "dtype":
+            kwargs[key] = s.text(key)
+        else:
+            kwargs[key] = s.boolean(key)
+    s.reject_unknown()
+    return dc.replace(defaults, **kwargs)
+
+
+def describe(study: Study) -> str:
+    """One paragraph: what the study evaluates."""
+    return (f"study {study.name}: {len(study.models)} model(s) x {len(study.devices)} device count(s) x "
+            f"{len(study.variants)} cluster variant(s); baseline: {study.variants[study.baseline].label}")
