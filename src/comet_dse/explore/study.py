@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses as dc
 import hashlib
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from comet_dse.explore.space import SearchSpace
 from comet_dse.hardware.load import network_dim_from, tier_from, MAX_EXPANSION
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, read_yaml
-from comet_dse.model.spec import Transformer
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME, parse_quantity
 
