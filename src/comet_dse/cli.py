@@ -226,8 +226,6 @@ def cmd_sweep(args) -> int:
         raise InputError("output", "the study names no output file; pass --output results.parquet")
     if args.scheduler and args.engine != "dask":
         raise InputError("scheduler", "needs --engine dask")
-    if not args.json:
-        print(describe(study), file=sys.stderr)
     started = time.perf_counter()
     try:
         ranking = run_study(study, Path(output), engine=args.engine, workers=args.workers, scheduler=args.scheduler,
@@ -240,6 +238,7 @@ def cmd_sweep(args) -> int:
     if args.json:
         print(json.dumps(ranking, indent=2))
         return 0
+    print(describe(study))
     print(render_sweep(ranking, elapsed))
     print(f"\nWrote {ranking['points']:,} rows to {output}; ranking in {summary_path(Path(output))}")
     return 0

@@ -256,7 +256,7 @@ def _run_dask(todo: list, payload, finished, workers: int, scheduler: str | None
     try:
         queue = list(todo)
         window = 2 * max(1, len(client.scheduler_info().get("workers", {})) or workers)
-        futures = as_completed()
+        futures = as_completed(loop=client.loop)
         for _ in range(min(window, len(queue))):
             c = queue.pop(0)
             futures.add(client.submit(_task, payload(c), key=f"comet-chunk-{c.index}", retries=3))

@@ -18,8 +18,7 @@ ROW_FIELDS = ("tp", "pp", "dp", "micro_batch", "interleave", "recompute", "seque
 
 
 def _value(column: pa.ChunkedArray, i: int):
-    value = column[i].as_py()
-    return value
+    return column[i].as_py()
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:
@@ -57,6 +56,7 @@ def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budg
     rows = sorted(groups.values(), key=lambda g: (g["model"], g["devices"], g["variant"]))
     for g in rows:
         g["best"] = g["top"][0] if g["top"] else None
+    for g in rows:
         base = groups.get((g["model"], g["devices"], baseline))
         base_best = base["best"] if base else None
         g["speedup"] = (base_best["step_time_s"] / g["best"]["step_time_s"]

@@ -104,7 +104,8 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
             for v in _interleaves(model.layers, pp, space):
                 outer.append((tp, pp, dp, mb, v))
     if not outer:
-        raise InputError("strategy", f"no tp/pp combination of the allowed values multiplies into {devices} devices")
+        raise InputError("strategy.tp", f"no allowed tp and pp values divide {devices} devices "
+                         f"(tp: {space.tp or 'any'}, pp: {space.pp or 'any'})")
     inner = [(RECOMPUTE_CODES[Recompute(rc)], sp, z, PLACEMENTS.index(pl))
              for rc in space.recompute for sp in space.sequence_parallel for z in space.zero for pl in space.placement]
     o = np.array(outer, dtype=float)
