@@ -177,7 +177,7 @@ def test_dask_equals_serial_and_survives_a_killed_worker(tmp_path, monkeypatch):
      "axes.hbm_capacity.values: unit 'GB/s' is not a bytes unit"),
     (("  tp: [2, 4, 8]", "  tp: [3]"), "strategy.tp"),
     (("cluster: dgx-a100-80gb", "cluster: dgx-z900"), "cluster: unknown preset 'dgx-z900'"),
-    (("global_batch: 256", "global_batch: -4"), "global_batch: must be >= 1"),
+    (("global_batch: 256", "global_batch: -4"), "global_batch: must hold positive integers"),
 ])
 def test_bad_study_is_one_line_exit_2(tmp_path, capsys, edit, field):
     path = _study(tmp_path, STUDY.replace(*edit))

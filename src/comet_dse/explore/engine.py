@@ -46,23 +46,27 @@ class Chunk:
 
 
 def plan(study: Study) -> tuple:
-    """(chunks, strategies) where strategies[(model_index, devices)] are that pair's StrategyArrays.
+    """(chunks, strategies): strategies[(model_index, devices, global_batch)] are StrategyArrays.
 
     Raises InputError when a (model, devices) pair has no structurally valid strategy.
     """
     strategies, chunks = {}, []
     for mi, model in enumerate(study.models):
-        for devices in study.devices:
-            st = enumerate_strategies(model, devices, study.global_batch, study.space)
-            probe = evaluate_columns(model, study.variants[0].cluster, devices, st)
-            if not np.any((probe["infeasible_mask"] & STRUCTURAL) == 0):
-                raise InputError("strategy", f"no valid strategy for {model.name} on {devices} devices with global batch "
-                                 f"{study.global_batch}: every point breaks a divisibility rule")
-            strategies[(mi, devices)] = st
+        for variant in study.variants:
+            for devices in variant.devices:
+                key = (mi, devices, variant.global_batch)
+                if key in strategies:
+                    continue
+                st = enumerate_strategies(model, devices, variant.global_batch, study.space)
+                probe = evaluate_columns(model, variant.cluster, devices, st)
+                if not np.any((probe["infeasible_mask"] & STRUCTURAL) == 0):
+                    raise InputError("strategy", f"no valid strategy for {model.name} on {devices} devices with "
+                                     f"global batch {variant.global_batch}: every point breaks a divisibility rule")
+                strategies[key] = st
     for mi in range(len(study.models)):
-        for devices in study.devices:
-            n = len(strategies[(mi, devices)])
-            for variant in study.variants:
+        for variant in study.variants:
+            for devices in variant.devices:
+                n = len(strategies[(mi, devices, variant.global_batch)])
                 for start in range(0, n, CHUNK_ROWS):
                     chunks.append(Chunk(len(chunks), mi, devices, variant.index, start, min(n, start + CHUNK_ROWS)))
     return chunks, strategies
@@ -192,7 +196,9 @@ def run_study(study: Study, output: Path, *, engine: str = "local", workers: int
             on_chunk(index)
 
     def payload(c: Chunk):
-        return study, c, strategies[(c.model_index, c.devices)].take(np.arange(c.start, c.stop))
+        variant = study.variants[c.variant_index]
+        st = strategies[(c.model_index, c.devices, variant.global_batch)]
+        return study, c, st.take(np.arange(c.start, c.stop))
 
     try:
         if engine == "dask":

@@ -35,6 +35,8 @@ CLUSTER_AXES = {
     "device_price_usd": "count",
     "device_power_w": "count",
     "network": "text",
+    "network_bandwidth": KIND_BANDWIDTH,
+    "network_latency": KIND_TIME,
 }
 DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": "count", "topology": "text"}
 STRATEGY_KEYS = ("tp", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
@@ -43,12 +45,14 @@ STRATEGY_KEYS = ("tp", "pp", "micro_batch", "interleave", "recompute", "sequence
 
 @dataclass(frozen=True)
 class Variant:
-    """One cluster variant: its index, a readable label, per-axis values, and the cluster."""
+    """One cluster variant: index, readable label, per-axis values, the cluster, its device counts."""
 
     index: int
     label: str
-    values: dict          # axis -> numeric SI value or name
+    values: dict          # axis -> numeric SI value or name ("cluster" -> preset name with several clusters)
     cluster: Cluster
+    devices: tuple
+    global_batch: int
 
 
 @dataclass
@@ -56,8 +60,6 @@ class Study:
     name: str
     description: str
     models: list
-    devices: list
-    global_batch: int
     variants: list
     baseline: int
     space: SearchSpace
@@ -78,25 +80,24 @@ def load_study(path: Path) -> Study:
     data = read_yaml(path, "study")
     f = Fields(data, "")
     models = _as_list(f.raw("models"), "models")
-    devices = [_positive_int(x, "devices") for x in _as_list(f.raw("devices"), "devices")]
-    base = load_cluster(str(f.raw("cluster")))
     seq_len = f.integer("seq_len", None)
     loaded = [load_model(str(m)) for m in models]
     if seq_len:
         loaded = [m.with_seq_len(seq_len) for m in loaded]
-    for n in devices:
-        base.dim_sizes(n)
+    bases = _clusters(f)
+    devices = _per_cluster(f, "devices", bases, many=True)
+    batches = _per_cluster(f, "global_batch", bases, many=False)
     if f.has("expansion"):
         tier = tier_from(f.sub("expansion"), "expansion", MAX_EXPANSION, True)
-        base = dc.replace(base, accelerator=dc.replace(base.accelerator, expansion=tier))
-    networks = _networks(f, base)
-    axes = _axes(f, base, networks)
-    variants = _variants(base, axes, networks)
-    baseline = _baseline(f, axes, variants)
+        bases = [dc.replace(b, accelerator=dc.replace(b.accelerator, expansion=tier)) for b in bases]
+    networks = _networks(f, bases[0])
+    axes = _axes(f, bases, networks)
+    variants = _variants(bases, devices, batches, axes, networks)
+    baseline = _baseline(f, axes, variants, len(bases) > 1)
     space = _space(f)
     budget = f.quantity("token_budget", "count", None, high=1e18)
     study = Study(name=f.text("name", path.stem), description=f.text("description", ""), models=loaded,
-                  devices=devices, global_batch=f.integer("global_batch"), variants=variants, baseline=baseline,
+                  variants=variants, baseline=baseline,
                   space=space, token_budget=budget, output=f.text("output", "") or None,
                   source_text=path.read_text(encoding="utf-8"))
     f.reject_unknown()
@@ -114,6 +115,54 @@ def _positive_int(value, field_name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(field_name, f"must hold positive integers, got {value!r}")
     return value
+
+
+def _clusters(f: Fields) -> list:
+    """The base clusters: `cluster: NAME` or `clusters: [NAME, ...]` (presets or YAML files)."""
+    if f.has("cluster") == f.has("clusters"):
+        raise InputError("cluster", "give exactly one of `cluster: NAME` or `clusters: [NAME, ...]`")
+    if f.has("cluster"):
+        return [load_cluster(str(f.raw("cluster")))]
+    refs = _as_list(f.raw("clusters"), "clusters")
+    clusters = [load_cluster(str(r)) for r in refs]
+    if len({c.name for c in clusters}) != len(clusters):
+        raise InputError("clusters", "lists a cluster twice")
+    return clusters
+
+
+def _per_cluster(f: Fields, key: str, bases: list, many: bool) -> dict:
+    """Cluster name -> value(s) of ``key``: one value (or list) for all, or `{cluster: value}`.
+
+    many: device counts (a list per cluster, each checked against the network);
+    otherwise one positive integer per cluster (the global batch).
+    """
+    raw = f.raw(key)
+
+    def read(value, where):
+        if many:
+            return [_positive_int(x, where) for x in _as_list(value, where)]
+        return _positive_int(value, where)
+
+    if isinstance(raw, dict):
+        out = {}
+        for c in bases:
+            if c.name not in raw:
+                raise InputError(f"{key}.{c.name}", f"is missing: give the {key} of every cluster")
+            out[c.name] = read(raw[c.name], f"{key}.{c.name}")
+        extra = set(raw) - {c.name for c in bases}
+        if extra:
+            raise InputError(f"{key}.{sorted(extra)[0]}", "is not one of the study's clusters")
+    else:
+        value = read(raw, key)
+        out = {c.name: value for c in bases}
+    if many:
+        for c in bases:
+            for n in out[c.name]:
+                try:
+                    c.dim_sizes(n)
+                except InputError as exc:
+                    raise InputError(f"{key}.{c.name}" if isinstance(raw, dict) else key, exc.message) from None
+    return out
 
 
 def _networks(f: Fields, base: Cluster) -> dict:
@@ -163,7 +212,7 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
     return out
 
 
-def _axes(f: Fields, base: Cluster, networks: dict) -> dict:
+def _axes(f: Fields, bases: list, networks: dict) -> dict:
     """Axis name -> list of (label, setting)."""
     if not f.has("axes"):
         return {}
@@ -184,7 +233,7 @@ def _axes(f: Fields, base: Cluster, networks: dict) -> dict:
         else:
             known = ", ".join(list(CLUSTER_AXES) + ["network.<dimension>.<" + "|".join(DIM_AXES) + ">"])
             raise InputError(f"axes.{name}", f"unknown axis; known axes: {known}")
-        if name.startswith("expansion_") and base.accelerator.expansion is None:
+        if name.startswith("expansion_") and any(b.accelerator.expansion is None for b in bases):
             raise InputError(f"axes.{name}", "the cluster has no expansion tier; add one with a top-level `expansion:`")
         axes[name] = _axis_values(name, spec, kind, networks)
     return axes
@@ -213,6 +262,10 @@ def _apply(cluster: Cluster, name: str, setting: tuple, networks: dict) -> Clust
         return dc.replace(cluster, **{name: scaled(base_value)})
     if name == "network":
         return dc.replace(cluster, network=networks[x])
+    if name in ("network_bandwidth", "network_latency"):
+        attr = "link_bandwidth" if name == "network_bandwidth" else "latency"
+        dims = tuple(dc.replace(d, **{attr: scaled(getattr(d, attr))}) for d in cluster.network)
+        return dc.replace(cluster, network=dims)
     _, dim_name, attr = name.split(".")
     dims = []
     for dim in cluster.network:
@@ -223,40 +276,46 @@ def _apply(cluster: Cluster, name: str, setting: tuple, networks: dict) -> Clust
     return dc.replace(cluster, network=tuple(dims))
 
 
-def _variants(base: Cluster, axes: dict, networks: dict) -> list:
-    """Every combination of axis values (the network axis is applied first)."""
+def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: dict) -> list:
+    """Every cluster x every combination of axis values (the network axis is applied first)."""
     names = sorted(axes, key=lambda n: (n != "network", list(axes).index(n)))
     variants = []
-    for index, combo in enumerate(itertools.product(*(axes[n] for n in names))):
-        cluster, values, labels = base, {}, []
-        for name, (label, setting) in zip(names, combo):
-            cluster = _apply(cluster, name, setting, networks)
-            values[name] = setting[1]
-            labels.append(f"{name}={label}")
-        variants.append(Variant(index=index, label=", ".join(labels) or "base", values=values, cluster=cluster))
+    for base in bases:
+        for combo in itertools.product(*(axes[n] for n in names)):
+            cluster = base
+            values = {"cluster": base.name} if len(bases) > 1 else {}
+            labels = [f"cluster={base.name}"] if len(bases) > 1 else []
+            for name, (label, setting) in zip(names, combo):
+                cluster = _apply(cluster, name, setting, networks)
+                values[name] = setting[1]
+                labels.append(f"{name}={label}")
+            variants.append(Variant(index=len(variants), label=", ".join(labels) or "base", values=values,
+                                    cluster=cluster, devices=tuple(devices[base.name]),
+                                    global_batch=batches[base.name]))
     return variants
 
 
-def _baseline(f: Fields, axes: dict, variants: list) -> int:
+def _baseline(f: Fields, axes: dict, variants: list, several_clusters: bool) -> int:
     """Index of the baseline variant: `baseline: {axis: label}`; default every axis at its first value."""
     if not f.has("baseline"):
         return 0
     raw = f.raw("baseline")
     if not isinstance(raw, dict):
         raise InputError("baseline", "must map axis names to one of their values, e.g. {hbm_capacity: 1.0}")
+    choices = {name: [label for label, _ in values] for name, values in axes.items()}
+    if several_clusters:
+        choices = {"cluster": list(dict.fromkeys(v.values["cluster"] for v in variants)), **choices}
     wanted = {}
     for name, value in raw.items():
-        if name not in axes:
-            raise InputError(f"baseline.{name}", f"is not an axis of this study ({', '.join(axes) or 'none'})")
-        labels = [label for label, _ in axes[name]]
-        text = f"x{value:g}" if isinstance(value, (int, float)) and f"x{value:g}" in labels else str(value)
-        if text not in labels:
-            raise InputError(f"baseline.{name}", f"{value!r} is not one of {', '.join(labels)}")
+        if name not in choices:
+            raise InputError(f"baseline.{name}", f"is not an axis of this study ({', '.join(choices) or 'none'})")
+        text = f"x{value:g}" if isinstance(value, (int, float)) and f"x{value:g}" in choices[name] else str(value)
+        if text not in choices[name]:
+            raise InputError(f"baseline.{name}", f"{value!r} is not one of {', '.join(choices[name])}")
         wanted[name] = text
     for variant in variants:
         parts = dict(p.split("=", 1) for p in variant.label.split(", ")) if variant.label != "base" else {}
-        if all(parts.get(k) == v for k, v in wanted.items()) and all(
-                parts.get(k) == axes[k][0][0] for k in axes if k not in wanted):
+        if all(parts.get(k, choices[k][0]) == wanted.get(k, choices[k][0]) for k in choices):
             return variant.index
     return 0
 
@@ -295,5 +354,6 @@ def _space(f: Fields) -> SearchSpace:
 
 def describe(study: Study) -> str:
     """One paragraph: what the study evaluates."""
-    return (f"study {study.name}: {len(study.models)} model(s) x {len(study.devices)} device count(s) x "
-            f"{len(study.variants)} cluster variant(s); baseline: {study.variants[study.baseline].label}")
+    counts = sorted({n for v in study.variants for n in v.devices})
+    return (f"study {study.name}: {len(study.models)} model(s) x {len(study.variants)} cluster variant(s) on "
+            f"{', '.join(map(str, counts))} devices; baseline: {study.variants[study.baseline].label}")
