@@ -198,3 +198,20 @@ def test_sweep_cli_csv(tmp_path, capsys):
     header = lines[0].split(",")
     assert '"step_time_s"' in header and '"model"' in header
     assert len(lines) - 1 == json.loads(engine.summary_path(out).read_text())["points"]
+
+
+def test_pareto_front_of_time_against_price(tmp_path):
+    text = STUDY.replace("devices: [64]", "devices: [32, 64]").replace(
+        "  network.infiniband.link_bandwidth: {values: [\"25 GB/s\", \"50 GB/s\"]}\n",
+        "  device_price_usd: {values: [10000, 20000]}\n").replace(
+        "baseline: {hbm_capacity: 1.0, network.infiniband.link_bandwidth: \"25 GB/s\"}", "token_budget: 1e9")
+    ranking = engine.run_study(load_study(_study(tmp_path, text)), tmp_path / "p.parquet", progress=False)
+    front = ranking["pareto_cost"]
+    assert front, ranking["variants"]
+    costs = [p["cost_usd"] for p in front]
+    times = [p["time_s"] for p in front]
+    assert costs == sorted(costs) and times == sorted(times, reverse=True)   # cheaper is slower along the front
+    for g in ranking["variants"]:                                            # nothing dominates a front point
+        if g["best"]:
+            t = 1e9 / g["best"]["tokens_per_second"]
+            assert not any(g["best"]["cost_usd"] <= p["cost_usd"] and t < p["time_s"] for p in front)
