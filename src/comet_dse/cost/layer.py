@@ -35,7 +35,12 @@ FLOPS_NORM, FLOPS_SOFTMAX, FLOPS_DROPOUT, FLOPS_GELU, FLOPS_SWIGLU, FLOPS_ADD, F
 
 @dataclass(frozen=True)
 class LayerShape:
-    """Per-device sizes of one layer for one micro-batch (arrays over design points)."""
+    """Per-device sizes of one layer for one micro-batch (arrays over design points).
+
+    b micro-batch, s sequence, t TP degree, cp context-parallel degree (each
+    device holds s/cp tokens of every sequence), ep expert-parallel degree,
+    imbalance: tokens the busiest expert device gets relative to a balanced router.
+    """
 
     b: object
     s: object
@@ -44,14 +49,18 @@ class LayerShape:
     flash: object
     e: object          # bytes per activation element (2 for bf16/fp16)
     gemm_e: object     # bytes per GEMM input element (1 for fp8)
+    cp: object = 1.0
+    ep: object = 1.0
+    imbalance: object = 1.0
 
     @property
     def tokens(self):
-        return self.b * self.s
+        """Tokens of the micro-batch on one device: b*s/cp."""
+        return self.b * self.s / self.cp
 
     @property
     def norm_tokens(self):
-        """Tokens each device holds in the norm/dropout region: b*s/t with SP, else b*s."""
+        """Tokens each device holds in the norm/dropout region: tokens/t with SP, else tokens."""
         return np.where(self.sp, self.tokens / self.t, self.tokens)
 
 
@@ -67,13 +76,16 @@ class LayerCost:
     input_bytes: np.ndarray         # the layer input (all that full recomputation keeps)
     tp_messages: int                # TP collectives per pass (2: after attention and after MLP)
     tp_message_bytes: np.ndarray    # bytes of each full (unsharded) TP message
+    a2a_messages: int = 0           # expert all-to-alls per pass (dispatch and combine)
+    a2a_bytes: object = 0.0         # bytes each device sends in one all-to-all
+    cp_kv_bytes: object = 0.0       # K and V bytes passed to the next CP rank at each ring step
 
 
-def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device):
+def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
     """Forward GEMM and backward (input-gradient + weight-gradient) GEMMs of one linear layer."""
-    fwd = gemm_time(1, tokens, n_out, n_in, shape.gemm_e, dev)
-    dgrad = gemm_time(1, tokens, n_in, n_out, shape.gemm_e, dev)
-    wgrad = gemm_time(1, n_in, n_out, tokens, shape.gemm_e, dev)
+    fwd = gemm_time(batch, tokens, n_out, n_in, shape.gemm_e, dev)
+    dgrad = gemm_time(batch, tokens, n_in, n_out, shape.gemm_e, dev)
+    wgrad = gemm_time(batch, n_in, n_out, tokens, shape.gemm_e, dev)
     return fwd, dgrad + wgrad
 
 
@@ -86,21 +98,24 @@ def _pointwise(elements, fwd_bytes, bwd_bytes, flops, dev: Device):
 def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     """Scores, softmax, dropout and attention-over-V for the a/t local heads.
 
-    Standard (materialised) attention: two batched GEMMs of b*a/t x (s x s x d),
-    softmax and dropout over b*a/t*s*s elements; saves softmax output (e),
-    dropout mask (1 byte) and dropout output (e) per score: 5*a*s^2*b/t bytes
-    at e = 2. Flash attention (Dao et al. 2022): one fused kernel, causal blocks
-    skipped (half the FLOPs), scores never stored; backward recomputes the
-    scores (2.5x the forward FLOPs).
+    Each device holds s_q = s/cp queries and attends to all s_k = s keys (with
+    context parallelism the keys arrive chunk by chunk over the ring).
+    Standard (materialised) attention: batched GEMMs of b*a/t x (s_q x s_k x d_qk)
+    and (s_q x d_v x s_k), softmax and dropout over b*a/t*s_q*s_k elements;
+    saves softmax output (e), dropout mask (1 byte) and dropout output (e) per
+    score: 5*a*s^2*b/t bytes at e = 2 and cp = 1. Flash attention (Dao et al.
+    2022): one fused kernel, causal blocks skipped (half the FLOPs), scores
+    never stored; backward recomputes the scores (2.5x the forward FLOPs).
     Returns (forward, backward, saved score bytes).
     """
-    a, d, s, e = model.attention.heads, model.attention.head_dim, shape.s, shape.e
-    heads = a / shape.t
-    batch = shape.b * heads
-    scores = batch * s * s
+    att = model.attention
+    dk, dv, e = att.qk_dim, att.v_dim, shape.e
+    s_q, s_k = shape.s / shape.cp, shape.s
+    batch = shape.b * att.heads / shape.t
+    scores = batch * s_q * s_k
     dropout = model.dropout
-    qk = gemm_time(batch, s, s, d, shape.gemm_e, dev)
-    av = gemm_time(batch, s, d, s, shape.gemm_e, dev)
+    qk = gemm_time(batch, s_q, s_k, dk, shape.gemm_e, dev)
+    av = gemm_time(batch, s_q, dv, s_k, shape.gemm_e, dev)
     soft_f, soft_b = _pointwise(scores, 2 * e, 3 * e, FLOPS_SOFTMAX, dev)
     drop_f, drop_b = _pointwise(scores, 2 * e + MASK_BYTES, 2 * e + MASK_BYTES, FLOPS_DROPOUT, dev)
     if not dropout:
@@ -108,57 +123,117 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     std_fwd = qk + soft_f + drop_f + av
     std_bwd = qk.scale(2.0) + soft_b + drop_b + av.scale(2.0)
     std_saved = scores * (e + (MASK_BYTES + e if dropout else 0.0))
-    # Flash attention: QK^T and PV fused, causal => half the s x s blocks: 2*b*(a/t)*s^2*d FLOPs;
+    # Flash attention: QK^T and PV fused, causal => half the blocks: b*(a/t)*s_q*s_k*(d_qk + d_v) FLOPs;
     # off-chip bytes: Q, K, V read and O written once per head.
-    flash_flops = 2.0 * batch * s * s * d
-    flash_rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, s, d, dev) * pipeline_efficiency(s, dev)
-    flash_f = roofline(flash_flops, flash_rate, 4.0 * batch * s * d * e, dev.hbm_bw, dev.overhead)
+    flash_flops = scores * (dk + dv)
+    flash_rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, s_q, dv, dev) * pipeline_efficiency(s_k, dev)
+    flash_bytes = batch * (s_q + s_k) * (dk + dv) * e
+    flash_f = roofline(flash_flops, flash_rate, flash_bytes, dev.hbm_bw, dev.overhead)
     flash_b = flash_f.scale(2.5)
     flash = shape.flash
     fwd = KernelTime(np.where(flash, flash_f.math, std_fwd.math), np.where(flash, flash_f.memory, std_fwd.memory))
     bwd = KernelTime(np.where(flash, flash_b.math, std_bwd.math), np.where(flash, flash_b.memory, std_bwd.memory))
-    saved = np.where(flash, batch * s * FP32, std_saved)
+    saved = np.where(flash, batch * s_q * FP32, std_saved)
     return fwd, bwd, saved
 
 
-def layer_cost(model: Transformer, shape: LayerShape, dev: Device) -> LayerCost:
-    """Decompose one layer; see the module docstring for the operator list."""
-    h, f = model.hidden, model.mlp.ffn
-    a, k, d = model.attention.heads, model.attention.kv_heads, model.attention.head_dim
-    t, e, tok = shape.t, shape.e, shape.tokens
-    ntok = shape.norm_tokens
-    dropout = model.dropout
-    q_cols, kv_cols = a * d / t, k * d / t
+def _attention(model: Transformer, shape: LayerShape, dev: Device):
+    """Attention projections (as Projection list), RoPE and the core; times and saved bytes.
 
-    norm_f, norm_b = _pointwise(ntok * h, 2 * e, 3 * e, FLOPS_NORM, dev)
-    qkv_f, qkv_b = _linear(tok, h, q_cols + 2 * kv_cols, shape, dev)
+    Saved: the inputs of projections that do not read the norm output (MLA's
+    up projections), Q/K/V for the scores, the input of the output projection,
+    and the core's score tensors.
+    """
+    h, t, e, tok = model.hidden, shape.t, shape.e, shape.tokens
+    att = model.attention
+    fwd, bwd = zero_time(np.shape(tok)), zero_time(np.shape(tok))
+    saved = 0.0
+    for proj in att.projections(h):
+        n_in = proj.n_in / t if proj.shard == "in" else proj.n_in
+        n_out = proj.n_out / t if proj.shard == "out" else proj.n_out
+        f, b = _linear(tok, n_in, n_out, shape, dev)
+        fwd, bwd = fwd + f, bwd + b
+        if proj.shard == "in" or proj.n_in != h:
+            saved = saved + tok * n_in * e        # MLA up projections and the output projection's input
     core_f, core_b, core_saved = _attention_core(model, shape, dev)
-    proj_f, proj_b = _linear(tok, a * d / t, h, shape, dev)
-    resid_bytes_f = 3 * e + (MASK_BYTES if dropout else 0.0)
-    resid_f, resid_b = _pointwise(ntok * h, resid_bytes_f, resid_bytes_f, FLOPS_DROPOUT + FLOPS_ADD, dev)
-    up_cols = (2 * f if model.mlp.gated else f) / t
-    up_f, up_b = _linear(tok, h, up_cols, shape, dev)
+    qkv = tok * att.heads / t * (2 * att.qk_dim + att.v_dim) if att.latent else \
+        tok * (att.heads + 2 * att.kv_heads) * att.head_dim / t
+    if model.position is PositionEmbedding.ROPE:
+        rope_dim = att.latent.qk_rope_head_dim if att.latent else att.head_dim
+        rope_f, rope_b = _pointwise(tok * (att.heads + att.kv_heads) * rope_dim / t, 2 * e, 2 * e, FLOPS_ROPE, dev)
+        fwd, bwd = fwd + rope_f, bwd + rope_b
+    kv_bytes = tok * att.kv_heads / t * (att.qk_dim + att.v_dim) * e
+    return fwd + core_f, bwd + core_b, core_f, saved + qkv * e + core_saved, core_saved, kv_bytes
+
+
+def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1):
+    """A (possibly batched, one per local expert) feed-forward block on ``tokens`` rows each; FFN split over t.
+
+    Up (gate and up for SwiGLU), activation, down. Saved: the activation's
+    input(s) and the down projection's input.
+    """
+    h, t, e = model.hidden, shape.t, shape.e
+    up_cols = (2 * ffn if model.mlp.gated else ffn) / t
+    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts)
     act_flops = FLOPS_SWIGLU if model.mlp.gated else FLOPS_GELU
     act_in = 2 if model.mlp.gated else 1
-    act_f, act_b = _pointwise(tok * f / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
-    down_f, down_b = _linear(tok, f / t, h, shape, dev)
+    act_f, act_b = _pointwise(experts * tokens * ffn / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
+    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts)
+    saved = experts * tokens * ffn / t * e * (act_in + 1)
+    return up_f + act_f + down_f, up_b + act_b + down_b, saved
 
-    forward = norm_f.scale(2) + qkv_f + core_f + proj_f + resid_f.scale(2) + up_f + act_f + down_f
-    backward = norm_b.scale(2) + qkv_b + core_b + proj_b + resid_b.scale(2) + up_b + act_b + down_b
-    if model.position is PositionEmbedding.ROPE:
-        rope_f, rope_b = _pointwise(tok * (q_cols + kv_cols), 2 * e, 2 * e, FLOPS_ROPE, dev)
-        forward, backward = forward + rope_f, backward + rope_b
+
+def _moe(model: Transformer, shape: LayerShape, dev: Device):
+    """Router, routed experts sharded over the EP group, shared experts; times, saved bytes, all-to-all bytes.
+
+    Router: [tokens, h] x [h, E], fp32 softmax/top-k over tokens*E scores.
+    The busiest device of the EP group holds E/ep experts and receives
+    tokens * top_k * imbalance token copies: a batched GEMM of E/ep experts of
+    tokens * top_k * imbalance * ep / E rows each, FFN split over t.
+    Dispatch and combine all-to-alls move (tokens/t) * top_k * imbalance * h * e
+    bytes per device each (tokens split over the TP ranks for dispatch).
+    """
+    moe, h, e, tok, t = model.moe, model.hidden, shape.e, shape.tokens, shape.t
+    router_f, router_b = _linear(tok, h, moe.experts, shape, dev)
+    gate_f, gate_b = _pointwise(tok * moe.experts, e + FP32, 2 * FP32, FLOPS_SOFTMAX, dev)
+    local = moe.experts / shape.ep
+    rows = tok * moe.top_k * shape.imbalance
+    per_expert = rows / local
+    exp_f, exp_b, exp_saved = _ffn(per_expert, moe.ffn, model, shape, dev, experts=local)
+    fwd, bwd = router_f + gate_f + exp_f, router_b + gate_b + exp_b
+    saved = exp_saved + rows * h * e + tok * moe.experts * FP32
+    if moe.shared_ffn:
+        sh_f, sh_b, sh_saved = _ffn(tok, moe.shared_ffn, model, shape, dev)
+        fwd, bwd, saved = fwd + sh_f, bwd + sh_b, saved + sh_saved
+    return fwd, bwd, saved, tok / t * moe.top_k * shape.imbalance * h * e
+
+
+def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bool = False) -> LayerCost:
+    """Decompose one layer (dense, or MoE when ``moe_layer``); see the module docstring."""
+    h, e, tok = model.hidden, shape.e, shape.tokens
+    ntok = shape.norm_tokens
+    dropout = model.dropout
+
+    norm_f, norm_b = _pointwise(ntok * h, 2 * e, 3 * e, FLOPS_NORM, dev)
+    att_f, att_b, core_f, att_saved, core_saved, kv_bytes = _attention(model, shape, dev)
+    resid_bytes_f = 3 * e + (MASK_BYTES if dropout else 0.0)
+    resid_f, resid_b = _pointwise(ntok * h, resid_bytes_f, resid_bytes_f, FLOPS_DROPOUT + FLOPS_ADD, dev)
+    if moe_layer and model.moe:
+        mlp_f, mlp_b, mlp_saved, a2a = _moe(model, shape, dev)
+    else:
+        mlp_f, mlp_b, mlp_saved = _ffn(tok, model.mlp.ffn, model, shape, dev)
+        a2a = 0.0
+    forward = norm_f.scale(2) + att_f + resid_f.scale(2) + mlp_f
+    backward = norm_b.scale(2) + att_b + resid_b.scale(2) + mlp_b
 
     # Saved activations (bytes), Korthikanti et al. 2022 Sec. 4.1 accounting:
     norm_in = 2 * ntok * h * e                              # inputs of the two norms
-    gemm_in = np.where(shape.sp, 2 * ntok * h * e, 2 * tok * h * e)  # QKV and MLP-up inputs (SP: sharded, re-gathered)
-    qkv_out = tok * (q_cols + 2 * kv_cols) * e              # Q, K, V
-    proj_in = tok * a * d / t * e                           # attention output
+    gemm_in = np.where(shape.sp, 2 * ntok * h * e, 2 * tok * h * e)  # attention and MLP inputs (SP: sharded, re-gathered)
     masks = 2 * ntok * h * MASK_BYTES if dropout else 0.0   # two residual dropout masks
-    mlp_mid = tok * f / t * e * (act_in + 1)                # activation input(s) and down-proj input
-    saved = norm_in + gemm_in + qkv_out + proj_in + masks + mlp_mid + core_saved
+    saved = norm_in + gemm_in + att_saved + masks + mlp_saved
     return LayerCost(
         forward=forward, backward=backward, attention_core=core_f,
         saved_bytes=saved, attention_core_bytes=np.where(shape.flash, 0.0, core_saved),
         input_bytes=ntok * h * e, tp_messages=2, tp_message_bytes=tok * h * e,
+        a2a_messages=2 if (moe_layer and model.moe) else 0, a2a_bytes=a2a, cp_kv_bytes=kv_bytes,
     )

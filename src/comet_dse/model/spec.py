@@ -44,12 +44,74 @@ class PositionEmbedding(str, Enum):
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and KV projections.
+
+    Q = W_uq RMSNorm(W_dq x) (or W_q x without q_lora_rank); [K_nope, V] = W_ukv
+    RMSNorm(W_dkv x); a shared rotary key part of qk_rope_head_dim per token.
+    Per head, scores use qk_nope_head_dim + qk_rope_head_dim and values v_head_dim.
+    """
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One linear layer of attention: elements in and out, and how tensor parallelism shards it.
+
+    shard: "out" (column-parallel: output features split over t), "in"
+    (row-parallel: input features split), or "none" (replicated).
+    """
+
+    name: str
+    n_in: int
+    n_out: int
+    shard: str
+
+
+@dataclass(frozen=True)
 class Attention:
-    """Multi-head attention with optional grouped KV heads (GQA/MQA)."""
+    """Multi-head attention with optional grouped KV heads (GQA/MQA) or latent projections (MLA)."""
 
     heads: int
     kv_heads: int
     head_dim: int
+    latent: LatentAttention | None = None
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head dimension of queries and keys."""
+        if self.latent:
+            return self.latent.qk_nope_head_dim + self.latent.qk_rope_head_dim
+        return self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head dimension of values (and of the attention output)."""
+        return self.latent.v_head_dim if self.latent else self.head_dim
+
+    def projections(self, hidden: int) -> list:
+        """The attention's linear layers, in order, as Projections.
+
+        MHA/GQA: QKV [h -> (a + 2k) d] column-parallel, output [a d -> h] row-parallel.
+        MLA: Q down/up (or one Q projection), KV down (with the rotary key) and up,
+        output; the down projections are replicated across TP, the up ones split by head.
+        """
+        a, k = self.heads, self.kv_heads
+        if not self.latent:
+            return [Projection("qkv", hidden, (a + 2 * k) * self.head_dim, "out"),
+                    Projection("out", a * self.head_dim, hidden, "in")]
+        lat = self.latent
+        q = ([Projection("q_down", hidden, lat.q_lora_rank, "none"),
+              Projection("q_up", lat.q_lora_rank, a * self.qk_dim, "out")] if lat.q_lora_rank
+             else [Projection("q", hidden, a * self.qk_dim, "out")])
+        return q + [Projection("kv_down", hidden, lat.kv_lora_rank + lat.qk_rope_head_dim, "none"),
+                    Projection("kv_up", lat.kv_lora_rank, a * (lat.qk_nope_head_dim + lat.v_head_dim), "out"),
+                    Projection("out", a * self.v_dim, hidden, "in")]
 
 
 @dataclass(frozen=True)
@@ -62,6 +124,23 @@ class MLP:
     @property
     def gated(self) -> bool:
         return self.kind is MLPKind.SWIGLU
+
+
+@dataclass(frozen=True)
+class MoE:
+    """Mixture-of-experts feed-forward block (replaces the dense MLP on MoE layers).
+
+    experts: routed experts; top_k: experts per token; ffn: FFN size of one
+    routed expert; shared_ffn: total FFN size of the always-active shared
+    experts (0 for none); dense_layers: the first layers that keep the dense
+    MLP (DeepSeek's first_k_dense_replace). Experts use the model's MLP kind.
+    """
+
+    experts: int
+    top_k: int
+    ffn: int
+    shared_ffn: int = 0
+    dense_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +159,7 @@ class Transformer:
     dropout: bool = True
     bias: bool = True
     norm: Norm = Norm.LAYERNORM
+    moe: MoE | None = None
     source: str = ""
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
@@ -93,28 +173,62 @@ class Transformer:
         _require_positive("model.ffn", self.mlp.ffn)
         if self.attention.heads % self.attention.kv_heads:
             raise InputError("model.kv_heads", f"{self.attention.kv_heads} must divide heads={self.attention.heads}")
+        if self.moe:
+            for name in ("experts", "top_k", "ffn"):
+                _require_positive(f"model.moe.{name}", getattr(self.moe, name))
+            if self.moe.top_k > self.moe.experts:
+                raise InputError("model.moe.top_k", f"{self.moe.top_k} exceeds the {self.moe.experts} experts")
+            if not 0 <= self.moe.dense_layers < self.layers:
+                raise InputError("model.moe.dense_layers", f"must be in [0, {self.layers}), got {self.moe.dense_layers}")
 
     # --- parameter counts (elements), formulas in docs/model.md -------------------
     def attention_params(self) -> int:
-        """QKV and output projections: h*(a+2k)*d + a*d*h, plus biases (a+2k)*d + h when used."""
-        a, k, d, h = self.attention.heads, self.attention.kv_heads, self.attention.head_dim, self.hidden
-        biases = (a + 2 * k) * d + h if self.bias else 0
-        return h * (a + 2 * k) * d + a * d * h + biases
+        """Attention projections (MHA/GQA: h*(a+2k)*d + a*d*h), biases when used, MLA's two norms."""
+        projections = self.attention.projections(self.hidden)
+        weights = sum(p.n_in * p.n_out for p in projections)
+        biases = sum(p.n_out for p in projections) if self.bias else 0
+        lat = self.attention.latent
+        norms = ((lat.q_lora_rank or 0) + lat.kv_lora_rank) if lat else 0
+        return weights + biases + norms
+
+    def ffn_params(self, ffn: int) -> int:
+        """One feed-forward block of size f. GELU: 2*h*f (+ f + h biases); SwiGLU: 3*h*f (+ 2f + h)."""
+        h = self.hidden
+        if self.mlp.gated:
+            return 3 * h * ffn + (2 * ffn + h if self.bias else 0)
+        return 2 * h * ffn + (ffn + h if self.bias else 0)
 
     def mlp_params(self) -> int:
-        """GELU: 2*h*f (+ f + h biases). SwiGLU: 3*h*f (+ 2f + h biases)."""
-        h, f = self.hidden, self.mlp.ffn
-        if self.mlp.gated:
-            return 3 * h * f + (2 * f + h if self.bias else 0)
-        return 2 * h * f + (f + h if self.bias else 0)
+        """The dense MLP of a non-MoE layer."""
+        return self.ffn_params(self.mlp.ffn)
+
+    def moe_params(self, active: bool = False) -> int:
+        """One MoE block: router h*E + E (or top_k when active) routed experts + shared experts."""
+        moe = self.moe
+        routed = moe.top_k if active else moe.experts
+        shared = self.ffn_params(moe.shared_ffn) if moe.shared_ffn else 0
+        return self.hidden * moe.experts + routed * self.ffn_params(moe.ffn) + shared
 
     def norm_params(self) -> int:
         """One norm layer: 2h for LayerNorm (scale, bias), h for RMSNorm."""
         return (2 if self.norm is Norm.LAYERNORM else 1) * self.hidden
 
+    @property
+    def moe_layers(self) -> int:
+        """Layers with a MoE block (0 for a dense model)."""
+        return self.layers - self.moe.dense_layers if self.moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
     def layer_params(self) -> int:
-        """One transformer layer: attention + MLP + two norms."""
+        """One dense transformer layer: attention + MLP + two norms."""
         return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+
+    def moe_layer_params(self, active: bool = False) -> int:
+        """One MoE transformer layer: attention + MoE block + two norms."""
+        return self.attention_params() + self.moe_params(active) + 2 * self.norm_params()
 
     def embedding_params(self) -> int:
         """Token table V*h, plus a learned position table s*h when used."""
@@ -126,8 +240,14 @@ class Transformer:
         return self.norm_params() + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     def total_params(self) -> int:
-        """All parameters: L layers + embeddings + final norm / head."""
-        return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+        """All parameters: dense and MoE layers + embeddings + final norm / head."""
+        moe = self.moe_layers * self.moe_layer_params() if self.moe else 0
+        return self.dense_layers * self.layer_params() + moe + self.embedding_params() + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters a token passes through: MoE layers count top_k routed experts (equal to total when dense)."""
+        moe = self.moe_layers * self.moe_layer_params(active=True) if self.moe else 0
+        return self.dense_layers * self.layer_params() + moe + self.embedding_params() + self.head_params()
 
     def with_seq_len(self, seq_len: int) -> "Transformer":
         """Copy with another sequence length (--seq-len)."""
