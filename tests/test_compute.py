@@ -5,7 +5,7 @@ import pytest
 from comet_dse.cost.compute import (
     gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline,
 )
-from comet_dse.cost.step import device_of
+from comet_dse.cost.microbatch import device_of
 from comet_dse.strategy import Strategy, StrategyArrays
 
 

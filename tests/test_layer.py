@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from comet_dse.cost.layer import LayerShape, layer_cost
-from comet_dse.cost.step import device_of
+from comet_dse.cost.microbatch import device_of
 from comet_dse.strategy import Strategy, StrategyArrays
 from comet_dse.model.spec import MLP, Attention, Transformer
 

@@ -36,7 +36,7 @@ def test_megatron_eq3_flops_with_full_recompute(megatron_1t):
     B, s, l, h, V = 3072, m.seq_len, m.layers, m.hidden, m.vocab
     eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     st = StrategyArrays.of([Strategy(tp=8, pp=64, dp=6, global_batch=B, recompute=Recompute.FULL)])
-    model_flops, hardware_flops = _flops(m, st, s)
+    model_flops, hardware_flops = _flops(m, st)
     assert hardware_flops[0] == pytest.approx(eq3, rel=1e-12)
     # Model FLOPs drop the recomputed forward: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
     assert model_flops[0] == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-12)

@@ -43,14 +43,20 @@ PLACEMENTS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "pp-dp-tp", "dp-tp-pp", "dp-pp
 class Strategy:
     """One parallelisation and execution choice.
 
-    tp, pp, dp: tensor, pipeline and data parallel degrees (tp*pp*dp = devices).
+    tp, pp, dp: tensor, pipeline and data parallel degrees (tp*cp*pp*dp = devices).
+    cp: context parallel degree: each sequence split over cp devices (ring attention).
+    ep: expert parallel degree: the experts of a MoE layer sharded over ep of the
+      dp ranks (ep divides dp and the number of experts).
+    moe_imbalance: tokens the busiest expert device receives relative to a
+      perfectly balanced router (1.0 = balanced).
     global_batch, micro_batch: sequences per iteration and per micro-batch.
     interleave: virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2).
     zero: ZeRO stage 0..3 over the data-parallel group (Rajbhandari et al. 2020).
     dp_overlap: overlap the data-parallel gradient reduction with backward compute.
     flash_attention: fused attention kernel that never materialises the s x s scores.
     placement: order of the parallel axes on the devices, innermost first
-      (default tp-pp-dp: TP inside a node, then PP, then DP).
+      (default tp-pp-dp: TP inside a node, then PP, then DP). CP sits right
+      outside TP; EP takes consecutive DP ranks.
     """
 
     tp: int = 1
@@ -67,9 +73,12 @@ class Strategy:
     flash_attention: bool = False
     grad_accumulation: GradAccumulation = GradAccumulation.FUSED
     placement: str = "tp-pp-dp"
+    cp: int = 1
+    ep: int = 1
+    moe_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave"):
+        for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave", "cp", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
@@ -77,12 +86,15 @@ class Strategy:
             raise InputError("zero", f"must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise InputError("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        imb = self.moe_imbalance
+        if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not 1.0 <= imb <= 64.0:
+            raise InputError("moe-imbalance", f"must be a number in [1, 64] (1 = balanced), got {imb!r}")
         if self.placement not in PLACEMENTS:
             raise InputError("placement", f"must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def microbatches(self) -> float:
@@ -108,6 +120,17 @@ class StrategyArrays:
     flash_attention: object
     grad_fused: object
     placement: object         # index into PLACEMENTS
+    cp: object = None
+    ep: object = None
+    moe_imbalance: object = None
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        ones = np.ones(np.shape(self.tp))
+        for name in ("cp", "ep", "moe_imbalance"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ones)
 
     @classmethod
     def of(cls, strategies: list) -> "StrategyArrays":
@@ -127,6 +150,8 @@ class StrategyArrays:
             flash_attention=col(lambda x: x.flash_attention, bool),
             grad_fused=col(lambda x: x.grad_accumulation is GradAccumulation.FUSED, bool),
             placement=col(lambda x: PLACEMENTS.index(x.placement), int),
+            cp=col(lambda x: x.cp, float), ep=col(lambda x: x.ep, float),
+            moe_imbalance=col(lambda x: x.moe_imbalance, float),
         )
 
     def take(self, index) -> "StrategyArrays":
@@ -142,21 +167,25 @@ class StrategyArrays:
         table = np.array([values.get(name, missing) for name in DTYPE_CHOICES], dtype=float)
         return table[self.dtype]
 
-    def strides(self):
-        """Device-number stride of the TP, PP and DP groups under each point's placement.
+    def strides(self) -> dict:
+        """Device-number stride of each parallel group under each point's placement.
 
-        An axis's stride is the product of the degrees of the axes inside it.
+        The placement orders three blocks, innermost first: "tp" (TP, with CP
+        just outside it), "pp" and "dp"; a block's stride is the product of the
+        degrees of the blocks inside it. EP takes consecutive DP ranks (stride
+        of DP); the expert-data-parallel group (dp/ep) steps over whole EP groups.
         """
         import numpy as np
 
-        degree = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
-        out = {axis: np.ones_like(self.tp, dtype=float) for axis in degree}
+        degree = {"tp": self.tp * self.cp, "pp": self.pp, "dp": self.dp}
+        block = {axis: np.ones_like(self.tp, dtype=float) for axis in degree}
         for code, order in enumerate(PLACEMENTS):
             inner = np.ones_like(self.tp, dtype=float)
             for axis in order.split("-"):
-                out[axis] = np.where(self.placement == code, inner, out[axis])
+                block[axis] = np.where(self.placement == code, inner, block[axis])
                 inner = inner * degree[axis]
-        return out["tp"], out["pp"], out["dp"]
+        return {"tp": block["tp"], "cp": block["tp"] * self.tp, "pp": block["pp"], "dp": block["dp"],
+                "ep": block["dp"], "edp": block["dp"] * self.ep}
 
     def __len__(self) -> int:
         return len(self.tp)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comet_dse.cost.step import context_of, layer_work
+from comet_dse.cost.microbatch import context_of, layer_work
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
 from comet_dse.hardware.spec import Cluster
@@ -130,7 +130,7 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
                             sequence_parallel=row["sequence_parallel"].lower() == "true", dtype="fp16")
         st = StrategyArrays.of([strategy])
         with np.errstate(divide="ignore", invalid="ignore"):
-            work, _, _ = layer_work(model, context_of(model, cluster, 8, st), st)
+            work, _ = layer_work(model, context_of(model, cluster, 8, st), st)
         fwd_tp = work["tp"][0] / (3.0 if strategy.recompute is Recompute.FULL else 2.0)
         forward = work["fwd_math"][0] + work["fwd_mem"][0] + fwd_tp
         backward = (work["bwd_math"][0] + work["bwd_mem"][0] + work["rec_math"][0] + work["rec_mem"][0]

@@ -1,0 +1,188 @@
+"""Everything one micro-batch costs on one device, before the pipeline schedule.
+
+Per layer (dense and, for MoE models, MoE), the embedding and the head: kernel
+times by phase and the exposed communication that happens inside the layer —
+TP collectives, expert all-to-alls (EP) and the context-parallel KV ring (CP).
+Work is a dict of arrays with the keys of ``WORK_KEYS`` (seconds per
+micro-batch). These terms depend on only a few strategy fields, so sweeps
+compute them once per distinct combination (``deduplicated``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from comet_dse.cost import collectives as coll
+from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_time
+from comet_dse.cost.layer import FP32, LayerCost, LayerShape, layer_cost
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import StrategyArrays
+
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
+WORK_KEYS = ("fwd_math", "fwd_mem", "bwd_math", "bwd_mem", "rec_math", "rec_mem", "tp", "ep", "cp")
+
+
+def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
+    """Cost-model view of the accelerator for the dtypes of ``st``."""
+    acc = cluster.accelerator
+    return Device(
+        peak=st.dtype_table(acc.peak_flops), matmul_eff=acc.matmul_efficiency, units=acc.compute_units,
+        tile_m=acc.matmul_tile[0], tile_n=acc.matmul_tile[1], tile_k=acc.matmul_tile[2],
+        pipeline_overhead=acc.matmul_pipeline_overhead,
+        sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
+        hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
+    )
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every term needs: the device, the network dimensions, each group's span, the layer shape."""
+
+    dev: Device
+    dims: tuple
+    spans: dict        # group name (tp, cp, pp, dp, ep, edp) -> spans per dimension
+    shape: LayerShape
+
+
+def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Context:
+    """Device view, network dimensions for ``devices``, and the spans of every parallel group.
+
+    Groups: TP (size tp), CP (cp), PP (pp), DP (dp), EP (ep consecutive DP
+    ranks) and expert-DP (dp/ep, stepping over EP groups); strides from
+    ``StrategyArrays.strides`` (placement).
+    """
+    dims = tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
+    shape = LayerShape(b=st.micro_batch, s=model.seq_len, t=st.tp, sp=st.sequence_parallel,
+                       flash=st.flash_attention, e=ACTIVATION_BYTES, gemm_e=st.dtype_table(DTYPE_BYTES),
+                       cp=st.cp, ep=st.ep, imbalance=st.moe_imbalance)
+    stride = st.strides()
+    sizes = {"tp": st.tp, "cp": st.cp, "pp": st.pp, "dp": st.dp, "ep": st.ep, "edp": st.dp / st.ep}
+    spans = {g: coll.spans(dims, stride[g], sizes[g]) for g in sizes}
+    return Context(dev=device_of(cluster, st), dims=dims, spans=spans, shape=shape)
+
+
+def work(fwd: KernelTime, bwd: KernelTime, rec: KernelTime, tp=0.0, ep=0.0, cp=0.0) -> dict:
+    return {"fwd_math": fwd.math, "fwd_mem": fwd.memory, "bwd_math": bwd.math, "bwd_mem": bwd.memory,
+            "rec_math": rec.math, "rec_mem": rec.memory, "tp": tp, "ep": ep, "cp": cp}
+
+
+def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: bool = False):
+    """One layer, one micro-batch: kernel times by phase plus exposed in-layer communication.
+
+    TP: 2 all-reduces in forward and 2 in backward (Megatron f/g operators); with
+    SP each is an all-gather plus a reduce-scatter of the same volume.
+    EP (MoE layers): dispatch and combine all-to-alls in forward and in backward.
+    CP: a ring of cp-1 steps passing K and V (forward) and their gradients
+    (backward, twice the bytes), overlapped with the attention kernels; only the
+    excess is exposed: max(0, steps * t_step - t_attention).
+    Full recomputation repeats the forward's TP, EP and CP communication.
+    Returns (work dict, LayerCost).
+    """
+    layer: LayerCost = layer_cost(model, ctx.shape, ctx.dev, moe_layer=moe_layer)
+    dims, spans, rc = ctx.dims, ctx.spans, st.recompute
+    tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
+    ep_pass = layer.a2a_messages * coll.all_to_all_time(layer.a2a_bytes, dims, spans["ep"])
+    ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
+    core = layer.attention_core.total
+    cp_fwd = np.where(st.cp > 1, np.maximum(ring - core, 0.0), 0.0)
+    cp_bwd = np.where(st.cp > 1, np.maximum(2.0 * ring - 2.5 * core, 0.0), 0.0)
+    rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
+                     np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
+    again = np.where(rc == 2, 1.0, 0.0)
+    return work(layer.forward, layer.backward, rec, tp=(2.0 + again) * tp_pass, ep=(2.0 + again) * ep_pass,
+                cp=cp_fwd * (1.0 + again) + cp_bwd), layer
+
+
+def embedding_and_head(model: Transformer, ctx: Context):
+    """Work of the embedding (first stage) and final norm + LM head + loss (last stage), per micro-batch.
+
+    Embedding: row gather + position add + dropout over b*s*h, vocabulary-parallel
+    with an all-reduce (reduce-scatter with SP) of b*s*h*e across TP.
+    Head: final norm, GEMM [b*s, h] x [h, V/t], vocabulary-parallel cross
+    entropy in fp32 over b*s*V/t logits (read e, write 4 B; backward the reverse).
+    """
+    shape, dev, dims, tp_spans = ctx.shape, ctx.dev, ctx.dims, ctx.spans["tp"]
+    tok, h, e, t = shape.tokens, model.hidden, shape.e, shape.t
+    emb_f = elementwise_time(shape.norm_tokens * h, 4 * e + 1, 3, dev)
+    emb_b = elementwise_time(shape.norm_tokens * h, 3 * e, 1, dev)
+    emb_comm = np.where(shape.sp, 0.5, 1.0) * coll.all_reduce_time(tok * h * e, dims, tp_spans)
+    zero = KernelTime(np.zeros_like(emb_f.math), np.zeros_like(emb_f.math))
+    emb = work(emb_f, emb_b, zero, tp=emb_comm)
+
+    norm_f = elementwise_time(shape.norm_tokens * h, 2 * e, 8, dev)
+    norm_b = elementwise_time(shape.norm_tokens * h, 3 * e, 16, dev)
+    vocab = model.vocab / t
+    gemm_f = gemm_time(1, tok, vocab, h, shape.gemm_e, dev)
+    gemm_b = gemm_time(1, tok, h, vocab, shape.gemm_e, dev) + gemm_time(1, h, vocab, tok, shape.gemm_e, dev)
+    loss_f = elementwise_time(tok * vocab, e + FP32, 5, dev)
+    loss_b = elementwise_time(tok * vocab, FP32 + e, 2, dev)
+    # Input of the column-parallel head: gathered (SP) or all-reduced in backward (no SP).
+    head_input = np.where(shape.sp, 2.0 * coll.all_gather_time(tok * h * e, dims, tp_spans),
+                          coll.all_reduce_time(tok * h * e, dims, tp_spans))
+    loss_comm = 3.0 * coll.all_reduce_time(tok * FP32, dims, tp_spans)
+    head = work(norm_f + gemm_f + loss_f, norm_b + gemm_b + loss_b, zero, tp=head_input + loss_comm)
+    return emb, head
+
+
+def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> dict:
+    """Everything that depends only on the micro-batch shape, the TP/EP/CP groups and dtype, flat by name.
+
+    Keys: dense.<work>, moe.<work>, emb.<work>, head.<work>, and per layer kind
+    the saved activation bytes (dense.saved, dense.core_saved, dense.input, ...),
+    plus tp_message and regather (the TP all-gather after a pipeline receive).
+    """
+    dense_w, dense = layer_work(model, ctx, st, moe_layer=False)
+    moe_w, moe = layer_work(model, ctx, st, moe_layer=True) if model.moe else (dense_w, dense)
+    emb, head = embedding_and_head(model, ctx)
+    shape = ctx.shape
+    tokens_h = shape.tokens * model.hidden * shape.e
+    terms = {"tp_message": dense.tp_message_bytes,
+             "regather": np.where(shape.sp | (shape.t == 1), 0.0,
+                                  coll.all_gather_time(tokens_h, ctx.dims, ctx.spans["tp"]))}
+    for kind, layer in (("dense.", dense), ("moe.", moe)):
+        terms.update({kind + "saved": layer.saved_bytes, kind + "core_saved": layer.attention_core_bytes,
+                      kind + "input": layer.input_bytes})
+    for prefix, w in (("dense.", dense_w), ("moe.", moe_w), ("emb.", emb), ("head.", head)):
+        terms.update({prefix + k: v for k, v in w.items()})
+    return {k: np.broadcast_to(v, st.tp.shape) for k, v in terms.items()}
+
+
+def prefixed(terms: dict, prefix: str) -> dict:
+    """The work dict stored under ``prefix`` (only the WORK_KEYS)."""
+    return {k: terms[prefix + k] for k in WORK_KEYS}
+
+
+# Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).
+_KEY_FIELDS = ("micro_batch", "tp", "cp", "ep", "sequence_parallel", "flash_attention", "dtype", "recompute",
+               "moe_imbalance")
+
+
+def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:
+    """microbatch_terms, computed once per distinct combination of the fields it depends on.
+
+    A sweep of millions of points has a few hundred distinct micro-batch shapes;
+    computing each once and gathering the results is the same math, done less
+    often. Points are grouped by a 64-bit hash of those fields; every point is
+    then checked to equal its group's representative field by field, and any
+    mismatch (a hash collision) falls back to computing every point.
+    """
+    n = len(st)
+    stride = st.strides()
+    columns = [np.asarray(getattr(st, f), dtype=np.float64) for f in _KEY_FIELDS] + [stride["tp"], stride["dp"]]
+    if n < 64:
+        return microbatch_terms(model, ctx, st)
+    key = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for i, col in enumerate(columns):
+            bits = np.ascontiguousarray(col, dtype=np.float64).view(np.uint64)
+            key = (key ^ bits) * np.uint64(0x9E3779B97F4A7C15 + 2 * i)
+            key ^= key >> np.uint64(29)
+    unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    if len(unique) * 4 > n or any(np.any(col[first][inverse] != col) for col in columns):
+        return microbatch_terms(model, ctx, st)
+    sub = st.take(first)
+    terms = microbatch_terms(model, context_of(model, cluster, devices, sub), sub)
+    return {k: v[inverse] for k, v in terms.items()}

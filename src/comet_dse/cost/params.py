@@ -1,0 +1,77 @@
+"""Parameters held by one device of the busiest pipeline stage, split into shared and expert weights.
+
+Shared weights (attention, dense MLPs, routers, shared experts, norms,
+embedding, head) are replicated over data-parallel ranks and split by TP;
+routed experts are split over the EP group (E/ep experts per device) and by
+TP. The split matters because their gradients are reduced over different
+groups (dp vs dp/ep ranks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import StrategyArrays
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters on one device (arrays over design points)."""
+
+    shared: np.ndarray
+    expert: np.ndarray
+
+    @property
+    def total(self):
+        return self.shared + self.expert
+
+
+def attention_params_per_device(model: Transformer, t):
+    """Attention weights on one TP rank: split projections / t, replicated ones (MLA down projections) whole."""
+    total = 0.0
+    for proj in model.attention.projections(model.hidden):
+        size = proj.n_in * proj.n_out + (proj.n_out if model.bias else 0)
+        total = total + (size / t if proj.shard != "none" else size)
+    return total + model.attention_params() - sum(
+        p.n_in * p.n_out + (p.n_out if model.bias else 0) for p in model.attention.projections(model.hidden))
+
+
+def stage_params(model: Transformer, st: StrategyArrays) -> StageParams:
+    """Shared and expert parameters on the device of the stage that holds the most of them.
+
+    Candidate stages as in the schedule: the first (dense layers first, +
+    embedding), a full middle stage, the last (+ final norm and head; with tied
+    embeddings and p > 1 the head keeps its own copy of the embedding).
+    """
+    from comet_dse.cost.step import stage_layer_counts
+
+    t, p, ep = st.tp, st.pp, st.ep
+    L, D = model.layers, model.dense_layers
+    norms = 2 * model.norm_params()
+    attn = attention_params_per_device(model, t)
+    dense_layer = attn + model.mlp_params() / t + norms
+    moe_shared = moe_expert = 0.0
+    if model.moe:
+        moe = model.moe
+        shared_ffn = model.ffn_params(moe.shared_ffn) / t if moe.shared_ffn else 0.0
+        moe_shared = attn + model.hidden * moe.experts + shared_ffn + norms
+        moe_expert = moe.experts / ep * model.ffn_params(moe.ffn) / t
+    emb = model.embedding_params() / t
+    head = model.head_params() / t + np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
+    first, last, most = stage_layer_counts(L, p)
+    candidates = []
+    for n_dense, n_moe, extra in (
+        (np.minimum(D, first), first - np.minimum(D, first), emb),
+        (np.where(D - first >= most, most, 0.0), np.where(D - first >= most, 0.0, most), 0.0),
+        (np.maximum(0.0, D - (L - last)), last - np.maximum(0.0, D - (L - last)), head),
+    ):
+        candidates.append((n_dense * dense_layer + n_moe * moe_shared + extra, n_moe * moe_expert))
+    whole = (D * dense_layer + (L - D) * moe_shared + emb + head, (L - D) * moe_expert)
+    shared, expert = candidates[0]
+    for cand_shared, cand_expert in candidates[1:]:
+        better = cand_shared + cand_expert > shared + expert
+        shared, expert = np.where(better, cand_shared, shared), np.where(better, cand_expert, expert)
+    single = p == 1
+    return StageParams(shared=np.where(single, whole[0], shared), expert=np.where(single, whole[1], expert))
