@@ -177,7 +177,7 @@ def test_seq_len_override(capsys):
 def test_preset_folders_hold_the_documented_presets():
     for name in ("megatron-1t", "gpt3-175b", "llama3-405b", "llama3-8b"):
         assert name in MODEL_PRESETS
-    assert CLUSTER_PRESETS == ["dgx-a100-80gb", "dgx-h100", "dojo", "tpu-v4"]
+    assert {"dgx-a100-80gb", "dgx-h100", "dojo", "tpu-v4"} <= set(CLUSTER_PRESETS)
 
 
 def test_presets_lists_every_model_and_cluster(capsys):
@@ -338,14 +338,14 @@ def test_degrees_must_multiply_to_devices(capsys):
     assert_bad_input(
         run(capsys, "estimate", "--model", "megatron-1t", "--cluster", "dgx-a100-80gb", "--devices", "512",
             "--tp", "8", "--pp", "8", "--dp", "2", "--global-batch", "512"),
-        "comet-dse: error: devices: ", "8*8*2 = 128", "512")
+        "comet-dse: error: devices: ", "8*1*8*2 = 128", "512")
 
 
 def test_devices_not_a_multiple_of_tp_pp(capsys):
     assert_bad_input(
         run(capsys, "estimate", "--model", "megatron-1t", "--cluster", "dgx-a100-80gb", "--devices", "24",
             "--tp", "16", "--global-batch", "24"),
-        "comet-dse: error: devices: ", "not a multiple of tp*pp = 16")
+        "comet-dse: error: devices: ", "not a multiple of tp*cp*pp = 16")
 
 
 @pytest.mark.parametrize("option, value, needles", [

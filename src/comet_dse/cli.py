@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
     est.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
     est.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel degree (default 1)")
-    est.add_argument("--dp", type=_positive_int, default=None, help="data-parallel degree (default devices/(tp*pp))")
+    est.add_argument("--dp", type=_positive_int, default=None, help="data-parallel degree (default devices/(tp*cp*pp))")
+    est.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree (default 1)")
+    est.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree, MoE models (default 1)")
+    est.add_argument("--moe-imbalance", type=float, default=1.0,
+                     help="tokens on the busiest expert device relative to a balanced router (default 1.0)")
     est.add_argument("--global-batch", type=_positive_int, required=True, help="sequences per iteration")
     est.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch (default 1)")
     est.add_argument("--interleave", type=_positive_int, default=1, help="virtual pipeline stages per device (default 1)")
@@ -73,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--flash-attention", action="store_true", help="fused attention for every strategy")
     sea.add_argument("--tp", type=_int_list, default=None, help="allowed TP degrees, e.g. 4,8 (default: all)")
     sea.add_argument("--pp", type=_int_list, default=None, help="allowed PP degrees (default: all)")
+    sea.add_argument("--cp", type=_int_list, default=None, help="allowed CP degrees (default: keep >= 4096 tokens/device)")
+    sea.add_argument("--ep", type=_int_list, default=None, help="allowed EP degrees (default: all valid for MoE)")
     sea.add_argument("--micro-batch", type=_int_list, default=None, help="allowed micro-batches (default: all up to 16)")
     sea.add_argument("--recompute", type=_word_list, default=None, help="allowed recompute modes (default: none,selective,full)")
     sea.add_argument("--zero", type=_int_list, default=None, help="allowed ZeRO stages (default: 0,1,2,3)")
@@ -118,19 +124,22 @@ def _word_list(text: str) -> tuple:
 def _strategy_from(args, devices: int):
     from comet_dse.strategy import GradAccumulation, Recompute, Strategy
 
+    inner = args.tp * args.cp * args.pp
     if args.dp is None:
-        if devices % (args.tp * args.pp):
-            raise InputError("devices", f"{devices} is not a multiple of tp*pp = {args.tp * args.pp}; give --dp or change --tp/--pp")
-        dp = devices // (args.tp * args.pp)
+        if devices % inner:
+            raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {inner}; give --dp or change --tp/--cp/--pp")
+        dp = devices // inner
     else:
         dp = args.dp
-    if args.tp * args.pp * dp != devices:
-        raise InputError("devices", f"tp*pp*dp = {args.tp}*{args.pp}*{dp} = {args.tp * args.pp * dp} must equal --devices {devices}")
+    if inner * dp != devices:
+        raise InputError("devices", f"tp*cp*pp*dp = {args.tp}*{args.cp}*{args.pp}*{dp} = {inner * dp} "
+                         f"must equal --devices {devices}")
     return Strategy(
         tp=args.tp, pp=args.pp, dp=dp, global_batch=args.global_batch, micro_batch=args.micro_batch,
         interleave=args.interleave, recompute=Recompute(args.recompute), sequence_parallel=args.sequence_parallel,
         zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
         grad_accumulation=GradAccumulation(args.grad_accumulation), placement=args.placement,
+        cp=args.cp, ep=args.ep, moe_imbalance=args.moe_imbalance,
     )
 
 
@@ -169,7 +178,7 @@ def cmd_search(args) -> int:
         model = model.with_seq_len(args.seq_len)
     cluster = load_cluster(args.cluster)
     defaults = SearchSpace()
-    space = SearchSpace(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
+    space = SearchSpace(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
                         recompute=args.recompute or defaults.recompute, zero=args.zero or defaults.zero,
                         dtype=args.dtype, flash_attention=args.flash_attention)
     started = time.perf_counter()

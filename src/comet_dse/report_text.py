@@ -8,6 +8,8 @@ BREAKDOWN_LABELS = {
     "compute": "compute-bound kernels",
     "memory": "memory-bound kernels",
     "tp_communication": "tensor-parallel comm (exposed)",
+    "cp_communication": "context-parallel KV ring (exposed)",
+    "ep_communication": "expert all-to-all (exposed)",
     "pp_communication": "pipeline send/recv",
     "pipeline_bubble": "pipeline bubble (idle)",
     "dp_communication": "data-parallel comm (exposed)",
@@ -23,6 +25,12 @@ MEMORY_LABELS = {
 }
 
 
+def _optional(strategy: dict, key: str) -> str:
+    """' cp=4' when a degree other than 1 is set, else nothing."""
+    value = strategy.get(key, 1)
+    return f" {key}={value}" if value and value != 1 else ""
+
+
 def _bar(fraction: float, width: int = 24) -> str:
     filled = int(round(max(0.0, min(1.0, fraction)) * width))
     return "#" * filled + "." * (width - filled)
@@ -34,7 +42,8 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     st = inputs.get("strategy", {})
     lines = [
         f"{inputs.get('model')} on {inputs.get('devices')} x {inputs.get('cluster')}",
-        f"  tp={st.get('tp')} pp={st.get('pp')} dp={st.get('dp')}  global batch {st.get('global_batch')}, "
+        f"  tp={st.get('tp')}{_optional(st, 'cp')}{_optional(st, 'ep')} pp={st.get('pp')} dp={st.get('dp')}"
+        f"  global batch {st.get('global_batch')}, "
         f"micro-batch {st.get('micro_batch')} ({est.microbatches:g} per pipeline), interleave {st.get('interleave')}",
         f"  recompute {st.get('recompute')}, sequence parallel {'on' if st.get('sequence_parallel') else 'off'}, "
         f"ZeRO {st.get('zero')}, {st.get('dtype')}, {est.layers_per_stage} layers on the busiest stage",
@@ -101,19 +110,21 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
         return "\n".join(lines)
     rows = []
     for rank, i in enumerate(result.ranked[:top], start=1):
-        rows.append([rank, cols["tp"][i], cols["pp"][i], cols["dp"][i], cols["micro_batch"][i], cols["interleave"][i],
+        rows.append([rank, cols["tp"][i], cols["cp"][i], cols["ep"][i], cols["pp"][i], cols["dp"][i],
+                     cols["micro_batch"][i], cols["interleave"][i],
                      decode("recompute", int(cols["recompute"][i])), "on" if cols["sequence_parallel"][i] else "off",
                      cols["zero"][i], format_time(cols["step_time_s"][i]), f"{cols['tokens_per_second'][i]:,.0f}",
                      f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])])
     lines += ["", f"Fastest {min(top, result.feasible)}"]
-    lines.append(render_table(["rank", "tp", "pp", "dp", "mb", "v", "recompute", "sp", "zero", "step time",
-                               "tokens/s", "MFU", "memory/device"], rows, left=(6, 7)))
+    lines.append(render_table(["rank", "tp", "cp", "ep", "pp", "dp", "mb", "v", "recompute", "sp", "zero", "step time",
+                               "tokens/s", "MFU", "memory/device"], rows, left=(8, 9)))
     return "\n".join(lines)
 
 
 def _strategy_text(row: dict) -> str:
     sp = " sp" if row["sequence_parallel"] else ""
-    return (f"tp{row['tp']} pp{row['pp']} dp{row['dp']} mb{row['micro_batch']} v{row['interleave']} "
+    extra = "".join(f" {k}{row[k]}" for k in ("cp", "ep") if row.get(k, 1) != 1)
+    return (f"tp{row['tp']}{extra} pp{row['pp']} dp{row['dp']} mb{row['micro_batch']} v{row['interleave']} "
             f"{row['recompute']}{sp} z{row['zero']}")
 
 

@@ -26,9 +26,13 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     hbm = cluster.accelerator.hbm.capacity
     exp = cluster.accelerator.expansion
     has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
+    cp, ep = st.cp, st.ep
+    experts = model.moe.experts if model.moe else 1
     rules = [
-        ("devices", t * p * d != devices,
-         lambda i: f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
+        ("devices", t * cp * p * d != devices,
+         lambda i: (f"tp*cp*pp*dp = {t[i]:.0f}*{cp[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * cp[i] * p[i] * d[i]:.0f}, "
+                    f"but the cluster has {devices} devices") if cp[i] > 1 else
+         f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
         ("tp_heads", ~_divides(t, a),
          lambda i: f"tp={t[i]:.0f} does not divide the {a} attention heads"),
         ("tp_kv_heads", (k != a) & ~(_divides(t, k) | _divides(k, t)),
@@ -43,8 +47,13 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: f"interleave={v[i]:.0f} needs pp > 1 and pp*interleave={p[i] * v[i]:.0f} dividing the {L} layers"),
         ("interleave_batch", (v > 1) & ~_divides(p, np.floor(B / np.maximum(d * b, 1))),
          lambda i: f"interleaved 1F1B needs micro-batches per pipeline ({B[i] / (d[i] * b[i]):.0f}) to be a multiple of pp={p[i]:.0f}"),
-        ("sp_seq", st.sequence_parallel & ~_divides(t, s),
-         lambda i: f"sequence parallelism needs tp={t[i]:.0f} to divide the sequence length {s}"),
+        ("sp_seq", st.sequence_parallel & ~_divides(t, s / cp),
+         lambda i: f"sequence parallelism needs tp={t[i]:.0f} to divide the {s / cp[i]:g} tokens per device"),
+        ("ep_experts", (ep > 1) & (~_divides(ep, experts) | ~_divides(ep, d) | (model.moe is None)),
+         lambda i: (f"ep={ep[i]:.0f} needs a mixture-of-experts model" if model.moe is None else
+                    f"ep={ep[i]:.0f} must divide the {experts} experts and dp={d[i]:.0f}")),
+        ("cp_seq", ~_divides(cp, s),
+         lambda i: f"cp={cp[i]:.0f} does not divide the sequence length {s}"),
         ("dtype", ~has_rate,
          lambda i: f"{cluster.accelerator.name} has no {DTYPE_CHOICES[st.dtype[i]]} rate"),
         ("memory", ~step.fits,

@@ -38,12 +38,12 @@ def attention_params_per_device(model: Transformer, t):
         p.n_in * p.n_out + (p.n_out if model.bias else 0) for p in model.attention.projections(model.hidden))
 
 
-def stage_params(model: Transformer, st: StrategyArrays) -> StageParams:
-    """Shared and expert parameters on the device of the stage that holds the most of them.
+def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
+    """(StageParams, dense layers, MoE layers) of each stage that can be the busiest.
 
-    Candidate stages as in the schedule: the first (dense layers first, +
-    embedding), a full middle stage, the last (+ final norm and head; with tied
-    embeddings and p > 1 the head keeps its own copy of the embedding).
+    The first stage (dense layers first, + embedding), a full middle stage, the
+    last stage (+ final norm and head; with tied embeddings and p > 1 it keeps
+    its own copy of the embedding). With p = 1 every candidate is the whole model.
     """
     from comet_dse.cost.step import stage_layer_counts
 
@@ -61,17 +61,26 @@ def stage_params(model: Transformer, st: StrategyArrays) -> StageParams:
     emb = model.embedding_params() / t
     head = model.head_params() / t + np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
     first, last, most = stage_layer_counts(L, p)
-    candidates = []
+    single = p == 1
+    out = []
     for n_dense, n_moe, extra in (
         (np.minimum(D, first), first - np.minimum(D, first), emb),
         (np.where(D - first >= most, most, 0.0), np.where(D - first >= most, 0.0, most), 0.0),
         (np.maximum(0.0, D - (L - last)), last - np.maximum(0.0, D - (L - last)), head),
     ):
-        candidates.append((n_dense * dense_layer + n_moe * moe_shared + extra, n_moe * moe_expert))
-    whole = (D * dense_layer + (L - D) * moe_shared + emb + head, (L - D) * moe_expert)
-    shared, expert = candidates[0]
-    for cand_shared, cand_expert in candidates[1:]:
-        better = cand_shared + cand_expert > shared + expert
-        shared, expert = np.where(better, cand_shared, shared), np.where(better, cand_expert, expert)
-    single = p == 1
-    return StageParams(shared=np.where(single, whole[0], shared), expert=np.where(single, whole[1], expert))
+        n_dense = np.where(single, D, n_dense)
+        n_moe = np.where(single, L - D, n_moe)
+        shared = n_dense * dense_layer + n_moe * moe_shared + np.where(single, emb + head, extra)
+        out.append((StageParams(shared=shared, expert=n_moe * moe_expert), n_dense, n_moe))
+    return out
+
+
+def stage_params(model: Transformer, st: StrategyArrays) -> StageParams:
+    """The candidate stage with the most parameters on one device (it sets the gradient and optimizer work)."""
+    candidates = stage_candidates(model, st)
+    best = candidates[0][0]
+    for params, _, _ in candidates[1:]:
+        better = params.total > best.total
+        best = StageParams(shared=np.where(better, params.shared, best.shared),
+                           expert=np.where(better, params.expert, best.expert))
+    return best

@@ -22,7 +22,7 @@ from comet_dse.cost.compute import memory_pass_time
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.memory import grad_bytes, inflight_layer_microbatches, model_state_bytes, place
 from comet_dse.cost.microbatch import ACTIVATION_BYTES, WORK_KEYS, context_of, deduplicated, prefixed
-from comet_dse.cost.params import StageParams, stage_params
+from comet_dse.cost.params import StageParams, stage_candidates, stage_params
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import StrategyArrays
@@ -102,7 +102,7 @@ def _total(work: dict):
 
 
 def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, head: dict):
-    """Per-micro-batch work of the slowest pipeline stage, and the dense-layer count of the first stage.
+    """Per-micro-batch work of the slowest pipeline stage, and the layers of the fullest stage.
 
     Layers run dense first (a MoE model's first ``dense_layers``), then MoE.
     Candidates: the first stage (its share of the dense layers + embedding),
@@ -123,7 +123,7 @@ def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, hea
     whole = _mix(dense, moe, D, L - D, {k: emb[k] + head[k] for k in WORK_KEYS})
     single = p == 1
     stage = {k: np.where(single, whole[k], slowest[k]) for k in WORK_KEYS}
-    return stage, np.where(single, L, most), np.where(single, D, dense_first), np.where(single, L, first)
+    return stage, np.where(single, L, most)
 
 
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
@@ -136,7 +136,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     m = st.global_batch / (d * b)
     terms = deduplicated(model, cluster, devices, st, ctx)
     dense_w, moe_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "moe.", "emb.", "head."))
-    stage, stage_layers, first_dense, first_layers = _slowest_stage(model, p, dense_w, moe_w, emb_w, head_w)
+    stage, stage_layers = _slowest_stage(model, p, dense_w, moe_w, emb_w, head_w)
 
     params = stage_params(model, st)
     is_fp16 = st.dtype_table({"fp16": 1.0}, 0.0) > 0
@@ -154,7 +154,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     opt_params = params.shared / np.where(st.zero >= 1, d, 1) + params.expert / np.where(st.zero >= 1, d / st.ep, 1)
     optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
 
-    memory, act_per_mb = _memory(model, st, terms, params, first_dense, first_layers, gbytes, m)
+    memory, act_per_mb = _memory(model, st, terms, gbytes, m)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.hbm.capacity, exp_cap)
@@ -227,21 +227,19 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     return exposed + emb_sync
 
 
-def _memory(model: Transformer, st: StrategyArrays, terms: dict, params: StageParams, first_dense, first_layers,
-            gbytes, m):
-    """Bytes per device on the busiest stage, by part, and activation bytes per micro-batch.
+def _memory(model: Transformer, st: StrategyArrays, terms: dict, gbytes, m):
+    """Bytes per device of the stage that needs the most, by part; and that stage's activations per micro-batch.
 
-    Model states: shared weights sharded by ZeRO over dp, expert weights over
-    dp/ep. Activations: the first stage's in-flight micro-batches (1F1B) of
-    its layers (its dense and MoE layers weighted), plus one layer's transient
-    recomputation, plus the logits when the head shares the stage (p = 1).
+    Per candidate stage (cost/params.py): model states (shared weights sharded
+    by ZeRO over dp, expert weights over dp/ep, an fp8 weight copy in fp8
+    training) and activations: the in-flight micro-batches of the first stage
+    under 1F1B (an upper bound for later stages) of its dense and MoE layers,
+    one layer's transient recomputation, and the logits when the head shares
+    the stage (p = 1). The candidate with the largest total is reported.
     """
     t, p, b = st.tp, st.pp, st.micro_batch
     is_fp8 = st.dtype_table({"fp8": 1.0}, 0.0) > 0
     layer = model.layer_params() / t
-    shared = model_state_bytes(params.shared, st.dp, st.zero, gbytes, gathered=2.0 * layer)
-    expert = model_state_bytes(params.expert, st.dp / st.ep, st.zero, gbytes, gathered=0.0)
-    fp8_copy = np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0)
     rc = st.recompute
 
     def kept(kind):
@@ -252,14 +250,29 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, params: StagePa
 
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.")
-    per_layer = (first_dense * dense_pl + (first_layers - first_dense) * moe_pl) / np.maximum(first_layers, 1.0)
-    inflight = inflight_layer_microbatches(first_layers, p, st.interleave, m)
     logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES), 0.0)
-    activations = inflight * per_layer + np.maximum(dense_work, moe_work) + logits
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
-    memory = {"weights": shared.weights + expert.weights + fp8_copy, "gradients": shared.gradients + expert.gradients,
-              "optimizer": shared.optimizer + expert.optimizer, "activations": activations, "buffers": buffers}
-    return memory, first_layers * per_layer
+    best, best_total, best_act = None, None, None
+    for params, n_dense, n_moe in stage_candidates(model, st):
+        shared = model_state_bytes(params.shared, st.dp, st.zero, gbytes, gathered=2.0 * layer)
+        expert = model_state_bytes(params.expert, st.dp / st.ep, st.zero, gbytes, gathered=0.0)
+        layers = n_dense + n_moe
+        per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
+        inflight = inflight_layer_microbatches(layers, p, st.interleave, m)
+        memory = {"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
+                  "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
+                  "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + logits,
+                  "buffers": buffers}
+        total = sum(memory.values())
+        act_per_mb = layers * per_layer
+        if best is None:
+            best, best_total, best_act = memory, total, act_per_mb
+        else:
+            better = total > best_total
+            best = {k: np.where(better, memory[k], best[k]) for k in best}
+            best_act = np.where(better, act_per_mb, best_act)
+            best_total = np.maximum(total, best_total)
+    return best, best_act
 
 
 def _offload_time(acc, placed, memory, act_per_mb, m):

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from comet_dse.explore.table import RULES
 
-ROW_FIELDS = ("tp", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
+ROW_FIELDS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
               "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes",
               "cost_usd", "power_w")
 

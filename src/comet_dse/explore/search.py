@@ -55,4 +55,5 @@ def strategy_at(columns: dict, row: int) -> Strategy:
         dp_overlap=bool(columns["dp_overlap"][row]),
         grad_accumulation=GradAccumulation.FUSED if columns["grad_fused"][row] else GradAccumulation.SEPARATE,
         placement=decode("placement", int(columns["placement"][row])),
+        cp=int(columns["cp"][row]), ep=int(columns["ep"][row]), moe_imbalance=float(columns["moe_imbalance"][row]),
     )

@@ -17,7 +17,8 @@ from comet_dse.errors import InputError
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, Recompute, StrategyArrays
 
-AXES = ("tp", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement")
+AXES = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement")
+MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 
 
 def divisors(n: int) -> list:
@@ -31,6 +32,10 @@ class SearchSpace:
     """Which values each strategy axis may take; None means every valid value.
 
     tp, pp: degrees (default: every divisor of the device count).
+    cp: context-parallel degrees (default: divisors of the sequence that leave at
+      least 4096 tokens per device, so only 1 for short sequences).
+    ep: expert-parallel degrees (default: for MoE models every common divisor of
+      the experts and dp; 1 for dense models).
     micro_batch: sequences per micro-batch (default: divisors of the per-replica
       batch up to max_micro_batch).
     interleave: virtual stages (default: divisors of the layers per stage up to max_interleave).
@@ -40,6 +45,8 @@ class SearchSpace:
 
     tp: tuple | None = None
     pp: tuple | None = None
+    cp: tuple | None = None
+    ep: tuple | None = None
     micro_batch: tuple | None = None
     interleave: tuple | None = None
     recompute: tuple = ("none", "selective", "full")
@@ -52,6 +59,7 @@ class SearchSpace:
     flash_attention: bool = False
     dp_overlap: bool = True
     grad_fused: bool = True
+    moe_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         for value in self.recompute:
@@ -67,15 +75,30 @@ class SearchSpace:
             raise InputError("strategy.dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
 
 
-def _degree_pairs(devices: int, space: SearchSpace) -> list:
-    pairs = []
-    for tp in divisors(devices):
-        if space.tp is not None and tp not in space.tp:
-            continue
-        for pp in divisors(devices // tp):
-            if space.pp is None or pp in space.pp:
-                pairs.append((tp, pp, devices // (tp * pp)))
-    return pairs
+def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list:
+    """(tp, cp, pp, dp) with tp * cp * pp * dp = devices, within the allowed values."""
+    s = model.seq_len
+    if space.cp is not None:
+        cps = [c for c in space.cp if devices % c == 0]
+    else:
+        cps = [c for c in divisors(s) if s // c >= min(MIN_CP_TOKENS, s) and devices % c == 0]
+    out = []
+    for cp in cps:
+        for tp in divisors(devices // cp):
+            if space.tp is not None and tp not in space.tp:
+                continue
+            for pp in divisors(devices // (cp * tp)):
+                if space.pp is None or pp in space.pp:
+                    out.append((tp, cp, pp, devices // (tp * cp * pp)))
+    return out
+
+
+def _expert_degrees(model: Transformer, dp: int, space: SearchSpace) -> list:
+    if space.ep is not None:
+        return list(space.ep)
+    if not model.moe:
+        return [1]
+    return [e for e in divisors(dp) if model.moe.experts % e == 0]
 
 
 def _micro_batches(global_batch: int, dp: int, space: SearchSpace) -> list:
@@ -99,19 +122,21 @@ def _interleaves(layers: int, pp: int, space: SearchSpace) -> list:
 def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace) -> StrategyArrays:
     """Every strategy of ``space`` for ``model`` on ``devices`` devices, as arrays."""
     outer = []
-    for tp, pp, dp in _degree_pairs(devices, space):
-        for mb in _micro_batches(global_batch, dp, space):
-            for v in _interleaves(model.layers, pp, space):
-                outer.append((tp, pp, dp, mb, v))
+    for tp, cp, pp, dp in _degree_tuples(model, devices, space):
+        for ep in _expert_degrees(model, dp, space):
+            for mb in _micro_batches(global_batch, dp, space):
+                for v in _interleaves(model.layers, pp, space):
+                    outer.append((tp, pp, dp, mb, v, cp, ep))
     if not outer:
-        raise InputError("strategy.tp", f"no allowed tp and pp values divide {devices} devices "
-                         f"(tp: {space.tp or 'any'}, pp: {space.pp or 'any'})")
+        raise InputError("strategy.tp", f"no allowed tp, cp and pp values divide {devices} devices "
+                         f"(tp: {space.tp or 'any'}, cp: {space.cp or 'default'}, pp: {space.pp or 'any'})")
     inner = [(RECOMPUTE_CODES[Recompute(rc)], sp, z, PLACEMENTS.index(pl))
              for rc in space.recompute for sp in space.sequence_parallel for z in space.zero for pl in space.placement]
     o = np.array(outer, dtype=float)
     i = np.array(inner, dtype=float)
+    # Columns: tp pp dp mb v cp ep | recompute sp zero placement
     rows = np.concatenate([np.repeat(o, len(i), axis=0), np.tile(i, (len(o), 1))], axis=1)
-    tp, pp, dp, sp, zero = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 6] > 0, rows[:, 7]
+    tp, dp, sp, zero = rows[:, 0], rows[:, 2], rows[:, 8] > 0, rows[:, 9]
     # Drop duplicates that cannot differ: SP with tp = 1, ZeRO with dp = 1.
     keep = ~(sp & (tp == 1)) & ~((zero > 0) & (dp == 1))
     if not np.any(keep):
@@ -120,9 +145,9 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
     n = len(rows)
     return StrategyArrays(
         tp=rows[:, 0], pp=rows[:, 1], dp=rows[:, 2], global_batch=np.full(n, float(global_batch)),
-        micro_batch=rows[:, 3], interleave=rows[:, 4], recompute=rows[:, 5].astype(int),
-        sequence_parallel=rows[:, 6] > 0, zero=rows[:, 7].astype(int),
+        micro_batch=rows[:, 3], interleave=rows[:, 4], recompute=rows[:, 7].astype(int),
+        sequence_parallel=rows[:, 8] > 0, zero=rows[:, 9].astype(int),
         dtype=np.full(n, DTYPE_CHOICES.index(space.dtype)), dp_overlap=np.full(n, space.dp_overlap),
         flash_attention=np.full(n, space.flash_attention), grad_fused=np.full(n, space.grad_fused),
-        placement=rows[:, 8].astype(int),
+        placement=rows[:, 10].astype(int), cp=rows[:, 5], ep=rows[:, 6], moe_imbalance=np.full(n, space.moe_imbalance),
     )

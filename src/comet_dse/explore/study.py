@@ -39,8 +39,9 @@ CLUSTER_AXES = {
     "network_latency": KIND_TIME,
 }
 DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": "count", "topology": "text"}
-STRATEGY_KEYS = ("tp", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
-                 "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap")
+STRATEGY_KEYS = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero",
+                 "placement", "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap",
+                 "moe_imbalance")
 
 
 @dataclass(frozen=True)
@@ -330,7 +331,7 @@ def _space(f: Fields) -> SearchSpace:
         if not s.has(key):
             continue
         value = s.raw(key)
-        if key in ("tp", "pp", "micro_batch", "interleave", "zero"):
+        if key in ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "zero"):
             items = _as_list(value, f"strategy.{key}")
             if any(isinstance(x, bool) or not isinstance(x, int) or x < (0 if key == "zero" else 1) for x in items):
                 raise InputError(f"strategy.{key}", f"must be a list of positive integers, got {value!r}")
@@ -346,6 +347,8 @@ def _space(f: Fields) -> SearchSpace:
             kwargs[key] = s.integer(key)
         elif key == "dtype":
             kwargs[key] = s.text(key)
+        elif key == "moe_imbalance":
+            kwargs[key] = float(s.quantity(key, "count", high=64.0))
         else:
             kwargs[key] = s.boolean(key)
     s.reject_unknown()

@@ -16,7 +16,7 @@ from comet_dse.model.spec import Transformer
 from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
-         "interleave_batch", "sp_seq", "dtype", "memory")
+         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "dtype", "memory")
 RULE_TEXT = {
     "devices": "tp*pp*dp differs from the device count",
     "tp_heads": "tp does not divide the attention heads",
@@ -26,13 +26,15 @@ RULE_TEXT = {
     "pp_layers": "more pipeline stages than layers",
     "interleave": "interleaving needs pp > 1 and pp*interleave dividing the layers",
     "interleave_batch": "interleaving needs the micro-batches per pipeline to be a multiple of pp",
-    "sp_seq": "sequence parallelism needs tp to divide the sequence length",
+    "sp_seq": "sequence parallelism needs tp to divide the tokens per device",
+    "ep_experts": "ep must divide the experts and dp (and needs a MoE model)",
+    "cp_seq": "cp does not divide the sequence length",
     "dtype": "the device has no rate for the dtype",
     "memory": "does not fit in device memory",
 }
 RECOMPUTE_NAMES = tuple(sorted(RECOMPUTE_CODES, key=RECOMPUTE_CODES.get))
-STRATEGY_COLUMNS = ("tp", "pp", "dp", "micro_batch", "global_batch", "interleave", "recompute",
-                    "sequence_parallel", "zero", "dtype", "flash_attention", "placement", "dp_overlap", "grad_fused")
+STRATEGY_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "global_batch", "interleave", "recompute",
+                    "sequence_parallel", "zero", "dtype", "flash_attention", "placement", "dp_overlap", "grad_fused", "moe_imbalance")
 
 
 def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
@@ -54,6 +56,8 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
         "dtype": np.asarray(st.dtype, dtype=np.int64), "flash_attention": np.asarray(st.flash_attention, bool),
         "placement": np.asarray(st.placement, dtype=np.int64),
         "dp_overlap": np.asarray(st.dp_overlap, dtype=bool), "grad_fused": np.asarray(st.grad_fused, dtype=bool),
+        "cp": np.asarray(st.cp, dtype=np.int64), "ep": np.asarray(st.ep, dtype=np.int64),
+        "moe_imbalance": np.asarray(st.moe_imbalance, dtype=float),
         "feasible": mask == 0, "infeasible_mask": mask,
         "step_time_s": step.step_time, "tokens_per_second": tokens / step.step_time,
         "mfu": step.model_flops / capacity, "hfu": step.hardware_flops / capacity,
