@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree, MoE models (default 1)")
     est.add_argument("--moe-imbalance", type=float, default=1.0,
                      help="tokens on the busiest expert device relative to a balanced router (default 1.0)")
+    est.add_argument("--ep-overlap", action="store_true",
+                     help="hide expert all-to-alls behind another micro-batch's compute (DualPipe)")
     est.add_argument("--global-batch", type=_positive_int, required=True, help="sequences per iteration")
     est.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch (default 1)")
     est.add_argument("--interleave", type=_positive_int, default=1, help="virtual pipeline stages per device (default 1)")
@@ -139,8 +141,21 @@ def _strategy_from(args, devices: int):
         interleave=args.interleave, recompute=Recompute(args.recompute), sequence_parallel=args.sequence_parallel,
         zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
         grad_accumulation=GradAccumulation(args.grad_accumulation), placement=args.placement,
-        cp=args.cp, ep=args.ep, moe_imbalance=args.moe_imbalance,
+        cp=args.cp, ep=args.ep, moe_imbalance=args.moe_imbalance, ep_overlap=args.ep_overlap,
     )
+
+
+def _check_split(model, strategy) -> None:
+    """EP and CP splits that cannot exist are input errors on the command line (reasons in sweeps)."""
+    if strategy.ep > 1:
+        if model.moe is None:
+            raise InputError("ep", f"{model.name} has no experts; --ep needs a mixture-of-experts model")
+        if model.moe.experts % strategy.ep:
+            raise InputError("ep", f"{strategy.ep} does not divide the {model.moe.experts} experts of {model.name}")
+        if strategy.dp % strategy.ep:
+            raise InputError("ep", f"{strategy.ep} does not divide dp={strategy.dp} (experts are sharded over DP ranks)")
+    if model.seq_len % strategy.cp:
+        raise InputError("cp", f"{strategy.cp} does not divide the sequence length {model.seq_len}")
 
 
 def cmd_estimate(args) -> int:
@@ -154,6 +169,7 @@ def cmd_estimate(args) -> int:
     cluster = load_cluster(args.cluster)
     cluster.dim_sizes(args.devices)
     strategy = _strategy_from(args, args.devices)
+    _check_split(model, strategy)
     result = estimate(model, cluster, args.devices, strategy)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

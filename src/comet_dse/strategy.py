@@ -49,6 +49,8 @@ class Strategy:
       dp ranks (ep divides dp and the number of experts).
     moe_imbalance: tokens the busiest expert device receives relative to a
       perfectly balanced router (1.0 = balanced).
+    ep_overlap: hide the expert all-to-alls behind the compute of another
+      micro-batch (DeepSeek-V3's DualPipe); only the excess stays exposed.
     global_batch, micro_batch: sequences per iteration and per micro-batch.
     interleave: virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2).
     zero: ZeRO stage 0..3 over the data-parallel group (Rajbhandari et al. 2020).
@@ -76,6 +78,7 @@ class Strategy:
     cp: int = 1
     ep: int = 1
     moe_imbalance: float = 1.0
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave", "cp", "ep"):
@@ -123,6 +126,7 @@ class StrategyArrays:
     cp: object = None
     ep: object = None
     moe_imbalance: object = None
+    ep_overlap: object = None
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -131,6 +135,8 @@ class StrategyArrays:
         for name in ("cp", "ep", "moe_imbalance"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ones)
+        if self.ep_overlap is None:
+            object.__setattr__(self, "ep_overlap", np.zeros(np.shape(self.tp), dtype=bool))
 
     @classmethod
     def of(cls, strategies: list) -> "StrategyArrays":
@@ -151,7 +157,7 @@ class StrategyArrays:
             grad_fused=col(lambda x: x.grad_accumulation is GradAccumulation.FUSED, bool),
             placement=col(lambda x: PLACEMENTS.index(x.placement), int),
             cp=col(lambda x: x.cp, float), ep=col(lambda x: x.ep, float),
-            moe_imbalance=col(lambda x: x.moe_imbalance, float),
+            moe_imbalance=col(lambda x: x.moe_imbalance, float), ep_overlap=col(lambda x: x.ep_overlap, bool),
         )
 
     def take(self, index) -> "StrategyArrays":

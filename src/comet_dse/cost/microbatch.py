@@ -74,7 +74,8 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
 
     TP: 2 all-reduces in forward and 2 in backward (Megatron f/g operators); with
     SP each is an all-gather plus a reduce-scatter of the same volume.
-    EP (MoE layers): dispatch and combine all-to-alls in forward and in backward.
+    EP (MoE layers): dispatch and combine all-to-alls in forward and in backward;
+    with ep_overlap (DualPipe) only what exceeds the pass's compute is exposed.
     CP: a ring of cp-1 steps passing K and V (forward) and their gradients
     (backward, twice the bytes), overlapped with the attention kernels; only the
     excess is exposed: max(0, steps * t_step - t_attention).
@@ -85,6 +86,8 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     dims, spans, rc = ctx.dims, ctx.spans, st.recompute
     tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
     ep_pass = layer.a2a_messages * coll.all_to_all_time(layer.a2a_bytes, dims, spans["ep"])
+    ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
+    ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
     ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
     core = layer.attention_core.total
     cp_fwd = np.where(st.cp > 1, np.maximum(ring - core, 0.0), 0.0)
@@ -92,7 +95,7 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
                      np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
     again = np.where(rc == 2, 1.0, 0.0)
-    return work(layer.forward, layer.backward, rec, tp=(2.0 + again) * tp_pass, ep=(2.0 + again) * ep_pass,
+    return work(layer.forward, layer.backward, rec, tp=(2.0 + again) * tp_pass, ep=(1.0 + again) * ep_fwd + ep_bwd,
                 cp=cp_fwd * (1.0 + again) + cp_bwd), layer
 
 
@@ -157,7 +160,7 @@ def prefixed(terms: dict, prefix: str) -> dict:
 
 # Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).
 _KEY_FIELDS = ("micro_batch", "tp", "cp", "ep", "sequence_parallel", "flash_attention", "dtype", "recompute",
-               "moe_imbalance")
+               "moe_imbalance", "ep_overlap")
 
 
 def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:

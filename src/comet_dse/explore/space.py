@@ -60,6 +60,7 @@ class SearchSpace:
     dp_overlap: bool = True
     grad_fused: bool = True
     moe_imbalance: float = 1.0
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         for value in self.recompute:
@@ -150,4 +151,5 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
         dtype=np.full(n, DTYPE_CHOICES.index(space.dtype)), dp_overlap=np.full(n, space.dp_overlap),
         flash_attention=np.full(n, space.flash_attention), grad_fused=np.full(n, space.grad_fused),
         placement=rows[:, 10].astype(int), cp=rows[:, 5], ep=rows[:, 6], moe_imbalance=np.full(n, space.moe_imbalance),
+        ep_overlap=np.full(n, space.ep_overlap),
     )

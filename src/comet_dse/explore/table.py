@@ -34,7 +34,7 @@ RULE_TEXT = {
 }
 RECOMPUTE_NAMES = tuple(sorted(RECOMPUTE_CODES, key=RECOMPUTE_CODES.get))
 STRATEGY_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "global_batch", "interleave", "recompute",
-                    "sequence_parallel", "zero", "dtype", "flash_attention", "placement", "dp_overlap", "grad_fused", "moe_imbalance")
+                    "sequence_parallel", "zero", "dtype", "flash_attention", "placement", "dp_overlap", "grad_fused", "moe_imbalance", "ep_overlap")
 
 
 def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
@@ -58,6 +58,7 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
         "dp_overlap": np.asarray(st.dp_overlap, dtype=bool), "grad_fused": np.asarray(st.grad_fused, dtype=bool),
         "cp": np.asarray(st.cp, dtype=np.int64), "ep": np.asarray(st.ep, dtype=np.int64),
         "moe_imbalance": np.asarray(st.moe_imbalance, dtype=float),
+        "ep_overlap": np.asarray(st.ep_overlap, dtype=bool),
         "feasible": mask == 0, "infeasible_mask": mask,
         "step_time_s": step.step_time, "tokens_per_second": tokens / step.step_time,
         "mfu": step.model_flops / capacity, "hfu": step.hardware_flops / capacity,
