@@ -153,7 +153,7 @@ def test_dask_equals_serial_and_survives_a_killed_worker(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "CHUNK_ROWS", 150)
     path = _study(tmp_path)
     engine.run_study(load_study(path), tmp_path / "serial.parquet", progress=False)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   silence_logs=50) as cluster, distributed.Client(cluster) as client:
         pids = list(client.run(os.getpid).values())
         killed = []

@@ -257,7 +257,7 @@ def _run_dask(todo: list, payload, finished, workers: int, scheduler: str | None
         client = Client(scheduler)
     else:
         cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=40)
+                               dashboard_address=":0", silence_logs=40)
         client = Client(cluster)
     try:
         queue = list(todo)
