@@ -15,8 +15,9 @@ from comet_dse.units import format_bytes
 
 
 def _divides(a, b):
-    """True where a divides b (element-wise, on float arrays of integers)."""
-    return np.mod(b, a) == 0
+    """True where a divides b (element-wise; a and b hold whole numbers, b may be fractional)."""
+    q = np.asarray(b, dtype=float) / np.asarray(a, dtype=float)
+    return q == np.floor(q)
 
 
 def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, step) -> list:

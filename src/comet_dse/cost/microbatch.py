@@ -45,6 +45,7 @@ class Context:
     dims: tuple
     spans: dict        # group name (tp, cp, pp, dp, ep, edp) -> spans per dimension
     shape: LayerShape
+    strides: dict      # group name -> device-number stride (StrategyArrays.strides)
 
 
 def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Context:
@@ -61,7 +62,7 @@ def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     stride = st.strides()
     sizes = {"tp": st.tp, "cp": st.cp, "pp": st.pp, "dp": st.dp, "ep": st.ep, "edp": st.dp / st.ep}
     spans = {g: coll.spans(dims, stride[g], sizes[g]) for g in sizes}
-    return Context(dev=device_of(cluster, st), dims=dims, spans=spans, shape=shape)
+    return Context(dev=device_of(cluster, st), dims=dims, spans=spans, shape=shape, strides=stride)
 
 
 def work(fwd: KernelTime, bwd: KernelTime, rec: KernelTime, tp=0.0, ep=0.0, cp=0.0) -> dict:
@@ -133,28 +134,36 @@ def embedding_and_head(model: Transformer, ctx: Context):
 def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> dict:
     """Everything that depends only on the micro-batch shape, the TP/EP/CP groups and dtype, flat by name.
 
-    Keys: dense.<work>, moe.<work>, emb.<work>, head.<work>, and per layer kind
-    the saved activation bytes (dense.saved, dense.core_saved, dense.input, ...),
-    plus tp_message and regather (the TP all-gather after a pipeline receive).
+    Keys: dense.<work>, emb.<work>, head.<work>, moe.<work> (MoE models only),
+    and per layer kind the saved activation bytes (dense.saved,
+    dense.core_saved, dense.input, ...), plus tp_message and regather (the TP
+    all-gather after a pipeline receive). ``prefixed`` reads moe.* as dense.*
+    for a dense model.
     """
     dense_w, dense = layer_work(model, ctx, st, moe_layer=False)
-    moe_w, moe = layer_work(model, ctx, st, moe_layer=True) if model.moe else (dense_w, dense)
     emb, head = embedding_and_head(model, ctx)
     shape = ctx.shape
     tokens_h = shape.tokens * model.hidden * shape.e
     terms = {"tp_message": dense.tp_message_bytes,
              "regather": np.where(shape.sp | (shape.t == 1), 0.0,
                                   coll.all_gather_time(tokens_h, ctx.dims, ctx.spans["tp"]))}
-    for kind, layer in (("dense.", dense), ("moe.", moe)):
+    layers, works = [("dense.", dense)], [("dense.", dense_w), ("emb.", emb), ("head.", head)]
+    if model.moe:   # a dense model's MoE layer would be a copy of the dense one: not stored
+        moe_w, moe = layer_work(model, ctx, st, moe_layer=True)
+        layers.append(("moe.", moe))
+        works.append(("moe.", moe_w))
+    for kind, layer in layers:
         terms.update({kind + "saved": layer.saved_bytes, kind + "core_saved": layer.attention_core_bytes,
                       kind + "input": layer.input_bytes})
-    for prefix, w in (("dense.", dense_w), ("moe.", moe_w), ("emb.", emb), ("head.", head)):
+    for prefix, w in works:
         terms.update({prefix + k: v for k, v in w.items()})
     return {k: np.broadcast_to(v, st.tp.shape) for k, v in terms.items()}
 
 
 def prefixed(terms: dict, prefix: str) -> dict:
-    """The work dict stored under ``prefix`` (only the WORK_KEYS)."""
+    """The work dict stored under ``prefix`` (only the WORK_KEYS); moe.* falls back to dense.*."""
+    if prefix + WORK_KEYS[0] not in terms:
+        prefix = "dense."
     return {k: terms[prefix + k] for k in WORK_KEYS}
 
 
@@ -173,7 +182,7 @@ def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: Strateg
     mismatch (a hash collision) falls back to computing every point.
     """
     n = len(st)
-    stride = st.strides()
+    stride = ctx.strides
     columns = [np.asarray(getattr(st, f), dtype=np.float64) for f in _KEY_FIELDS] + [stride["tp"], stride["dp"]]
     if n < 64:
         return microbatch_terms(model, ctx, st)

@@ -75,9 +75,8 @@ def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
     return out
 
 
-def stage_params(model: Transformer, st: StrategyArrays) -> StageParams:
-    """The candidate stage with the most parameters on one device (it sets the gradient and optimizer work)."""
-    candidates = stage_candidates(model, st)
+def stage_params(candidates: list) -> StageParams:
+    """Of ``stage_candidates``, the stage with the most parameters on one device (it sets gradient and optimizer work)."""
     best = candidates[0][0]
     for params, _, _ in candidates[1:]:
         better = params.total > best.total

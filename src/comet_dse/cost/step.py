@@ -80,23 +80,6 @@ def stage_layer_counts(layers: int, pp):
     return first, last, most
 
 
-def _pick(candidates: list) -> dict:
-    """Element-wise, the candidate work dict with the largest total."""
-    best = dict(candidates[0])
-    best_total = _total(candidates[0])
-    for cand in candidates[1:]:
-        total = _total(cand)
-        better = total > best_total
-        best = {k: np.where(better, cand[k], best[k]) for k in best}
-        best_total = np.maximum(best_total, total)
-    return best
-
-
-def _mix(dense: dict, moe: dict, n_dense, n_moe, extra: dict | None = None) -> dict:
-    """Work of a stage with n_dense dense and n_moe MoE layers (plus the embedding or head)."""
-    return {k: n_dense * dense[k] + n_moe * moe[k] + (extra[k] if extra else 0.0) for k in WORK_KEYS}
-
-
 def _total(work: dict):
     return sum(work[k] for k in WORK_KEYS)
 
@@ -105,24 +88,40 @@ def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, hea
     """Per-micro-batch work of the slowest pipeline stage, and the layers of the fullest stage.
 
     Layers run dense first (a MoE model's first ``dense_layers``), then MoE.
-    Candidates: the first stage (its share of the dense layers + embedding),
-    a full middle stage (all dense or all MoE), the last stage (+ head); with
-    p = 1 the single stage holds everything.
+    Candidates, as (dense layers, MoE layers, embedding?, head?): the first
+    stage (its share of the dense layers + embedding), a full middle stage (all
+    dense or all MoE), the last stage (+ head); with p = 1 the single stage
+    holds everything. The candidate with the largest total is chosen per point
+    (the first one on ties), then its work is assembled once.
     """
     L, D = model.layers, model.dense_layers
     first, last, most = stage_layer_counts(L, p)
     dense_first = np.minimum(D, first)
     dense_last = np.maximum(0.0, D - (L - last))
+    none = np.zeros_like(first)
     candidates = [
-        _mix(dense, moe, dense_first, first - dense_first, emb),
-        _mix(dense, moe, 0.0, np.where(L - D >= most, most, 0.0)),
-        _mix(dense, moe, np.where(D - first >= most, most, 0.0), 0.0),
-        _mix(dense, moe, dense_last, last - dense_last, head),
+        (dense_first, first - dense_first, 1.0, 0.0),
+        (none, np.where(L - D >= most, most, 0.0), 0.0, 0.0),
+        (np.where(D - first >= most, most, 0.0), none, 0.0, 0.0),
+        (dense_last, last - dense_last, 0.0, 1.0),
     ]
-    slowest = _pick(candidates)
-    whole = _mix(dense, moe, D, L - D, {k: emb[k] + head[k] for k in WORK_KEYS})
+    t_dense, t_moe, t_emb, t_head = _total(dense), _total(moe), _total(emb), _total(head)
+    chosen, best = None, None
+    for cand in candidates:
+        n_dense, n_moe, with_emb, with_head = cand
+        total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
+        if chosen is None:
+            chosen, best = [np.broadcast_to(np.asarray(x, dtype=float), np.shape(total)) for x in cand], total
+        else:
+            better = total > best
+            chosen = [np.where(better, x, c) for x, c in zip(cand, chosen)]
+            best = np.maximum(best, total)
     single = p == 1
-    stage = {k: np.where(single, whole[k], slowest[k]) for k in WORK_KEYS}
+    n_dense, n_moe, with_emb, with_head = (np.where(single, whole, c) for whole, c in zip((D, L - D, 1.0, 1.0), chosen))
+    if moe is dense:
+        stage = {k: (n_dense + n_moe) * dense[k] + with_emb * emb[k] + with_head * head[k] for k in WORK_KEYS}
+    else:
+        stage = {k: n_dense * dense[k] + n_moe * moe[k] + with_emb * emb[k] + with_head * head[k] for k in WORK_KEYS}
     return stage, np.where(single, L, most)
 
 
@@ -135,10 +134,12 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     e = ACTIVATION_BYTES
     m = st.global_batch / (d * b)
     terms = deduplicated(model, cluster, devices, st, ctx)
-    dense_w, moe_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "moe.", "emb.", "head."))
+    dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
+    moe_w = prefixed(terms, "moe.") if model.moe else dense_w
     stage, stage_layers = _slowest_stage(model, p, dense_w, moe_w, emb_w, head_w)
 
-    params = stage_params(model, st)
+    candidates = stage_candidates(model, st)
+    params = stage_params(candidates)
     is_fp16 = st.dtype_table({"fp16": 1.0}, 0.0) > 0
     gbytes = grad_bytes(is_fp16)
     accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), dev)
@@ -154,7 +155,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     opt_params = params.shared / np.where(st.zero >= 1, d, 1) + params.expert / np.where(st.zero >= 1, d / st.ep, 1)
     optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
 
-    memory, act_per_mb = _memory(model, st, terms, gbytes, m)
+    memory, act_per_mb = _memory(model, st, terms, candidates, gbytes, m)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.hbm.capacity, exp_cap)
@@ -227,7 +228,7 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     return exposed + emb_sync
 
 
-def _memory(model: Transformer, st: StrategyArrays, terms: dict, gbytes, m):
+def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: list, gbytes, m):
     """Bytes per device of the stage that needs the most, by part; and that stage's activations per micro-batch.
 
     Per candidate stage (cost/params.py): model states (shared weights sharded
@@ -249,11 +250,11 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, gbytes, m):
         return per_layer, working
 
     dense_pl, dense_work = kept("dense.")
-    moe_pl, moe_work = kept("moe.")
+    moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
     logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES), 0.0)
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
-    for params, n_dense, n_moe in stage_candidates(model, st):
+    for params, n_dense, n_moe in candidates:
         shared = model_state_bytes(params.shared, st.dp, st.zero, gbytes, gathered=2.0 * layer)
         expert = model_state_bytes(params.expert, st.dp / st.ep, st.zero, gbytes, gathered=0.0)
         layers = n_dense + n_moe
