@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--no-progress", action="store_true", help="no progress bar")
     swp.add_argument("--json", action="store_true", help="print the ranking as JSON")
 
+    rep = sub.add_parser("report", help="run a folder of studies and write figures and an HTML report")
+    rep.add_argument("studies", nargs="?", default="studies/comet", help="folder of study files (default studies/comet)")
+    rep.add_argument("--output", default="out/comet", help="report folder (default out/comet)")
+    rep.add_argument("--workers", type=_positive_int, default=1, help="local worker processes (default 1)")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
     pre.add_argument("--json", action="store_true", help="print JSON")
 
@@ -269,6 +275,19 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from comet_dse.report.build import build_report
+
+    try:
+        page = build_report(Path(args.studies), Path(args.output), workers=args.workers,
+                            progress=not args.no_progress)
+    except KeyboardInterrupt:
+        sys.stderr.write("comet-dse: interrupted; no report was written\n")
+        return 130
+    print(f"Wrote {page} (figures in {page.parent / 'figures'}, data in {page.parent / 'data'})")
+    return 0
+
+
 def cmd_presets(args) -> int:
     from comet_dse.presets import load_cluster, load_model, preset_names
     from comet_dse.report_text import describe_peak, render_table
@@ -331,8 +350,8 @@ def cmd_validate(args) -> int:
     return 0
 
 
-COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, "presets": cmd_presets,
-            "validate": cmd_validate}
+COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, "report": cmd_report,
+            "presets": cmd_presets, "validate": cmd_validate}
 
 
 def main(argv: list | None = None) -> int:

@@ -207,7 +207,7 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
             out.append((str(item), ("value", str(item))))
         else:
             number = parse_quantity(item, kind if kind != "count" else "count", where)
-            if number <= 0 and not name.endswith("latency"):
+            if number <= 0 and not (name.endswith("latency") or name == "expansion_capacity"):
                 raise InputError(where, f"must be positive, got {item!r}")
             out.append((str(item), ("value", number)))
     return out

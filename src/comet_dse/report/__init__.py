@@ -1,0 +1,1 @@
+"""Reports: figures and a self-contained HTML page from study results."""

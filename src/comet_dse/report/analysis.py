@@ -1,0 +1,84 @@
+"""Reading a study's result file into the numbers the COMET figures and tables need."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from comet_dse.explore.table import RULES
+
+PARTS = ("compute", "memory", "tp_communication", "cp_communication", "ep_communication", "pp_communication",
+         "pipeline_bubble", "dp_communication", "optimizer", "offload")
+PART_LABELS = {
+    "compute": "compute", "memory": "memory-tier traffic", "tp_communication": "TP comm",
+    "cp_communication": "CP comm", "ep_communication": "EP comm", "pp_communication": "PP comm",
+    "pipeline_bubble": "pipeline bubble", "dp_communication": "DP comm", "optimizer": "optimizer",
+    "offload": "expansion traffic",
+}
+MEMORY_BIT = 1 << RULES.index("memory")
+COLUMNS = ("variant", "devices", "feasible", "infeasible_mask", "step_time_s", "tokens_per_second", "mfu", "tp", "pp",
+           "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "memory_per_device_bytes",
+           *(f"time_{p}_s" for p in PARTS))
+
+
+def load(path: Path) -> dict:
+    """The columns the report uses, as numpy arrays (coded columns as strings)."""
+    table = pq.read_table(path, columns=list(COLUMNS))
+    out = {}
+    for name in COLUMNS:
+        col = table.column(name)
+        out[name] = np.asarray(col.to_pylist(), dtype=object) if name == "recompute" else col.to_numpy()
+    return out
+
+
+@dataclass(frozen=True)
+class Split:
+    """The best strategy for one model-parallel degree MP = tp * pp of one cluster variant."""
+
+    mp: int
+    dp: int
+    feasible: bool
+    row: int | None          # index of the fastest feasible row, if any
+    reason: str              # 'fits', 'memory' (every valid strategy is too big) or 'invalid'
+
+
+def best_rows(data: dict) -> dict:
+    """variant -> index of its fastest feasible row (variants with none are absent)."""
+    out = {}
+    for variant in np.unique(data["variant"]):
+        rows = np.flatnonzero((data["variant"] == variant) & data["feasible"])
+        if len(rows):
+            out[int(variant)] = int(rows[np.argmin(data["step_time_s"][rows])])
+    return out
+
+
+def splits(data: dict, variant: int) -> list:
+    """Per MP value of ``variant``: its fastest feasible strategy, or why none is feasible."""
+    sel = data["variant"] == variant
+    mp_all = (data["tp"] * data["pp"])[sel]
+    rows = np.flatnonzero(sel)
+    out = []
+    for mp in np.unique(mp_all):
+        here = rows[mp_all == mp]
+        ok = here[data["feasible"][here]]
+        dp = int(data["dp"][here[0]])
+        if len(ok):
+            best = int(ok[np.argmin(data["step_time_s"][ok])])
+            out.append(Split(int(mp), dp, True, best, "fits"))
+        else:
+            only_memory = np.any(data["infeasible_mask"][here] == MEMORY_BIT)
+            out.append(Split(int(mp), dp, False, None, "memory" if only_memory else "invalid"))
+    return out
+
+
+def breakdown(data: dict, row: int) -> dict:
+    """Seconds per part of the step of one row."""
+    return {p: float(data[f"time_{p}_s"][row]) for p in PARTS}
+
+
+def strategy_text(data: dict, row: int) -> str:
+    sp = " SP" if data["sequence_parallel"][row] else ""
+    return (f"TP{data['tp'][row]} PP{data['pp'][row]} DP{data['dp'][row]} mb{data['micro_batch'][row]} "
+            f"v{data['interleave'][row]} {data['recompute'][row]}{sp} ZeRO{data['zero'][row]}")

@@ -1,0 +1,136 @@
+"""The COMET figures: stacked MP x DP runtimes, feasibility, resource, capacity, network, expansion, clusters.
+
+Every figure is written as PNG and SVG; axis labels carry units.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+
+from comet_dse.report.analysis import PART_LABELS, PARTS, best_rows, breakdown, splits  # noqa: E402
+
+COLORS = dict(zip(PARTS, ("#4C72B0", "#64B5CD", "#DD8452", "#8172B3", "#937860", "#DA8BC3", "#C7C7C7",
+                          "#55A868", "#8C8C8C", "#CCB974")))
+plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8})
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str       # file stem
+    title: str
+    caption: str
+
+
+def _save(fig, out: Path, name: str) -> None:
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=150)
+    fig.savefig(out / f"{name}.svg")
+    plt.close(fig)
+
+
+def rq1_stacked(data: dict, variants: list, out: Path) -> Figure:
+    """Normalised step time of the best strategy per MP x DP split, stacked by where time goes.
+
+    Only clusters with at least one feasible split get a panel (the feasibility
+    map shows the others).
+    """
+    shown = [v for v in variants if any(s.feasible for s in splits(data, v.index))] or variants[:1]
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.7 * len(shown), 3.6), squeeze=False)
+    used = set()
+    for ax, variant in zip(axes[0], shown):
+        rows = splits(data, variant.index)
+        feasible = [s for s in rows if s.feasible]
+        base = min((data["step_time_s"][s.row] for s in feasible), default=1.0)
+        x = np.arange(len(rows))
+        bottom = np.zeros(len(rows))
+        for part in PARTS:
+            height = np.array([breakdown(data, s.row)[part] / base if s.feasible else 0.0 for s in rows])
+            if np.any(height > 1e-3):
+                ax.bar(x, height, bottom=bottom, color=COLORS[part], width=0.8)
+                bottom += height
+                used.add(part)
+        for i, s in enumerate(rows):
+            if not s.feasible:
+                ax.text(i, 0.04, "does not fit" if s.reason == "memory" else "invalid", rotation=90,
+                        ha="center", va="bottom", fontsize=7, color="#B22222")
+        ax.set_xticks(x, [str(s.mp) for s in rows], fontsize=7, rotation=60)
+        ax.set_xlabel("MP = TP x PP  (DP = devices / MP)")
+        ax.set_title(variant.values.get("cluster", variant.label))
+        ax.set_ylabel("step time / fastest split")
+        ax.set_ylim(0, max(2.0, float(bottom.max()) * 1.05))
+    handles = [matplotlib.patches.Patch(color=COLORS[p], label=PART_LABELS[p]) for p in PARTS if p in used]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(out / "rq1-stacked.png", dpi=150)
+    fig.savefig(out / "rq1-stacked.svg")
+    plt.close(fig)
+    return Figure("rq1-stacked", "Runtime of every MP x DP split, by where the time goes",
+                  "For each model-parallel degree MP = TP x PP (and DP = devices / MP) the fastest feasible "
+                  "strategy, its step time normalised to the cluster's fastest split and stacked by part: a "
+                  "bathtub when both ends are slow. Splits marked 'does not fit' have no strategy that fits in "
+                  "device memory; 'invalid' ones have no valid TP x PP x micro-batch combination.")
+
+
+def rq1_feasibility(data: dict, variants: list, out: Path) -> Figure:
+    """Which MP values fit on which cluster: one row of markers per cluster on a log2 MP axis."""
+    fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.45 * len(variants)))
+    style = {"fits": ("#6AA84F", "o"), "memory": ("#E06666", "X"), "invalid": ("#BBBBBB", "s")}
+    for r, v in enumerate(variants):
+        for s in splits(data, v.index):
+            color, marker = style[s.reason]
+            ax.scatter([s.mp], [r], c=color, marker=marker, s=40)
+    ax.set_xscale("log", base=2)
+    ax.set_yticks(range(len(variants)), [v.values.get("cluster", v.label) for v in variants])
+    ax.set_ylim(-0.6, len(variants) - 0.4)
+    ax.set_xlabel("model-parallel degree MP = TP x PP (log scale)")
+    handles = [matplotlib.lines.Line2D([], [], color=c, marker=m, linestyle="", label=t) for (c, m), t in
+               ((style["fits"], "fits"), (style["memory"], "does not fit in memory"),
+                (style["invalid"], "no valid TP x PP / batch split"))]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
+    ax.grid(axis="x", alpha=0.3)
+    _save(fig, out, "rq1-feasibility")
+    return Figure("rq1-feasibility", "Which MP x DP splits fit",
+                  "Green: at least one strategy of this split fits in device memory; red: every valid strategy "
+                  "needs more memory than the device has; grey: no valid TP x PP factorisation or batch split.")
+
+
+def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str, out: Path) -> Figure:
+    """groups: series label -> {category: value}. Grouped bars."""
+    categories = list(next(iter(groups.values())).keys())
+    fig, ax = plt.subplots(figsize=(7.0, 3.0))
+    width = 0.8 / len(groups)
+    for i, (label, values) in enumerate(groups.items()):
+        x = np.arange(len(categories)) + (i - (len(groups) - 1) / 2) * width
+        ax.bar(x, [values.get(c, np.nan) for c in categories], width=width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.7)
+    ax.set_xticks(range(len(categories)), categories, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    _save(fig, out, name)
+    return Figure(name, title, caption)
+
+
+def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption: str, out: Path) -> Figure:
+    """series: label -> (x values, y values)."""
+    fig, ax = plt.subplots(figsize=(7.0, 3.0))
+    for label, (x, y) in series.items():
+        ax.plot(x, y, marker="o", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, out, name)
+    return Figure(name, title, caption)
+
+
+def variant_best_time(data: dict) -> dict:
+    """variant -> best feasible step time (s)."""
+    return {v: float(data["step_time_s"][r]) for v, r in best_rows(data).items()}

@@ -1,0 +1,100 @@
+"""One self-contained HTML file: figures embedded as data URIs, tables, findings and every preset used."""
+from __future__ import annotations
+
+import base64
+import html
+from importlib import resources
+from pathlib import Path
+
+from comet_dse import __version__
+from comet_dse.units import format_time
+
+STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.9em;color:#555}
+table{border-collapse:collapse;font-size:.85em;margin:.8em 0}th,td{border:1px solid #ddd;padding:.25em .5em;
+text-align:right}th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:.8em;
+overflow-x:auto;font-size:.8em}details{margin:.4em 0}ul.findings li{margin:.2em 0}
+"""
+# Sets the page title to "figures-ok:N" once every figure has decoded (read by the browser test).
+CHECK = """
+<script>
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  document.title = (ok === imgs.length ? 'figures-ok:' : 'figures-broken:') + ok + '/' + imgs.length;
+});
+</script>
+"""
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _table(headers: list, rows: list, left: int = 1) -> str:
+    head = "".join(f'<th class="l">{html.escape(h)}</th>' if i < left else f"<th>{html.escape(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(f'<td class="l">{html.escape(str(c))}</td>' if i < left else
+                                    f"<td>{html.escape(str(c))}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _best_table(section) -> str:
+    rows = []
+    for g in section.ranking["variants"]:
+        b = g["best"]
+        strategy = (f"TP{b['tp']} PP{b['pp']} DP{b['dp']} mb{b['micro_batch']} v{b['interleave']} {b['recompute']}"
+                    f"{' SP' if b['sequence_parallel'] else ''} ZeRO{b['zero']}") if b else "none fits"
+        rows.append([g["label"], g["devices"], f"{g['feasible']:,} / {g['points']:,}",
+                     format_time(b["step_time_s"]) if b else "-", f"{b['tokens_per_second']:,.0f}" if b else "-",
+                     f"{b['mfu'] * 100:.1f}%" if b else "-", strategy,
+                     f"{g['speedup']:.2f}x" if g["speedup"] else "-"])
+    return _table(["cluster variant", "devices", "feasible / evaluated", "best step", "tokens/s", "MFU",
+                   "best strategy", "speedup vs baseline"], rows)
+
+
+def _preset_text(kind: str, name: str) -> str | None:
+    path = resources.files("comet_dse").joinpath("presets", kind, f"{name}.yaml")
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _assumptions(sections: list) -> str:
+    clusters = sorted({v.cluster.name for s in sections for v in s.study.variants})
+    models = sorted({m.name for s in sections for m in s.study.models})
+    parts = ["<p>Every number of every preset used, with its source, as shipped in the package. "
+             "Study files vary some of them (the axes of each study); prices and power are editable assumptions.</p>"]
+    for kind, names in (("clusters", clusters), ("models", models)):
+        for name in names:
+            text = _preset_text(kind, name)
+            if text:
+                parts.append(f"<details><summary>{kind[:-1]} <b>{html.escape(name)}</b></summary>"
+                             f"<pre>{html.escape(text)}</pre></details>")
+    return "\n".join(parts)
+
+
+def write_html(path: Path, sections: list, seconds: float) -> None:
+    """Write the report; figures are read from ``path.parent / 'figures'``."""
+    fig_dir = path.parent / "figures"
+    body = [f"<h1>COMET case studies with comet-dse {__version__}</h1>",
+            f"<p>{len(sections)} studies, {sum(s.ranking['points'] for s in sections):,} design points, "
+            f"generated in {seconds:.0f} s. Figures are also in <code>figures/</code> (PNG and SVG), one row per "
+            f"design point in <code>data/</code> (Parquet). docs/case-studies.md compares these findings with the "
+            f"COMET paper (arXiv:2211.16648).</p>"]
+    for s in sections:
+        body.append(f"<h2>{html.escape(s.study.name)}: {html.escape(s.study.description)}</h2>")
+        body.append(f"<p>Baseline: {html.escape(s.ranking['baseline'])}.</p>")
+        if s.findings:
+            body.append('<ul class="findings">' + "".join(f"<li>{html.escape(f)}</li>" for f in s.findings) + "</ul>")
+        for fig in s.figures:
+            body.append(f"<figure>{_img(fig_dir / (fig.name + '.png'))}<figcaption><b>{html.escape(fig.title)}.</b> "
+                        f"{html.escape(fig.caption)}</figcaption></figure>")
+        body.append(_best_table(s))
+    body.append("<h2>Assumptions</h2>")
+    body.append(_assumptions(sections))
+    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>COMET case studies</title>"
+            f"<style>{STYLE}</style>{CHECK}</head><body>{''.join(body)}</body></html>")
+    path.write_text(page, encoding="utf-8")

@@ -1,0 +1,87 @@
+"""The COMET report: builds from the shipped studies, is self-contained, renders in a real browser."""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from comet_dse.cli import main
+from comet_dse.report.build import build_report
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ROOT / "studies" / "comet"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "comet"
+    page = build_report(STUDIES, out, progress=False)
+    return page
+
+
+def test_report_has_every_study_figure_and_table(report):
+    html = report.read_text()
+    studies = sorted(p.stem for p in STUDIES.glob("*.yaml"))
+    for name in studies:
+        assert f"<h2>{name}:" in html
+        assert (report.parent / "data" / f"{name}.parquet").exists()
+    figures = sorted(p.stem for p in (report.parent / "figures").glob("*.png"))
+    assert {"rq1-stacked", "rq1-feasibility", "rq2-balance", "rq3-capacity", "rq4-network", "rq5-expansion",
+            "clusters"} <= set(figures)
+    for stem in figures:
+        assert (report.parent / "figures" / f"{stem}.svg").exists()
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', html)
+    assert sorted(images) == figures                      # every figure embedded, nothing linked
+    assert "<details><summary>cluster <b>tpu-v4</b>" in html and "arXiv:2304.01433" in html  # presets with sources
+
+
+def test_report_is_offline(report):
+    html = report.read_text()
+    assert not re.search(r'(src|href)="(https?:)?//', html)   # no external resource
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("COMET_DSE_REQUIRE_BROWSER"):
+        pytest.fail("a headless browser (Debian's chromium) is required here but none is installed")
+    pytest.skip("no chromium on this machine (CI installs Debian's chromium and runs this test)")
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    browser = _chromium()
+    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000"]
+    dom = subprocess.run(args + ["--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120)
+    n = len(list((report.parent / "figures").glob("*.png")))
+    assert f"<title>figures-ok:{n}/{n}</title>" in dom.stdout, dom.stdout[:300] + dom.stderr[-500:]
+    shot = tmp_path / "page.png"
+    subprocess.run(args + [f"--screenshot={shot}", "--window-size=1200,2400", report.as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 20_000     # a rendered page, not a blank one
+
+
+def test_empty_study_folder_is_exit_2(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["report", str(tmp_path), "--output", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no study files" in err[0]
+    assert not out.exists()
+
+
+def test_missing_preset_leaves_no_report(tmp_path, capsys):
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    text = (STUDIES / "rq3-capacity.yaml").read_text().replace("clusters: [tpu-v4, dgx-a100-80gb]",
+                                                               "clusters: [tpu-v9, dgx-a100-80gb]")
+    (studies / "rq3.yaml").write_text(text)
+    out = tmp_path / "out"
+    assert main(["report", str(studies), "--output", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown preset 'tpu-v9'" in err[0]
+    assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
