@@ -29,13 +29,14 @@ class StageParams:
 
 
 def attention_params_per_device(model: Transformer, t):
-    """Attention weights on one TP rank: split projections / t, replicated ones (MLA down projections) whole."""
+    """Attention weights on one TP rank: split projections / t, replicated ones (MLA down projections) whole,
+    plus MLA's latent norms (replicated)."""
     total = 0.0
     for proj in model.attention.projections(model.hidden):
         size = proj.n_in * proj.n_out + (proj.n_out if model.bias else 0)
         total = total + (size / t if proj.shard != "none" else size)
-    return total + model.attention_params() - sum(
-        p.n_in * p.n_out + (p.n_out if model.bias else 0) for p in model.attention.projections(model.hidden))
+    lat = model.attention.latent
+    return total + (((lat.q_lora_rank or 0) + lat.kv_lora_rank) if lat else 0)
 
 
 def stage_candidates(model: Transformer, st: StrategyArrays) -> list:

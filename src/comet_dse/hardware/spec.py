@@ -134,16 +134,17 @@ class Cluster:
             raise InputError("devices", f"must be a positive integer, got {devices}")
         if self.max_devices is not None and devices > self.max_devices:
             raise InputError("devices", f"{self.name} has at most {self.max_devices} devices, asked for {devices}")
-        sizes, left = [], devices
+        sizes, left, inner = [], devices, 1
         for dim in self.network:
             cap = left if dim.size is None else dim.size
             used = min(cap, left)
             if left % used:
                 raise InputError(
                     "devices", f"{devices} devices cannot fill {self.name}'s {dim.name} dimension of {cap}; "
-                    f"use a multiple of {devices - left % used if devices > used else used}")
+                    f"use a multiple of {inner * used}")
             sizes.append(used)
             left //= used
+            inner *= used
         if left != 1:
             total = devices // left
             raise InputError("devices", f"{self.name} holds at most {total} devices in its network, asked for {devices}")
