@@ -28,7 +28,7 @@ def test_report_has_every_study_figure_and_table(report):
         assert f"<h2>{name}:" in html
         assert (report.parent / "data" / f"{name}.parquet").exists()
     figures = sorted(p.stem for p in (report.parent / "figures").glob("*.png"))
-    assert {"rq1-stacked", "rq1-feasibility", "rq2-balance", "rq3-capacity", "rq4-network", "rq5-expansion",
+    assert {"rq1-stacked", "rq1-feasibility", "rq1-bathtub", "rq2-balance", "rq3-capacity", "rq4-network", "rq5-expansion",
             "clusters"} <= set(figures)
     for stem in figures:
         assert (report.parent / "figures" / f"{stem}.svg").exists()

@@ -103,6 +103,18 @@ def _rq1(section: Section, out: Path) -> None:
     variants = section.study.variants
     section.figures.append(figures.rq1_stacked(section.data, variants, out))
     section.figures.append(figures.rq1_feasibility(section.data, variants, out))
+    curves = {}
+    for v in variants:
+        ok = [sp for sp in analysis.splits(section.data, v.index) if sp.feasible]
+        if ok:
+            times = [float(section.data["step_time_s"][sp.row]) for sp in ok]
+            curves[v.values.get("cluster", v.label)] = ([sp.mp for sp in ok], [t / min(times) for t in times])
+    if curves:
+        fig = figures.lines(curves, "model-parallel degree MP = TP x PP", "step time / fastest feasible split",
+                            "Bathtub curves over MP x DP", "rq1-bathtub",
+                            "Step time of the fastest strategy of each feasible split, normalised per cluster; "
+                            "splits left of each curve do not fit in memory.", out, log2_x=True)
+        section.figures.append(fig)
     best = analysis.best_rows(section.data)
     per_device = {}
     for v in variants:
