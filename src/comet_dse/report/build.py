@@ -122,7 +122,10 @@ def _rq1(section: Section, out: Path) -> None:
         ok = [s for s in rows if s.feasible]
         name = v.values.get("cluster", v.label)
         if not ok:
-            section.findings.append(f"{name}: no MP x DP split fits ({len(rows)} splits tried).")
+            need = _least_memory(section.data, v.index)
+            cap = v.cluster.accelerator.hbm.capacity / 2**30
+            section.findings.append(f"{name}: no MP x DP split fits ({len(rows)} splits tried); the leanest valid "
+                                    f"strategy needs {need:.1f} GiB per device, the device has {cap:.1f} GiB.")
             continue
         times = [section.data["step_time_s"][s.row] for s in ok]
         fastest, slowest = min(times), max(times)
@@ -141,6 +144,12 @@ def _rq1(section: Section, out: Path) -> None:
             "Cluster comparison: best strategy, throughput per device", "relative throughput per device (x)",
             "clusters", "Tokens per second per device of each cluster's fastest strategy, relative to DGX A100 "
             "(per device, because Dojo runs at 3000 chips and the others at 4096).", out))
+
+
+def _least_memory(data: dict, variant: int) -> float:
+    """GiB per device of the strategy of ``variant`` that needs the least memory among those only memory rules out."""
+    sel = (data["variant"] == variant) & (data["infeasible_mask"] == analysis.MEMORY_BIT)
+    return float(data["memory_per_device_bytes"][sel].min()) / 2**30 if np.any(sel) else float("nan")
 
 
 def _one_at_a_time(section: Section) -> dict:
