@@ -44,8 +44,9 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: f"global batch {B[i]:.0f} is not a multiple of dp*micro_batch = {d[i] * b[i]:.0f}"),
         ("pp_layers", p > L,
          lambda i: f"pp={p[i]:.0f} exceeds the {L} layers"),
-        ("interleave", (v > 1) & ((p == 1) | ~_divides(p * v, L)),
-         lambda i: f"interleave={v[i]:.0f} needs pp > 1 and pp*interleave={p[i] * v[i]:.0f} dividing the {L} layers"),
+        ("interleave", (v > 1) & ((p == 1) | (p * v > L)),
+         lambda i: f"interleave={v[i]:.0f} needs pp > 1 and at least one layer per virtual stage "
+                   f"(pp*interleave={p[i] * v[i]:.0f} > {L} layers)"),
         ("interleave_batch", (v > 1) & ~_divides(p, np.floor(B / np.maximum(d * b, 1))),
          lambda i: f"interleaved 1F1B needs micro-batches per pipeline ({B[i] / (d[i] * b[i]):.0f}) to be a multiple of pp={p[i]:.0f}"),
         ("sp_seq", st.sequence_parallel & ~_divides(t, s / cp),
