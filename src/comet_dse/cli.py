@@ -1,4 +1,6 @@
-"""Command line: ``comet-dse estimate | presets | validate``. A thin layer over the library.
+"""Command line: ``comet-dse estimate | search | sweep | report | presets | validate``.
+
+A thin layer over the library.
 
 Bad input prints one line ``comet-dse: error: <field>: <what is valid>`` on
 stderr and exits with status 2, without a traceback.
