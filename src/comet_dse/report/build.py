@@ -212,7 +212,8 @@ def _rq3(section: Section, out: Path) -> None:
                                          "Best step time at each capacity relative to the preset's capacity.", out))
     section.figures.append(figures.lines(counts, "HBM capacity (x the preset)", "MP x DP splits that fit",
                                          "Memory capacity: splits unlocked", "rq3-unlocked",
-                                         "Number of MP x DP splits with at least one strategy that fits.", out))
+                                         "Number of MP x DP splits with at least one strategy that fits.", out,
+                                         integer_y=True))
     for cluster, (xs, ys) in series.items():
         section.findings.append(f"{cluster}: capacity x{xs[-1]:g} makes the best strategy {ys[-1]:.2f}x faster; "
                                 f"fitting splits go from {counts[cluster][1][0]} to {counts[cluster][1][-1]}.")
@@ -252,7 +253,7 @@ def _rq5(section: Section, out: Path) -> None:
                                          "and bandwidth, relative to no tier.", out))
     section.figures.append(figures.lines(counts, "expansion tier capacity (GiB per device)", "feasible strategies",
                                          "Expansion memory tier: strategies unlocked", "rq5-unlocked",
-                                         "Strategies that fit in HBM plus the tier.", out))
+                                         "Strategies that fit in HBM plus the tier.", out, integer_y=True))
     top = max((max(ys) for ys in (s[1] for s in series.values())), default=1.0)
     section.findings.append(f"The best strategy with an expansion tier is {top:.2f}x the speed of the best without; "
                             f"the tier unlocks up to {max(max(c[1]) for c in counts.values()):,} strategies "

@@ -118,13 +118,15 @@ def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str,
 
 
 def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption: str, out: Path,
-          log2_x: bool = False) -> Figure:
+          log2_x: bool = False, integer_y: bool = False) -> Figure:
     """series: label -> (x values, y values)."""
     fig, ax = plt.subplots(figsize=(7.0, 3.0))
     for label, (x, y) in series.items():
         ax.plot(x, y, marker="o", label=label)
     if log2_x:
         ax.set_xscale("log", base=2)
+    if integer_y:
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
