@@ -99,11 +99,6 @@ class Strategy:
     def devices(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
-    @property
-    def microbatches(self) -> float:
-        """Micro-batches per pipeline per iteration: m = B / (dp * b)."""
-        return self.global_batch / (self.dp * self.micro_batch)
-
 
 @dataclass(frozen=True)
 class StrategyArrays:

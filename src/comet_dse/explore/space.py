@@ -17,7 +17,6 @@ from comet_dse.errors import InputError
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, Recompute, StrategyArrays
 
-AXES = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement")
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 
 

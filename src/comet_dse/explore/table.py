@@ -33,8 +33,6 @@ RULE_TEXT = {
     "memory": "does not fit in device memory",
 }
 RECOMPUTE_NAMES = tuple(sorted(RECOMPUTE_CODES, key=RECOMPUTE_CODES.get))
-STRATEGY_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "global_batch", "interleave", "recompute",
-                    "sequence_parallel", "zero", "dtype", "flash_attention", "placement", "dp_overlap", "grad_fused", "moe_imbalance", "ep_overlap")
 
 
 def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:

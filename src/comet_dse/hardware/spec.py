@@ -6,7 +6,7 @@ preset names its benchmark (docs/hardware.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
 from comet_dse.errors import InputError
@@ -149,7 +149,3 @@ class Cluster:
             total = devices // left
             raise InputError("devices", f"{self.name} holds at most {total} devices in its network, asked for {devices}")
         return tuple(sizes)
-
-    def scaled(self, **changes) -> "Cluster":
-        """Copy with fields replaced (for sweeps and what-if studies)."""
-        return replace(self, **changes)

@@ -76,9 +76,3 @@ def splits(data: dict, variant: int) -> list:
 def breakdown(data: dict, row: int) -> dict:
     """Seconds per part of the step of one row."""
     return {p: float(data[f"time_{p}_s"][row]) for p in PARTS}
-
-
-def strategy_text(data: dict, row: int) -> str:
-    sp = " SP" if data["sequence_parallel"][row] else ""
-    return (f"TP{data['tp'][row]} PP{data['pp'][row]} DP{data['dp'][row]} mb{data['micro_batch'][row]} "
-            f"v{data['interleave'][row]} {data['recompute'][row]}{sp} ZeRO{data['zero'][row]}")
