@@ -128,14 +128,20 @@ def gemm_hbm_bytes(batch, m, n, k, bytes_in, bytes_out, sram_cap):
     return batch * (bytes_in * (a_reads + b_reads) + bytes_out * m * n)
 
 
+def matmul_rate(batch, m, n, k, dev: Device):
+    """Achievable FLOP/s of a batch x (m x n) output reduced over k:
+    peak * matmul_eff * quantisation_efficiency * pipeline_efficiency."""
+    return dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev) * pipeline_efficiency(k, dev)
+
+
 def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:
     """Time of a (batched) GEMM: batch x [m,k] @ [k,n], in seconds.
 
-    FLOPs = 2*batch*m*n*k at peak * matmul_eff * quantisation_efficiency * pipeline_efficiency;
-    bytes per gemm_hbm_bytes at the achievable HBM bandwidth.
+    FLOPs = 2*batch*m*n*k at ``matmul_rate``; bytes per gemm_hbm_bytes at the
+    achievable HBM bandwidth.
     """
     flops = 2.0 * batch * m * n * k
-    rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev) * pipeline_efficiency(k, dev)
+    rate = matmul_rate(batch, m, n, k, dev)
     moved = gemm_hbm_bytes(batch, m, n, k, bytes_per_el, bytes_per_el, dev.sram_cap)
     return roofline(flops, rate, moved, dev.hbm_bw, dev.overhead)
 

@@ -10,7 +10,7 @@ residual adds work on s/t of the tokens.
 Symbols: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head
 dim, f FFN size, t TP degree, e bytes per activation element.
 With a = k, d = h/a, GELU MLP and dropout, the saved bytes reproduce
-Korthikanti et al. Eq. (1)-(2): s*b*h*(10 + 24/t + 5*a*s/(h*t)) without SP
+Korthikanti et al. Eq. (2) and (4): s*b*h*(10 + 24/t + 5*a*s/(h*t)) without SP
 and s*b*h/t*(34 + 5*a*s/h) with SP (tests/test_layer.py checks this).
 """
 from __future__ import annotations
@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost.compute import (
-    Device, KernelTime, elementwise_time, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline,
-    zero_time,
+    Device, KernelTime, elementwise_time, gemm_time, matmul_rate, roofline, zero_time,
 )
 from comet_dse.model.spec import PositionEmbedding, Transformer
 
@@ -92,11 +91,10 @@ def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
     fwd = gemm_time(batch, tokens, n_out, n_in, shape.gemm_e, dev)
     dgrad = gemm_time(batch, tokens, n_in, n_out, shape.gemm_e, dev)
     wgrad = gemm_time(batch, n_in, n_out, tokens, shape.gemm_e, dev)
-    fp8 = np.asarray(shape.gemm_e) < 2
-    cast_f = elementwise_time(np.where(fp8, batch * tokens * n_in, 0.0), 3.0, 2, dev)
-    cast_b = elementwise_time(np.where(fp8, batch * tokens * n_out, 0.0), 3.0, 2, dev)
-    no = np.where(fp8, 1.0, 0.0)
-    return fwd + cast_f.scale(no), dgrad + wgrad + cast_b.scale(no)
+    fp8 = np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
+    cast_f = elementwise_time(batch * tokens * n_in, 3.0, 2, dev).scale(fp8)
+    cast_b = elementwise_time(batch * tokens * n_out, 3.0, 2, dev).scale(fp8)
+    return fwd + cast_f, dgrad + wgrad + cast_b
 
 
 def _pointwise(elements, fwd_bytes, bwd_bytes, flops, dev: Device):
@@ -136,7 +134,7 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     # Flash attention: QK^T and PV fused, causal => half the blocks: b*(a/t)*s_q*s_k*(d_qk + d_v) FLOPs;
     # off-chip bytes: Q, K, V read and O written once per head.
     flash_flops = scores * (dk + dv)
-    flash_rate = dev.peak * dev.matmul_eff * quantisation_efficiency(batch, s_q, dv, dev) * pipeline_efficiency(s_k, dev)
+    flash_rate = matmul_rate(batch, s_q, dv, s_k, dev)
     flash_bytes = batch * (s_q + s_k) * (dk + dv) * e
     flash_f = roofline(flash_flops, flash_rate, flash_bytes, dev.hbm_bw, dev.overhead)
     flash_b = flash_f.scale(2.5)
