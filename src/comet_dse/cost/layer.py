@@ -236,7 +236,7 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
 
     # Saved activations (bytes), Korthikanti et al. 2022 Sec. 4.1 accounting:
     norm_in = 2 * ntok * h * e                              # inputs of the two norms
-    gemm_in = np.where(shape.sp, 2 * ntok * h * e, 2 * tok * h * e)  # attention and MLP inputs (SP: sharded, re-gathered)
+    gemm_in = 2 * ntok * h * e                              # attention and MLP inputs (SP: sharded, re-gathered)
     masks = 2 * ntok * h * MASK_BYTES if dropout else 0.0   # two residual dropout masks
     saved = norm_in + gemm_in + att_saved + masks + mlp_saved
     return LayerCost(
