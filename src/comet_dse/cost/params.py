@@ -1,5 +1,12 @@
-"""Parameters held by one device of the busiest pipeline stage, split into shared and expert weights.
+"""Which layers each candidate pipeline stage holds, and its parameters on one device.
 
+Layers run dense first (a MoE model's first ``dense_layers``), then MoE. The
+stages that can be the slowest or the fullest are: the first (its share of
+the dense layers + the embedding), a full middle stage (all dense or all MoE),
+and the last (+ final norm and head); with p = 1 the single stage holds
+everything. ``stage_mixes`` lists them once for the schedule and the memory.
+
+Parameters are split into shared and expert weights.
 Shared weights (attention, dense MLPs, routers, shared experts, norms,
 embedding, head) are replicated over data-parallel ranks and split by TP;
 routed experts are split over the EP group (E/ep experts per device) and by
@@ -39,17 +46,50 @@ def attention_params_per_device(model: Transformer, t):
     return total + (((lat.q_lora_rank or 0) + lat.kv_lora_rank) if lat else 0)
 
 
-def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
-    """(StageParams, dense layers, MoE layers) of each stage that can be the busiest.
+def stage_layer_counts(layers: int, pp):
+    """Layers on the first, last and fullest stage when p does not divide L.
 
-    The first stage (dense layers first, + embedding), a full middle stage, the
-    last stage (+ final norm and head; with tied embeddings and p > 1 it keeps
-    its own copy of the embedding). With p = 1 every candidate is the whole model.
+    The r = L mod p extra layers go to middle stages first, since the first
+    stage also holds the embedding and the last the LM head.
     """
-    from comet_dse.cost.step import stage_layer_counts
+    base = np.floor(layers / pp)
+    extra = layers - base * pp
+    most = np.where(extra > 0, base + 1, base)
+    last = np.where(pp - extra >= 2, base, most)
+    first = np.where(pp - extra >= 1, base, most)
+    return first, last, most
 
-    t, p, ep = st.tp, st.pp, st.ep
+
+def stage_mixes(model: Transformer, pp) -> list:
+    """(dense layers, MoE layers, holds embedding, holds head) of each candidate stage (arrays over points).
+
+    Candidates: first, full middle (all MoE; MoE models only), full middle (all
+    dense), last; with p = 1 every candidate is the whole model.
+    """
     L, D = model.layers, model.dense_layers
+    first, last, most = stage_layer_counts(L, pp)
+    single = pp == 1
+    dense_first = np.minimum(D, first)
+    dense_last = np.maximum(0.0, D - (L - last))
+    none = np.zeros_like(first)
+    mixes = [
+        (dense_first, first - dense_first, 1.0, 0.0),
+        (none, np.where(L - D >= most, most, 0.0), 0.0, 0.0),
+        (np.where(D - first >= most, most, 0.0), none, 0.0, 0.0),
+        (dense_last, last - dense_last, 0.0, 1.0),
+    ]
+    if not model.moe:
+        del mixes[1]           # a dense model has no all-MoE stage
+    return [tuple(np.where(single, whole, part) for whole, part in zip((D, L - D, 1.0, 1.0), mix)) for mix in mixes]
+
+
+def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
+    """(StageParams, dense layers, MoE layers) of each candidate stage (``stage_mixes``).
+
+    The last stage keeps its own copy of the embedding when embeddings are tied
+    and p > 1.
+    """
+    t, p, ep = st.tp, st.pp, st.ep
     norms = 2 * model.norm_params()
     attn = attention_params_per_device(model, t)
     dense_layer = attn + model.mlp_params() / t + norms
@@ -61,17 +101,9 @@ def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
         moe_expert = moe.experts / ep * model.ffn_params(moe.ffn) / t
     emb = model.embedding_params() / t
     head = model.head_params() / t + np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
-    first, last, most = stage_layer_counts(L, p)
-    single = p == 1
     out = []
-    for n_dense, n_moe, extra in (
-        (np.minimum(D, first), first - np.minimum(D, first), emb),
-        (np.where(D - first >= most, most, 0.0), np.where(D - first >= most, 0.0, most), 0.0),
-        (np.maximum(0.0, D - (L - last)), last - np.maximum(0.0, D - (L - last)), head),
-    ):
-        n_dense = np.where(single, D, n_dense)
-        n_moe = np.where(single, L - D, n_moe)
-        shared = n_dense * dense_layer + n_moe * moe_shared + np.where(single, emb + head, extra)
+    for n_dense, n_moe, with_emb, with_head in stage_mixes(model, p):
+        shared = n_dense * dense_layer + n_moe * moe_shared + with_emb * emb + with_head * head
         out.append((StageParams(shared=shared, expert=n_moe * moe_expert), n_dense, n_moe))
     return out
 

@@ -22,7 +22,7 @@ from comet_dse.cost.compute import memory_pass_time
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.memory import grad_bytes, inflight_layer_microbatches, model_state_bytes, place
 from comet_dse.cost.microbatch import ACTIVATION_BYTES, WORK_KEYS, context_of, deduplicated, prefixed
-from comet_dse.cost.params import StageParams, stage_candidates, stage_params
+from comet_dse.cost.params import StageParams, stage_candidates, stage_layer_counts, stage_mixes, stage_params
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import StrategyArrays
@@ -66,63 +66,34 @@ class StepArrays:
     stage_layers: np.ndarray
 
 
-def stage_layer_counts(layers: int, pp):
-    """Layers on the first, last and fullest stage when p does not divide L.
-
-    The r = L mod p extra layers go to middle stages first, since the first
-    stage also holds the embedding and the last the LM head.
-    """
-    base = np.floor(layers / pp)
-    extra = layers - base * pp
-    most = np.where(extra > 0, base + 1, base)
-    last = np.where(pp - extra >= 2, base, most)
-    first = np.where(pp - extra >= 1, base, most)
-    return first, last, most
-
-
 def _total(work: dict):
     return sum(work[k] for k in WORK_KEYS)
 
 
 def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, head: dict):
-    """Per-micro-batch work of the slowest pipeline stage, and the layers of the fullest stage.
+    """Per-micro-batch work of the slowest candidate stage (cost/params.py), and the layers of the fullest.
 
-    Layers run dense first (a MoE model's first ``dense_layers``), then MoE.
-    Candidates, as (dense layers, MoE layers, embedding?, head?): the first
-    stage (its share of the dense layers + embedding), a full middle stage (all
-    dense or all MoE), the last stage (+ head); with p = 1 the single stage
-    holds everything. The candidate with the largest total is chosen per point
-    (the first one on ties), then its work is assembled once.
+    The candidate with the largest total is chosen per point (the first one on
+    ties), then its work is assembled once.
     """
-    L, D = model.layers, model.dense_layers
-    first, last, most = stage_layer_counts(L, p)
-    dense_first = np.minimum(D, first)
-    dense_last = np.maximum(0.0, D - (L - last))
-    none = np.zeros_like(first)
-    candidates = [
-        (dense_first, first - dense_first, 1.0, 0.0),
-        (none, np.where(L - D >= most, most, 0.0), 0.0, 0.0),
-        (np.where(D - first >= most, most, 0.0), none, 0.0, 0.0),
-        (dense_last, last - dense_last, 0.0, 1.0),
-    ]
     t_dense, t_moe, t_emb, t_head = _total(dense), _total(moe), _total(emb), _total(head)
     chosen, best = None, None
-    for cand in candidates:
-        n_dense, n_moe, with_emb, with_head = cand
+    for mix in stage_mixes(model, p):
+        n_dense, n_moe, with_emb, with_head = mix
         total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
         if chosen is None:
-            chosen, best = [np.broadcast_to(np.asarray(x, dtype=float), np.shape(total)) for x in cand], total
+            chosen, best = [np.broadcast_to(np.asarray(x, dtype=float), np.shape(total)) for x in mix], total
         else:
             better = total > best
-            chosen = [np.where(better, x, c) for x, c in zip(cand, chosen)]
+            chosen = [np.where(better, x, c) for x, c in zip(mix, chosen)]
             best = np.maximum(best, total)
-    single = p == 1
-    n_dense, n_moe, with_emb, with_head = (np.where(single, whole, c) for whole, c in zip((D, L - D, 1.0, 1.0), chosen))
-    if moe is dense:
-        stage = {k: (n_dense + n_moe) * dense[k] + with_emb * emb[k] + with_head * head[k] for k in WORK_KEYS}
-    else:
-        stage = {k: n_dense * dense[k] + n_moe * moe[k] + with_emb * emb[k] + with_head * head[k] for k in WORK_KEYS}
-    return stage, np.where(single, L, most)
+    n_dense, n_moe, with_emb, with_head = chosen
+    if moe is dense:                   # a dense model: one layer kind, one multiply per key
+        n_dense, n_moe = n_dense + n_moe, 0.0
+    stage = {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k]
+             + (n_moe * moe[k] if moe is not dense else 0.0) for k in WORK_KEYS}
+    most = stage_layer_counts(model.layers, p)[2]
+    return stage, np.where(p == 1, model.layers, most)
 
 
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
