@@ -46,14 +46,19 @@ STRATEGY_KEYS = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute
 
 @dataclass(frozen=True)
 class Variant:
-    """One cluster variant: index, readable label, per-axis values, the cluster, its device counts."""
+    """One cluster variant: index, per-axis labels and values, the cluster, its device counts and batch."""
 
     index: int
-    label: str
+    labels: dict          # axis -> the value as written in the study ("x1.6", "25 GB/s", a cluster name)
     values: dict          # axis -> numeric SI value or name ("cluster" -> preset name with several clusters)
     cluster: Cluster
     devices: tuple
     global_batch: int
+
+    @property
+    def label(self) -> str:
+        """Readable name, e.g. 'cluster=tpu-v4, hbm_capacity=x1.6' ('base' with no axes)."""
+        return ", ".join(f"{k}={v}" for k, v in self.labels.items()) or "base"
 
 
 @dataclass
@@ -285,12 +290,12 @@ def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: d
         for combo in itertools.product(*(axes[n] for n in names)):
             cluster = base
             values = {"cluster": base.name} if len(bases) > 1 else {}
-            labels = [f"cluster={base.name}"] if len(bases) > 1 else []
+            labels = dict(values)
             for name, (label, setting) in zip(names, combo):
                 cluster = _apply(cluster, name, setting, networks)
                 values[name] = setting[1]
-                labels.append(f"{name}={label}")
-            variants.append(Variant(index=len(variants), label=", ".join(labels) or "base", values=values,
+                labels[name] = label
+            variants.append(Variant(index=len(variants), labels=labels, values=values,
                                     cluster=cluster, devices=tuple(devices[base.name]),
                                     global_batch=batches[base.name]))
     return variants
@@ -315,8 +320,7 @@ def _baseline(f: Fields, axes: dict, variants: list, several_clusters: bool) -> 
             raise InputError(f"baseline.{name}", f"{value!r} is not one of {', '.join(choices[name])}")
         wanted[name] = text
     for variant in variants:
-        parts = dict(p.split("=", 1) for p in variant.label.split(", ")) if variant.label != "base" else {}
-        if all(parts.get(k, choices[k][0]) == wanted.get(k, choices[k][0]) for k in choices):
+        if all(variant.labels[k] == wanted.get(k, choices[k][0]) for k in choices):
             return variant.index
     return 0
 
