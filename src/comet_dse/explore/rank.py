@@ -10,15 +10,11 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from comet_dse.explore.table import RULES
+from comet_dse.explore.table import reason_counts
 
 ROW_FIELDS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
               "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes",
               "cost_usd", "power_w")
-
-
-def _value(column: pa.ChunkedArray, i: int):
-    return column[i].as_py()
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:
@@ -29,14 +25,13 @@ def chunk_summary(table: pa.Table, top_k: int) -> dict:
     rows = np.flatnonzero(feasible)
     best = rows[np.argsort(times[rows], kind="stable")[:top_k]]
     names = [n for n in ROW_FIELDS if n in table.column_names]
-    first = {name: _value(table.column(name), 0) for name in ("model", "devices", "variant")}
+    first = {name: table.column(name)[0].as_py() for name in ("model", "devices", "variant")}
     return {
         **first,
         "points": table.num_rows,
         "feasible": int(len(rows)),
-        "infeasible_by_rule": {code: int(np.count_nonzero(masks & (1 << i))) for i, code in enumerate(RULES)
-                               if np.any(masks & (1 << i))},
-        "top": [{name: _value(table.column(name), int(i)) for name in names} for i in best],
+        "infeasible_by_rule": reason_counts(masks),
+        "top": [{name: table.column(name)[int(i)].as_py() for name in names} for i in best],
     }
 
 
