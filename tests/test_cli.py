@@ -425,3 +425,12 @@ def test_infeasible_without_expansion_tier_keeps_everything_in_hbm(capsys):
     assert out["feasible"] is False
     assert out["memory_tiers_bytes"]["expansion"] == 0
     assert out["memory_tiers_bytes"]["hbm"] == out["memory_per_device_bytes"]
+
+
+def test_cluster_zero_bandwidth_is_rejected(capsys, tmp_path):
+    data = preset_yaml("clusters", "dgx-a100-80gb")
+    data["accelerator"]["memory"]["hbm"]["bandwidth"] = "0 TB/s"
+    path = write(tmp_path / "c.yaml", yaml.safe_dump(data))
+    assert_bad_input(run(capsys, "estimate", "--model", "gpt3-175b", "--cluster", path, "--devices", "8",
+                         "--tp", "8", "--global-batch", "8"),
+                     "comet-dse: error: cluster.accelerator.memory.hbm.bandwidth: ", "outside the plausible range")

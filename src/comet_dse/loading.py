@@ -61,16 +61,21 @@ class Fields:
             raise InputError(self.name(key), f"must be >= {minimum}, got {value}")
         return value
 
-    def quantity(self, key: str, kind: str, default: object = ..., low: float = 0.0, high: float = float("inf")) -> float:
-        """A number with a unit (units.parse_quantity), checked against plausible bounds."""
+    def quantity(self, key: str, kind: str, default: object = ..., high: float = float("inf"),
+                 allow_zero: bool = False) -> float:
+        """A positive number with a unit (units.parse_quantity), at most ``high`` in SI units.
+
+        ``allow_zero`` admits 0 (latencies and overheads that can be negligible).
+        """
         from comet_dse.units import parse_quantity
 
         value = self.raw(key, default)
         if value is None:
             return None
         number = parse_quantity(value, kind, self.name(key))
-        if not (low < number <= high) and not (low == 0.0 and number == 0.0 and high > 0):
-            raise InputError(self.name(key), f"{value!r} is outside the plausible range ({low:g}, {high:g}] in SI units")
+        if not (0.0 < number <= high or (allow_zero and number == 0.0)):
+            lower = "[0" if allow_zero else "(0"
+            raise InputError(self.name(key), f"{value!r} is outside the plausible range {lower}, {high:g}] in SI units")
         return number
 
     def fraction(self, key: str, default: object = ...) -> float:

@@ -73,6 +73,8 @@ class SearchSpace:
                 raise InputError("strategy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {value!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise InputError("strategy.dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if not 1.0 <= self.moe_imbalance <= 64.0:
+            raise InputError("strategy.moe_imbalance", f"must be in [1, 64] (1 = balanced), got {self.moe_imbalance!r}")
 
 
 def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list:

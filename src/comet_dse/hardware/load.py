@@ -27,7 +27,7 @@ def tier_from(fields: Fields, name: str, max_capacity: float, with_latency: bool
         capacity=fields.quantity("capacity", KIND_BYTES, high=max_capacity),
         bandwidth=fields.quantity("bandwidth", KIND_BANDWIDTH, high=MAX_MEM_BW),
         efficiency=fields.fraction("efficiency", 1.0),
-        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY) if with_latency else 0.0,
+        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True) if with_latency else 0.0,
     )
     fields.reject_unknown(("source",))
     return tier
@@ -61,7 +61,7 @@ def accelerator_from(fields: Fields) -> Accelerator:
         hbm=tier_from(memory.sub("hbm"), "hbm", MAX_HBM),
         expansion=expansion,
         vector_flops=fields.quantity("vector_flops", KIND_FLOPS, high=MAX_FLOPS),
-        kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, high=MAX_LATENCY),
+        kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True),
     )
     memory.reject_unknown(("source",))
     fields.reject_unknown(("source",))
@@ -80,7 +80,7 @@ def network_dim_from(fields: Fields, outermost: bool) -> NetworkDim:
         topology=fields.choice("topology", Topology),
         link_bandwidth=fields.quantity("link_bandwidth", KIND_BANDWIDTH, high=MAX_LINK_BW),
         links_per_device=fields.integer("links_per_device", 1),
-        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY),
+        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True),
         efficiency=fields.fraction("efficiency", 1.0),
     )
     fields.reject_unknown(("source",))
