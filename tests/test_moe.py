@@ -153,9 +153,9 @@ def test_search_space_includes_expert_degrees():
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--model", "mixtral-8x7b", "--ep", "3", "--dp", "24", "--devices", "24"], "ep: 3 does not divide the 8 experts"),
-    (["--model", "llama3-8b", "--ep", "2", "--dp", "8", "--devices", "8"], "has no experts"),
-    (["--model", "llama3-8b", "--cp", "3", "--dp", "1", "--devices", "3"], "cp: 3 does not divide the sequence length"),
+    (["--model", "mixtral-8x7b", "--ep", "3", "--dp", "24", "--devices", "24"], "ep: ep=3 must divide the 8 experts and dp=24"),
+    (["--model", "llama3-8b", "--ep", "2", "--dp", "8", "--devices", "8"], "ep: ep=2 needs a mixture-of-experts model"),
+    (["--model", "llama3-8b", "--cp", "3", "--dp", "1", "--devices", "3"], "cp: cp=3 does not divide the sequence length 8192"),
 ])
 def test_bad_ep_cp_is_one_line_exit_2(capsys, argv, needle):
     code = main(["estimate", "--cluster", "dgx-h100", "--global-batch", "24", *argv])

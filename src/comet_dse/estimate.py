@@ -26,6 +26,7 @@ class Estimate:
 
     feasible: bool
     reasons: list
+    broken_rules: list
     step_time_s: float
     tokens_per_second: float
     mfu: float
@@ -46,6 +47,7 @@ class Estimate:
         return {
             "feasible": self.feasible,
             "reasons": list(self.reasons),
+            "broken_rules": list(self.broken_rules),
             "step_time_s": self.step_time_s,
             "tokens_per_second": self.tokens_per_second,
             "mfu": self.mfu,
@@ -84,6 +86,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
     return Estimate(
         feasible=feasible,
         reasons=reasons_for(rules, 0),
+        broken_rules=[code for code, mask, _ in rules if mask[0]],
         step_time_s=step_time,
         tokens_per_second=tokens / step_time,
         mfu=float(step.model_flops[0] / capacity),
