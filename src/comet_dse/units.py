@@ -26,7 +26,6 @@ KIND_BANDWIDTH = "bandwidth"
 KIND_FLOPS = "flops"
 KIND_TIME = "time"
 KIND_COUNT = "count"
-KIND_FRACTION = "fraction"
 
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
 

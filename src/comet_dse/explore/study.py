@@ -20,9 +20,9 @@ from comet_dse.hardware.load import network_dim_from, tier_from, MAX_EXPANSION
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, read_yaml
 from comet_dse.presets import load_cluster, load_model
-from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME, parse_quantity
+from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
 
-# Axis name -> unit kind of its absolute values ("count" = plain number, "text" = a name).
+# Axis name -> unit kind of its absolute values (KIND_COUNT = plain number, "text" = a name).
 CLUSTER_AXES = {
     "peak_flops": KIND_FLOPS,
     "hbm_capacity": KIND_BYTES,
@@ -32,13 +32,13 @@ CLUSTER_AXES = {
     "expansion_capacity": KIND_BYTES,
     "expansion_bandwidth": KIND_BANDWIDTH,
     "expansion_latency": KIND_TIME,
-    "device_price_usd": "count",
-    "device_power_w": "count",
+    "device_price_usd": KIND_COUNT,
+    "device_power_w": KIND_COUNT,
     "network": "text",
     "network_bandwidth": KIND_BANDWIDTH,
     "network_latency": KIND_TIME,
 }
-DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": "count", "topology": "text"}
+DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": KIND_COUNT, "topology": "text"}
 STRATEGY_KEYS = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero",
                  "placement", "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap",
                  "moe_imbalance", "ep_overlap")
@@ -101,7 +101,7 @@ def load_study(path: Path) -> Study:
     variants = _variants(bases, devices, batches, axes, networks)
     baseline = _baseline(f, axes, variants, len(bases) > 1)
     space = _space(f)
-    budget = f.quantity("token_budget", "count", None, high=1e18)
+    budget = f.quantity("token_budget", KIND_COUNT, None, high=1e18)
     study = Study(name=f.text("name", path.stem), description=f.text("description", ""), models=loaded,
                   variants=variants, baseline=baseline,
                   space=space, token_budget=budget, output=f.text("output", "") or None,
@@ -211,7 +211,7 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
                 raise InputError(where, f"unknown {name} {item!r}; valid: {', '.join(valid)}")
             out.append((str(item), ("value", str(item))))
         else:
-            number = parse_quantity(item, kind if kind != "count" else "count", where)
+            number = parse_quantity(item, kind, where)
             if number <= 0 and not (name.endswith("latency") or name == "expansion_capacity"):
                 raise InputError(where, f"must be positive, got {item!r}")
             out.append((str(item), ("value", number)))
@@ -352,7 +352,7 @@ def _space(f: Fields) -> SearchSpace:
         elif key == "dtype":
             kwargs[key] = s.text(key)
         elif key == "moe_imbalance":
-            kwargs[key] = float(s.quantity(key, "count", high=64.0))
+            kwargs[key] = float(s.quantity(key, KIND_COUNT, high=64.0))
         else:
             kwargs[key] = s.boolean(key)
     s.reject_unknown()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from comet_dse.errors import InputError
 from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
 from comet_dse.loading import Fields
-from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME
+from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
 
 TiB = 2.0**40
 MAX_FLOPS = 1e17          # 100 PFLOP/s per device
@@ -103,8 +103,8 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         devices_per_node=fields.integer("devices_per_node"),
         network=network,
         max_devices=fields.integer("max_devices", None),
-        device_price_usd=fields.quantity("device_price_usd", "count", None, high=1e8),
-        device_power_w=fields.quantity("device_power_w", "count", None, high=1e5),
+        device_price_usd=fields.quantity("device_price_usd", KIND_COUNT, None, high=1e8),
+        device_power_w=fields.quantity("device_power_w", KIND_COUNT, None, high=1e5),
         source=fields.text("source", ""),
         description=fields.text("description", ""),
     )
