@@ -26,6 +26,11 @@ from comet_dse.model.spec import PositionEmbedding, Transformer
 
 MASK_BYTES = 1.0  # dropout masks are stored as uint8 (PyTorch/Megatron)
 FP32 = 4.0
+# Norm backward reads the output gradient and the input twice, once in the
+# input-gradient kernel (which writes dx) and once in the scale/bias-gradient
+# kernel: 5 element reads/writes (Apex FusedLayerNorm and PyTorch's native
+# layer_norm_backward both run these as separate kernels).
+NORM_BWD_ELEMENTS = 5
 
 # Vector FLOPs per element of the element-wise kernels (operation counts of the
 # usual implementations; they matter only on devices with weak vector units).
@@ -80,10 +85,12 @@ class LayerCost:
     cp_kv_bytes: object = 0.0       # K and V bytes passed to the next CP rank at each ring step
 
 
-def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
+def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, bias_rows=0.0):
     """Forward GEMM and backward (input-gradient + weight-gradient) GEMMs of one linear layer.
 
-    In fp8 training (GEMM inputs of 1 byte) each GEMM's 16-bit operands are
+    With a bias, its gradient is a reduction of the output gradient over the
+    rows it was added to: one read of bias_rows x n_out elements (e bytes each)
+    in backward (bias_rows = 0: no bias). In fp8 training (GEMM inputs of 1 byte) each GEMM's 16-bit operands are
     cast first: the activation in forward and the output gradient in backward
     (read 2 bytes, write 1 byte per element, plus an amax reduction), as
     Transformer Engine does; the fp8 weight copy is made once per step.
@@ -94,7 +101,16 @@ def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
     fp8 = np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
     cast_f = elementwise_time(batch * tokens * n_in, 3.0, 2, dev).scale(fp8)
     cast_b = elementwise_time(batch * tokens * n_out, 3.0, 2, dev).scale(fp8)
-    return fwd + cast_f, dgrad + wgrad + cast_b
+    bias = elementwise_time(batch * bias_rows * n_out, shape.e, 1, dev).scale(np.where(bias_rows > 0, 1.0, 0.0))
+    return fwd + cast_f, dgrad + wgrad + cast_b + bias
+
+
+def _bias_rows(model: Transformer, shape: LayerShape, shard: str):
+    """Rows a projection's bias is added to: 0 without biases; the SP-sharded
+    token count for row-parallel layers (bias added after the reduction), else all tokens."""
+    if not model.bias:
+        return 0.0
+    return shape.norm_tokens if shard == "in" else shape.tokens
 
 
 def _pointwise(elements, fwd_bytes, bwd_bytes, flops, dev: Device):
@@ -111,7 +127,11 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     Standard (materialised) attention: batched GEMMs of b*a/t x (s_q x s_k x d_qk)
     and (s_q x d_v x s_k), softmax and dropout over b*a/t*s_q*s_k elements;
     saves softmax output (e), dropout mask (1 byte) and dropout output (e) per
-    score: 5*a*s^2*b/t bytes at e = 2 and cp = 1. Flash attention (Dao et al.
+    score: 5*a*s^2*b/t bytes at e = 2 and cp = 1. The context comes out of the
+    batched GEMM as [b, a/t, s, d_v] and is copied to the [s, b, a/t*d_v]
+    layout of the output projection (read + write, 2e per element), and its
+    gradient is made contiguous again in backward (Megatron-LM CoreAttention).
+    Flash attention (Dao et al.
     2022): one fused kernel, causal blocks skipped (half the FLOPs), scores
     never stored; backward recomputes the scores (2.5x the forward FLOPs).
     Returns (forward, backward, saved score bytes).
@@ -128,8 +148,9 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     drop_f, drop_b = _pointwise(scores, 2 * e + MASK_BYTES, 2 * e + MASK_BYTES, FLOPS_DROPOUT, dev)
     if not dropout:
         drop_f, drop_b = zero_time(np.shape(scores)), zero_time(np.shape(scores))
-    std_fwd = qk + soft_f + drop_f + av
-    std_bwd = qk.scale(2.0) + soft_b + drop_b + av.scale(2.0)
+    layout = elementwise_time(shape.b * s_q * att.heads / shape.t * dv, 2 * e, 0, dev)
+    std_fwd = qk + soft_f + drop_f + av + layout
+    std_bwd = qk.scale(2.0) + soft_b + drop_b + av.scale(2.0) + layout
     std_saved = scores * (e + (MASK_BYTES + e if dropout else 0.0))
     # Flash attention: QK^T and PV fused, causal => half the blocks: b*(a/t)*s_q*s_k*(d_qk + d_v) FLOPs;
     # off-chip bytes: Q, K, V read and O written once per head.
@@ -150,7 +171,9 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
 
     Saved: the inputs of projections that do not read the norm output (MLA's
     up projections), Q/K/V for the scores, the input of the output projection,
-    and the core's score tensors.
+    and the core's score tensors. Backward assembles the gradients of the
+    Q, K and V views back into the fused QKV output (a concatenation: read and
+    write 2e per Q/K/V element).
     """
     h, t, e, tok = model.hidden, shape.t, shape.e, shape.tokens
     att = model.attention
@@ -159,13 +182,14 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
     for proj in att.projections(h):
         n_in = proj.n_in / t if proj.shard == "in" else proj.n_in
         n_out = proj.n_out / t if proj.shard == "out" else proj.n_out
-        f, b = _linear(tok, n_in, n_out, shape, dev)
+        f, b = _linear(tok, n_in, n_out, shape, dev, bias_rows=_bias_rows(model, shape, proj.shard))
         fwd, bwd = fwd + f, bwd + b
         if proj.shard == "in" or proj.n_in != h:
             saved = saved + tok * n_in * e        # MLA up projections and the output projection's input
     core_f, core_b, core_saved = _attention_core(model, shape, dev)
     qkv = tok * att.heads / t * (2 * att.qk_dim + att.v_dim) if att.latent else \
         tok * (att.heads + 2 * att.kv_heads) * att.head_dim / t
+    bwd = bwd + elementwise_time(qkv, 2 * e, 0, dev)
     if model.position is PositionEmbedding.ROPE:
         rope_dim = att.latent.qk_rope_head_dim if att.latent else att.head_dim
         rope_f, rope_b = _pointwise(tok * (att.heads + att.kv_heads) * rope_dim / t, 2 * e, 2 * e, FLOPS_ROPE, dev)
@@ -174,19 +198,23 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
     return fwd + core_f, bwd + core_b, core_f, saved + qkv * e + core_saved, core_saved, kv_bytes
 
 
-def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1):
+def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1, routed=False):
     """A (possibly batched, one per local expert) feed-forward block on ``tokens`` rows each; FFN split over t.
 
     Up (gate and up for SwiGLU), activation, down. Saved: the activation's
-    input(s) and the down projection's input.
+    input(s) and the down projection's input. Biases of routed experts are
+    added to their own ``tokens`` rows; a dense block's as ``_bias_rows`` says.
     """
     h, t, e = model.hidden, shape.t, shape.e
     up_cols = (2 * ffn if model.mlp.gated else ffn) / t
-    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts)
+    up_rows, down_rows = _bias_rows(model, shape, "out"), _bias_rows(model, shape, "in")
+    if routed:
+        up_rows = down_rows = tokens if model.bias else 0.0
+    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts, bias_rows=up_rows)
     act_flops = FLOPS_SWIGLU if model.mlp.gated else FLOPS_GELU
     act_in = 2 if model.mlp.gated else 1
     act_f, act_b = _pointwise(experts * tokens * ffn / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
-    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts)
+    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts, bias_rows=down_rows)
     saved = experts * tokens * ffn / t * e * (act_in + 1)
     return up_f + act_f + down_f, up_b + act_b + down_b, saved
 
@@ -207,7 +235,7 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     local = moe.experts / shape.ep
     rows = tok * moe.top_k * shape.imbalance
     per_expert = rows / local
-    exp_f, exp_b, exp_saved = _ffn(per_expert, moe.ffn, model, shape, dev, experts=local)
+    exp_f, exp_b, exp_saved = _ffn(per_expert, moe.ffn, model, shape, dev, experts=local, routed=True)
     fwd, bwd = router_f + gate_f + exp_f, router_b + gate_b + exp_b
     saved = exp_saved + rows * h * e + tok * moe.experts * FP32
     if moe.shared_ffn:
@@ -222,7 +250,7 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     ntok = shape.norm_tokens
     dropout = model.dropout
 
-    norm_f, norm_b = _pointwise(ntok * h, 2 * e, 3 * e, FLOPS_NORM, dev)
+    norm_f, norm_b = _pointwise(ntok * h, 2 * e, NORM_BWD_ELEMENTS * e, FLOPS_NORM, dev)
     att_f, att_b, core_f, att_saved, core_saved, kv_bytes = _attention(model, shape, dev)
     resid_bytes_f = 3 * e + (MASK_BYTES if dropout else 0.0)
     resid_f, resid_b = _pointwise(ntok * h, resid_bytes_f, resid_bytes_f, FLOPS_DROPOUT + FLOPS_ADD, dev)

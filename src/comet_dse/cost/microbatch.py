@@ -15,7 +15,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_time
-from comet_dse.cost.layer import FP32, LayerCost, LayerShape, layer_cost
+from comet_dse.cost.layer import FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import StrategyArrays
@@ -106,7 +106,12 @@ def embedding_and_head(model: Transformer, ctx: Context):
     Embedding: row gather + position add + dropout over b*s*h, vocabulary-parallel
     with an all-reduce (reduce-scatter with SP) of b*s*h*e across TP.
     Head: final norm, GEMM [b*s, h] x [h, V/t], vocabulary-parallel cross
-    entropy in fp32 over b*s*V/t logits (read e, write 4 B; backward the reverse).
+    entropy in fp32 over b*s*V/t logits as Megatron-LM computes it, one pass
+    per operation: forward casts the 16-bit logits to fp32 (read e, write 4),
+    takes the row maximum (read 4), subtracts it (read 4, write 4),
+    exponentiates (8), sums (4) and divides by the sum (8), keeping the
+    softmax for backward: e + 36 bytes per logit; backward scales the softmax
+    by the loss gradient (8) and casts it to 16 bits (read 4, write e): 12 + e.
     """
     shape, dev, dims, tp_spans = ctx.shape, ctx.dev, ctx.dims, ctx.spans["tp"]
     tok, h, e, t = shape.tokens, model.hidden, shape.e, shape.t
@@ -117,12 +122,12 @@ def embedding_and_head(model: Transformer, ctx: Context):
     emb = work(emb_f, emb_b, zero, tp=emb_comm)
 
     norm_f = elementwise_time(shape.norm_tokens * h, 2 * e, 8, dev)
-    norm_b = elementwise_time(shape.norm_tokens * h, 3 * e, 16, dev)
+    norm_b = elementwise_time(shape.norm_tokens * h, NORM_BWD_ELEMENTS * e, 16, dev)
     vocab = model.vocab / t
     gemm_f = gemm_time(1, tok, vocab, h, shape.gemm_e, dev)
     gemm_b = gemm_time(1, tok, h, vocab, shape.gemm_e, dev) + gemm_time(1, h, vocab, tok, shape.gemm_e, dev)
-    loss_f = elementwise_time(tok * vocab, e + FP32, 5, dev)
-    loss_b = elementwise_time(tok * vocab, FP32 + e, 2, dev)
+    loss_f = elementwise_time(tok * vocab, e + 9 * FP32, 5, dev)
+    loss_b = elementwise_time(tok * vocab, 3 * FP32 + e, 2, dev)
     # Input of the column-parallel head: gathered (SP) or all-reduced in backward (no SP).
     head_input = np.where(shape.sp, 2.0 * coll.all_gather_time(tok * h * e, dims, tp_spans),
                           coll.all_reduce_time(tok * h * e, dims, tp_spans))
