@@ -27,7 +27,7 @@ def design_points(draw):
         tp=tp, pp=pp, dp=dp, global_batch=gb, micro_batch=mb,
         recompute=draw(hs.sampled_from(list(Recompute))), sequence_parallel=draw(hs.booleans()),
         zero=draw(hs.sampled_from([0, 1, 2, 3])), dtype=draw(hs.sampled_from(["bf16", "fp16"])),
-        dp_overlap=draw(hs.booleans()), flash_attention=draw(hs.booleans()),
+        dp_overlap=draw(hs.booleans()), flash_attention=draw(hs.booleans()), tp_overlap=draw(hs.booleans()),
     )
 
 

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens on the busiest expert device relative to a balanced router (default 1.0)")
     est.add_argument("--ep-overlap", action="store_true",
                      help="hide expert all-to-alls behind another micro-batch's compute (DualPipe)")
+    est.add_argument("--tp-overlap", action="store_true",
+                     help="pipeline TP collectives with the adjacent GEMMs in chunks (Megatron-Core --tp-comm-overlap)")
     est.add_argument("--global-batch", type=_positive_int, required=True, help="sequences per iteration")
     est.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch (default 1)")
     est.add_argument("--interleave", type=_positive_int, default=1, help="virtual pipeline stages per device (default 1)")
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
     sea.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16", help="training precision")
     sea.add_argument("--flash-attention", action="store_true", help="fused attention for every strategy")
+    sea.add_argument("--tp-overlap", action="store_true", help="TP collectives pipelined with GEMMs for every strategy")
     sea.add_argument("--tp", type=_int_list, default=None, help="allowed TP degrees, e.g. 4,8 (default: all)")
     sea.add_argument("--pp", type=_int_list, default=None, help="allowed PP degrees (default: all)")
     sea.add_argument("--cp", type=_int_list, default=None, help="allowed CP degrees (default: keep >= 4096 tokens/device)")
@@ -150,6 +153,7 @@ def _strategy_from(args, devices: int):
         zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
         grad_accumulation=GradAccumulation(args.grad_accumulation), placement=args.placement,
         cp=args.cp, ep=args.ep, moe_imbalance=args.moe_imbalance, ep_overlap=args.ep_overlap,
+        tp_overlap=args.tp_overlap,
     )
 
 
@@ -198,7 +202,7 @@ def cmd_search(args) -> int:
     defaults = SearchSpace()
     space = SearchSpace(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
                         recompute=args.recompute or defaults.recompute, zero=args.zero or defaults.zero,
-                        dtype=args.dtype, flash_attention=args.flash_attention)
+                        dtype=args.dtype, flash_attention=args.flash_attention, tp_overlap=args.tp_overlap)
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space)
     elapsed = time.perf_counter() - started

@@ -36,6 +36,18 @@ def _bar(fraction: float, width: int = 24) -> str:
     return "#" * filled + "." * (width - filled)
 
 
+SWITCHES = (("flash_attention", "flash attention"), ("tp_overlap", "TP comm pipelined with GEMMs"),
+            ("ep_overlap", "expert all-to-all overlapped"))
+
+
+def _switch_line(strategy: dict) -> list:
+    """The execution switches that are on (and a data-parallel reduction left exposed), as 0 or 1 line."""
+    on = [label for key, label in SWITCHES if strategy.get(key)]
+    if not strategy.get("dp_overlap", True):
+        on.append("DP reduction not overlapped")
+    return [f"  {', '.join(on)}"] if on else []
+
+
 def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> str:
     """A readable breakdown of one iteration: time by part, memory by part and tier, fit, throughput."""
     inputs = est.inputs
@@ -47,6 +59,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         f"micro-batch {st.get('micro_batch')} ({est.microbatches:g} per pipeline), interleave {st.get('interleave')}",
         f"  recompute {st.get('recompute')}, sequence parallel {'on' if st.get('sequence_parallel') else 'off'}, "
         f"ZeRO {st.get('zero')}, {st.get('dtype')}, {est.layers_per_stage} layers on the busiest stage",
+        *_switch_line(st),
         "",
         f"Step time        {format_time(est.step_time_s)}",
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",

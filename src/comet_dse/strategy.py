@@ -51,6 +51,9 @@ class Strategy:
       perfectly balanced router (1.0 = balanced).
     ep_overlap: hide the expert all-to-alls behind the compute of another
       micro-batch (DeepSeek-V3's DualPipe); only the excess stays exposed.
+    tp_overlap: split each TP collective into chunks pipelined with the GEMM
+      next to it (Megatron-Core --tp-comm-overlap, Transformer Engine); only
+      what the GEMMs cannot hide, and at least one chunk, stays exposed.
     global_batch, micro_batch: sequences per iteration and per micro-batch.
     interleave: virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2).
     zero: ZeRO stage 0..3 over the data-parallel group (Rajbhandari et al. 2020).
@@ -79,6 +82,7 @@ class Strategy:
     ep: int = 1
     moe_imbalance: float = 1.0
     ep_overlap: bool = False
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave", "cp", "ep"):
@@ -122,6 +126,7 @@ class StrategyArrays:
     ep: object = None
     moe_imbalance: object = None
     ep_overlap: object = None
+    tp_overlap: object = None
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -130,8 +135,9 @@ class StrategyArrays:
         for name in ("cp", "ep", "moe_imbalance"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ones)
-        if self.ep_overlap is None:
-            object.__setattr__(self, "ep_overlap", np.zeros(np.shape(self.tp), dtype=bool))
+        for name in ("ep_overlap", "tp_overlap"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(np.shape(self.tp), dtype=bool))
 
     @classmethod
     def of(cls, strategies: list) -> "StrategyArrays":
@@ -153,6 +159,7 @@ class StrategyArrays:
             placement=col(lambda x: PLACEMENTS.index(x.placement), int),
             cp=col(lambda x: x.cp, float), ep=col(lambda x: x.ep, float),
             moe_imbalance=col(lambda x: x.moe_imbalance, float), ep_overlap=col(lambda x: x.ep_overlap, bool),
+            tp_overlap=col(lambda x: x.tp_overlap, bool),
         )
 
     def take(self, index) -> "StrategyArrays":

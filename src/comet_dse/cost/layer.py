@@ -83,6 +83,8 @@ class LayerCost:
     a2a_messages: int = 0           # expert all-to-alls per pass (dispatch and combine)
     a2a_bytes: object = 0.0         # bytes each device sends in one all-to-all
     cp_kv_bytes: object = 0.0       # K and V bytes passed to the next CP rank at each ring step
+    tp_gemm_forward: object = 0.0   # forward time of the GEMMs next to the TP collectives (_tp_adjacent_gemms)
+    tp_gemm_backward: object = 0.0  # their backward (input- and weight-gradient) time
 
 
 def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, bias_rows=0.0):
@@ -244,6 +246,31 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     return fwd, bwd, saved, tok / t * moe.top_k * shape.imbalance * h * e
 
 
+def _tp_adjacent_gemms(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bool):
+    """Forward and backward seconds of the GEMMs that a TP collective feeds or drains.
+
+    The TP-split attention projections (QKV or MLA's up projections, the output
+    projection) and the dense MLP's up and down projections (a MoE layer's
+    shared expert; routed experts sit behind the all-to-all instead). These
+    are the GEMMs a chunked TP collective can be pipelined with (tp_overlap).
+    """
+    h, t, tok = model.hidden, shape.t, shape.tokens
+    linears = []
+    for proj in model.attention.projections(h):
+        if proj.shard == "out":
+            linears.append((proj.n_in, proj.n_out / t))
+        elif proj.shard == "in":
+            linears.append((proj.n_in / t, proj.n_out))
+    ffn = (model.moe.shared_ffn if model.moe else 0) if moe_layer else model.mlp.ffn
+    if ffn:
+        linears += [(h, (2 * ffn if model.mlp.gated else ffn) / t), (ffn / t, h)]
+    fwd = bwd = 0.0
+    for n_in, n_out in linears:
+        f, b = _linear(tok, n_in, n_out, shape, dev)
+        fwd, bwd = fwd + f.total, bwd + b.total
+    return fwd, bwd
+
+
 def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bool = False) -> LayerCost:
     """Decompose one layer (dense, or MoE when ``moe_layer``); see the module docstring."""
     h, e, tok = model.hidden, shape.e, shape.tokens
@@ -267,9 +294,11 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     gemm_in = 2 * ntok * h * e                              # attention and MLP inputs (SP: sharded, re-gathered)
     masks = 2 * ntok * h * MASK_BYTES if dropout else 0.0   # two residual dropout masks
     saved = norm_in + gemm_in + att_saved + masks + mlp_saved
+    tp_gemm_f, tp_gemm_b = _tp_adjacent_gemms(model, shape, dev, moe_layer and model.moe is not None)
     return LayerCost(
         forward=forward, backward=backward, attention_core=core_f,
         saved_bytes=saved, attention_core_bytes=np.where(shape.flash, 0.0, core_saved),
         input_bytes=ntok * h * e, tp_messages=2, tp_message_bytes=tok * h * e,
         a2a_messages=2 if (moe_layer and model.moe) else 0, a2a_bytes=a2a, cp_kv_bytes=kv_bytes,
+        tp_gemm_forward=tp_gemm_f, tp_gemm_backward=tp_gemm_b,
     )

@@ -74,7 +74,10 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     """One layer, one micro-batch: kernel times by phase plus exposed in-layer communication.
 
     TP: 2 all-reduces in forward and 2 in backward (Megatron f/g operators); with
-    SP each is an all-gather plus a reduce-scatter of the same volume.
+    SP each is an all-gather plus a reduce-scatter of the same volume. With
+    tp_overlap each collective is cut into t chunks pipelined with the GEMMs
+    next to it: per pass, exposed = max(T_comm - T_gemm, T_comm / t), the
+    first (or last) chunk having nothing to hide behind.
     EP (MoE layers): dispatch and combine all-to-alls in forward and in backward;
     with ep_overlap (DualPipe) only what exceeds the pass's compute is exposed.
     CP: a ring of cp-1 steps passing K and V (forward) and their gradients
@@ -86,6 +89,10 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     layer: LayerCost = layer_cost(model, ctx.shape, ctx.dev, moe_layer=moe_layer)
     dims, spans, rc = ctx.dims, ctx.spans, st.recompute
     tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
+    tp_fwd = np.where(st.tp_overlap, tp_pass - np.minimum(layer.tp_gemm_forward, tp_pass * (1.0 - 1.0 / st.tp)),
+                      tp_pass)
+    tp_bwd = np.where(st.tp_overlap, tp_pass - np.minimum(layer.tp_gemm_backward, tp_pass * (1.0 - 1.0 / st.tp)),
+                      tp_pass)
     ep_pass = layer.a2a_messages * coll.all_to_all_time(layer.a2a_bytes, dims, spans["ep"])
     ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
     ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
@@ -96,7 +103,7 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
                      np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
     again = np.where(rc == 2, 1.0, 0.0)
-    return work(layer.forward, layer.backward, rec, tp=(2.0 + again) * tp_pass, ep=(1.0 + again) * ep_fwd + ep_bwd,
+    return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd, ep=(1.0 + again) * ep_fwd + ep_bwd,
                 cp=cp_fwd * (1.0 + again) + cp_bwd), layer
 
 
@@ -174,7 +181,7 @@ def prefixed(terms: dict, prefix: str) -> dict:
 
 # Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).
 _KEY_FIELDS = ("micro_batch", "tp", "cp", "ep", "sequence_parallel", "flash_attention", "dtype", "recompute",
-               "moe_imbalance", "ep_overlap")
+               "moe_imbalance", "ep_overlap", "tp_overlap")
 
 
 def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:

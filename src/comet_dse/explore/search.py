@@ -56,5 +56,5 @@ def strategy_at(columns: dict, row: int) -> Strategy:
         grad_accumulation=GradAccumulation.FUSED if columns["grad_fused"][row] else GradAccumulation.SEPARATE,
         placement=decode("placement", int(columns["placement"][row])),
         cp=int(columns["cp"][row]), ep=int(columns["ep"][row]), moe_imbalance=float(columns["moe_imbalance"][row]),
-        ep_overlap=bool(columns["ep_overlap"][row]),
+        ep_overlap=bool(columns["ep_overlap"][row]), tp_overlap=bool(columns["tp_overlap"][row]),
     )

@@ -39,7 +39,8 @@ class SearchSpace:
       batch up to max_micro_batch).
     interleave: virtual stages (default: divisors of the layers per stage up to max_interleave).
     recompute, sequence_parallel, zero, placement: choices to try.
-    dtype, flash_attention, dp_overlap, grad_fused: fixed for the whole search.
+    dtype, flash_attention, dp_overlap, grad_fused, moe_imbalance, ep_overlap,
+      tp_overlap: fixed for the whole search.
     """
 
     tp: tuple | None = None
@@ -60,6 +61,7 @@ class SearchSpace:
     grad_fused: bool = True
     moe_imbalance: float = 1.0
     ep_overlap: bool = False
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         for value in self.recompute:
@@ -152,5 +154,5 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
         dtype=np.full(n, DTYPE_CHOICES.index(space.dtype)), dp_overlap=np.full(n, space.dp_overlap),
         flash_attention=np.full(n, space.flash_attention), grad_fused=np.full(n, space.grad_fused),
         placement=rows[:, 10].astype(int), cp=rows[:, 5], ep=rows[:, 6], moe_imbalance=np.full(n, space.moe_imbalance),
-        ep_overlap=np.full(n, space.ep_overlap),
+        ep_overlap=np.full(n, space.ep_overlap), tp_overlap=np.full(n, space.tp_overlap),
     )
