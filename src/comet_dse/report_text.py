@@ -8,7 +8,7 @@ BREAKDOWN_LABELS = {
     "compute": "compute-bound kernels",
     "memory": "memory-bound kernels",
     "tp_communication": "tensor-parallel comm (exposed)",
-    "cp_communication": "context-parallel KV ring (exposed)",
+    "cp_communication": "context-parallel K/V (exposed)",
     "ep_communication": "expert all-to-all (exposed)",
     "pp_communication": "pipeline send/recv",
     "pipeline_bubble": "pipeline bubble (idle)",
@@ -43,6 +43,8 @@ SWITCHES = (("flash_attention", "flash attention"), ("tp_overlap", "TP comm pipe
 def _switch_line(strategy: dict) -> list:
     """The execution switches that are on (and a data-parallel reduction left exposed), as 0 or 1 line."""
     on = [label for key, label in SWITCHES if strategy.get(key)]
+    if strategy.get("cp", 1) > 1:
+        on.append(f"CP by {strategy.get('cp_algorithm', 'ring')}")
     if not strategy.get("dp_overlap", True):
         on.append("DP reduction not overlapped")
     return [f"  {', '.join(on)}"] if on else []

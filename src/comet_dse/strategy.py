@@ -35,6 +35,7 @@ class GradAccumulation(str, Enum):
 
 RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 DTYPE_CHOICES = ("bf16", "fp16", "fp8")
+CP_ALGORITHMS = ("ring", "all-gather")  # how context-parallel ranks exchange K and V
 # Orders of the parallel axes on the device numbering, innermost first.
 PLACEMENTS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "pp-dp-tp", "dp-tp-pp", "dp-pp-tp")
 
@@ -51,6 +52,9 @@ class Strategy:
       perfectly balanced router (1.0 = balanced).
     ep_overlap: hide the expert all-to-alls behind the compute of another
       micro-batch (DeepSeek-V3's DualPipe); only the excess stays exposed.
+    cp_algorithm: how CP ranks exchange K and V: "ring" (passed around a ring,
+      overlapped with attention) or "all-gather" (gathered before attention,
+      exposed; Llama 3).
     tp_overlap: split each TP collective into chunks pipelined with the GEMM
       next to it (Megatron-Core --tp-comm-overlap, Transformer Engine); only
       what the GEMMs cannot hide, and at least one chunk, stays exposed.
@@ -83,6 +87,7 @@ class Strategy:
     moe_imbalance: float = 1.0
     ep_overlap: bool = False
     tp_overlap: bool = False
+    cp_algorithm: str = "ring"
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave", "cp", "ep"):
@@ -96,6 +101,8 @@ class Strategy:
         imb = self.moe_imbalance
         if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not 1.0 <= imb <= 64.0:
             raise InputError("moe-imbalance", f"must be a number in [1, 64] (1 = balanced), got {imb!r}")
+        if self.cp_algorithm not in CP_ALGORITHMS:
+            raise InputError("cp-algorithm", f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
         if self.placement not in PLACEMENTS:
             raise InputError("placement", f"must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
 
@@ -127,6 +134,7 @@ class StrategyArrays:
     moe_imbalance: object = None
     ep_overlap: object = None
     tp_overlap: object = None
+    cp_all_gather: object = None    # True where CP exchanges K/V by all-gather (cp_algorithm)
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -135,7 +143,7 @@ class StrategyArrays:
         for name in ("cp", "ep", "moe_imbalance"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ones)
-        for name in ("ep_overlap", "tp_overlap"):
+        for name in ("ep_overlap", "tp_overlap", "cp_all_gather"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros(np.shape(self.tp), dtype=bool))
 
@@ -160,6 +168,7 @@ class StrategyArrays:
             cp=col(lambda x: x.cp, float), ep=col(lambda x: x.ep, float),
             moe_imbalance=col(lambda x: x.moe_imbalance, float), ep_overlap=col(lambda x: x.ep_overlap, bool),
             tp_overlap=col(lambda x: x.tp_overlap, bool),
+            cp_all_gather=col(lambda x: x.cp_algorithm == "all-gather", bool),
         )
 
     def take(self, index) -> "StrategyArrays":

@@ -2,7 +2,7 @@
 
 Per layer (dense and, for MoE models, MoE), the embedding and the head: kernel
 times by phase and the exposed communication that happens inside the layer —
-TP collectives, expert all-to-alls (EP) and the context-parallel KV ring (CP).
+TP collectives, expert all-to-alls (EP) and the context-parallel K/V exchange (CP).
 Work is a dict of arrays with the keys of ``WORK_KEYS`` (seconds per
 micro-batch). These terms depend on only a few strategy fields, so sweeps
 compute them once per distinct combination (``deduplicated``).
@@ -80,9 +80,12 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     first (or last) chunk having nothing to hide behind.
     EP (MoE layers): dispatch and combine all-to-alls in forward and in backward;
     with ep_overlap (DualPipe) only what exceeds the pass's compute is exposed.
-    CP: a ring of cp-1 steps passing K and V (forward) and their gradients
-    (backward, twice the bytes), overlapped with the attention kernels; only the
-    excess is exposed: max(0, steps * t_step - t_attention).
+    CP, ring (default): cp-1 steps passing K and V (forward) and their
+    gradients (backward, twice the bytes), overlapped with the attention
+    kernels; only the excess is exposed: max(0, steps * t_step - t_attention).
+    CP, all-gather (Llama 3, Dubey et al. 2024, Sec. 3.3.2): K and V of the
+    whole sequence all-gathered before attention and their gradients
+    reduce-scattered after it, both exposed.
     Full recomputation repeats the forward's TP, EP and CP communication.
     Returns (work dict, LayerCost).
     """
@@ -98,8 +101,9 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
     ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
     core = layer.attention_core.total
-    cp_fwd = np.where(st.cp > 1, np.maximum(ring - core, 0.0), 0.0)
-    cp_bwd = np.where(st.cp > 1, np.maximum(2.0 * ring - 2.5 * core, 0.0), 0.0)
+    gather = coll.all_gather_time(st.cp * layer.cp_kv_bytes, dims, spans["cp"])
+    cp_fwd = np.where(st.cp > 1, np.where(st.cp_all_gather, gather, np.maximum(ring - core, 0.0)), 0.0)
+    cp_bwd = np.where(st.cp > 1, np.where(st.cp_all_gather, gather, np.maximum(2.0 * ring - 2.5 * core, 0.0)), 0.0)
     rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
                      np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
     again = np.where(rc == 2, 1.0, 0.0)
@@ -181,7 +185,7 @@ def prefixed(terms: dict, prefix: str) -> dict:
 
 # Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).
 _KEY_FIELDS = ("micro_batch", "tp", "cp", "ep", "sequence_parallel", "flash_attention", "dtype", "recompute",
-               "moe_imbalance", "ep_overlap", "tp_overlap")
+               "moe_imbalance", "ep_overlap", "tp_overlap", "cp_all_gather")
 
 
 def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, Recompute, StrategyArrays
+from comet_dse.strategy import CP_ALGORITHMS, DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, Recompute, StrategyArrays
 
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 
@@ -40,7 +40,7 @@ class SearchSpace:
     interleave: virtual stages (default: divisors of the layers per stage up to max_interleave).
     recompute, sequence_parallel, zero, placement: choices to try.
     dtype, flash_attention, dp_overlap, grad_fused, moe_imbalance, ep_overlap,
-      tp_overlap: fixed for the whole search.
+      tp_overlap, cp_algorithm: fixed for the whole search.
     """
 
     tp: tuple | None = None
@@ -62,6 +62,7 @@ class SearchSpace:
     moe_imbalance: float = 1.0
     ep_overlap: bool = False
     tp_overlap: bool = False
+    cp_algorithm: str = "ring"
 
     def __post_init__(self) -> None:
         for value in self.recompute:
@@ -75,6 +76,8 @@ class SearchSpace:
                 raise InputError("strategy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {value!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise InputError("strategy.dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.cp_algorithm not in CP_ALGORITHMS:
+            raise InputError("strategy.cp_algorithm", f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
         if not 1.0 <= self.moe_imbalance <= 64.0:
             raise InputError("strategy.moe_imbalance", f"must be in [1, 64] (1 = balanced), got {self.moe_imbalance!r}")
 
@@ -155,4 +158,5 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
         flash_attention=np.full(n, space.flash_attention), grad_fused=np.full(n, space.grad_fused),
         placement=rows[:, 10].astype(int), cp=rows[:, 5], ep=rows[:, 6], moe_imbalance=np.full(n, space.moe_imbalance),
         ep_overlap=np.full(n, space.ep_overlap), tp_overlap=np.full(n, space.tp_overlap),
+        cp_all_gather=np.full(n, space.cp_algorithm == "all-gather"),
     )

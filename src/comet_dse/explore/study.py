@@ -41,7 +41,7 @@ CLUSTER_AXES = {
 DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": KIND_COUNT, "topology": "text"}
 STRATEGY_KEYS = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero",
                  "placement", "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap",
-                 "moe_imbalance", "ep_overlap", "tp_overlap")
+                 "moe_imbalance", "ep_overlap", "tp_overlap", "cp_algorithm")
 
 
 @dataclass(frozen=True)
@@ -349,7 +349,7 @@ def _space(f: Fields) -> SearchSpace:
             kwargs[key] = tuple(items)
         elif key in ("max_micro_batch", "max_interleave"):
             kwargs[key] = s.integer(key)
-        elif key == "dtype":
+        elif key in ("dtype", "cp_algorithm"):
             kwargs[key] = s.text(key)
         elif key == "moe_imbalance":
             kwargs[key] = float(s.quantity(key, KIND_COUNT, high=64.0))
