@@ -75,9 +75,10 @@ def test_hf_deepseek_config_and_missing_key(tmp_path):
               "num_key_value_heads": 128, "intermediate_size": 18432, "vocab_size": 129280,
               "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
               "n_shared_experts": 1, "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512,
-              "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+              "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "n_group": 8, "topk_group": 4}
     m = transformer_from_hf_config(_write(tmp_path, config))
     assert m.total_params() == load_model("deepseek-v3").total_params()
+    assert (m.moe.expert_groups, m.moe.groups_per_token) == (8, 4)
     del config["moe_intermediate_size"]
     with pytest.raises(InputError, match="moe_intermediate_size"):
         transformer_from_hf_config(_write(tmp_path, config))

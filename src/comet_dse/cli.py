@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens on the busiest expert device relative to a balanced router (default 1.0)")
     est.add_argument("--ep-overlap", action="store_true",
                      help="hide expert all-to-alls behind another micro-batch's compute (DualPipe)")
+    est.add_argument("--ep-fp8-dispatch", action="store_true",
+                     help="with --dtype fp8: send tokens to their experts in fp8 (DeepSeek-V3)")
     est.add_argument("--cp-algorithm", choices=CP_ALGORITHMS, default="ring",
                      help="how CP ranks exchange K and V: ring (overlapped, default) or all-gather (exposed; Llama 3)")
     est.add_argument("--tp-overlap", action="store_true",
@@ -155,7 +157,7 @@ def _strategy_from(args, devices: int):
         zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
         grad_accumulation=GradAccumulation(args.grad_accumulation), placement=args.placement,
         cp=args.cp, ep=args.ep, moe_imbalance=args.moe_imbalance, ep_overlap=args.ep_overlap,
-        tp_overlap=args.tp_overlap, cp_algorithm=args.cp_algorithm,
+        tp_overlap=args.tp_overlap, cp_algorithm=args.cp_algorithm, ep_fp8_dispatch=args.ep_fp8_dispatch,
     )
 
 

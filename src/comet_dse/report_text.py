@@ -37,7 +37,7 @@ def _bar(fraction: float, width: int = 24) -> str:
 
 
 SWITCHES = (("flash_attention", "flash attention"), ("tp_overlap", "TP comm pipelined with GEMMs"),
-            ("ep_overlap", "expert all-to-all overlapped"))
+            ("ep_overlap", "expert all-to-all overlapped"), ("ep_fp8_dispatch", "fp8 expert dispatch"))
 
 
 def _switch_line(strategy: dict) -> list:

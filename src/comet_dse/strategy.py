@@ -52,6 +52,9 @@ class Strategy:
       perfectly balanced router (1.0 = balanced).
     ep_overlap: hide the expert all-to-alls behind the compute of another
       micro-batch (DeepSeek-V3's DualPipe); only the excess stays exposed.
+    ep_fp8_dispatch: in fp8 training, send the tokens to their experts as fp8
+      (and the activation gradients before the down projection in backward;
+      DeepSeek-V3 Sec. 3.3.4); the combines stay 16-bit.
     cp_algorithm: how CP ranks exchange K and V: "ring" (passed around a ring,
       overlapped with attention) or "all-gather" (gathered before attention,
       exposed; Llama 3).
@@ -88,6 +91,7 @@ class Strategy:
     ep_overlap: bool = False
     tp_overlap: bool = False
     cp_algorithm: str = "ring"
+    ep_fp8_dispatch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave", "cp", "ep"):
@@ -101,6 +105,8 @@ class Strategy:
         imb = self.moe_imbalance
         if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not 1.0 <= imb <= 64.0:
             raise InputError("moe-imbalance", f"must be a number in [1, 64] (1 = balanced), got {imb!r}")
+        if self.ep_fp8_dispatch and self.dtype != "fp8":
+            raise InputError("ep-fp8-dispatch", f"needs --dtype fp8, got {self.dtype}")
         if self.cp_algorithm not in CP_ALGORITHMS:
             raise InputError("cp-algorithm", f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
         if self.placement not in PLACEMENTS:
@@ -135,6 +141,7 @@ class StrategyArrays:
     ep_overlap: object = None
     tp_overlap: object = None
     cp_all_gather: object = None    # True where CP exchanges K/V by all-gather (cp_algorithm)
+    ep_fp8_dispatch: object = None
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -143,7 +150,7 @@ class StrategyArrays:
         for name in ("cp", "ep", "moe_imbalance"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ones)
-        for name in ("ep_overlap", "tp_overlap", "cp_all_gather"):
+        for name in ("ep_overlap", "tp_overlap", "cp_all_gather", "ep_fp8_dispatch"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros(np.shape(self.tp), dtype=bool))
 
@@ -169,6 +176,7 @@ class StrategyArrays:
             moe_imbalance=col(lambda x: x.moe_imbalance, float), ep_overlap=col(lambda x: x.ep_overlap, bool),
             tp_overlap=col(lambda x: x.tp_overlap, bool),
             cp_all_gather=col(lambda x: x.cp_algorithm == "all-gather", bool),
+            ep_fp8_dispatch=col(lambda x: x.ep_fp8_dispatch, bool),
         )
 
     def take(self, index) -> "StrategyArrays":

@@ -106,16 +106,30 @@ def all_reduce_time(nbytes, dims: tuple, group_spans: list):
     return 2.0 * reduce_scatter_time(nbytes, dims, group_spans)
 
 
-def all_to_all_time(nbytes, dims: tuple, group_spans: list):
+def outermost(group_spans: list) -> list:
+    """Per dimension, True where it is the outermost one the group spans (n > 1 there, 1 beyond)."""
+    flags, beyond = [], None
+    for n in reversed(group_spans):
+        spanned = np.asarray(n) > 1
+        beyond = np.zeros_like(spanned) if beyond is None else beyond
+        flags.append(spanned & ~beyond)
+        beyond = beyond | spanned
+    return flags[::-1]
+
+
+def all_to_all_time(nbytes, dims: tuple, group_spans: list, outer_scale=1.0):
     """All-to-all where each device holds ``nbytes`` and keeps 1/n of it [s].
 
     Per dimension: (n-1)/n * S / B * hops + steps * latency, where hops is the
     mean path length a byte travels: 1 on a switch or fully connected, n/4 on a
     closed ring/torus (both directions), n/3 on a line (mesh, open torus).
     Dimensions are traversed one after another (dimension-ordered routing).
+    On the outermost dimension the group spans, S is multiplied by
+    ``outer_scale`` (a hierarchical exchange that sends fewer bytes across it,
+    e.g. one copy per destination node).
     """
     total = np.zeros(np.broadcast(nbytes, *group_spans).shape)
-    for dim, n in zip(dims, group_spans):
+    for dim, n, outer in zip(dims, group_spans, outermost(group_spans)):
         if dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
             hops = np.ones_like(n)
         elif dim.topology is Topology.RING or dim.topology is Topology.TORUS:
@@ -123,7 +137,8 @@ def all_to_all_time(nbytes, dims: tuple, group_spans: list):
         else:
             hops = np.maximum(n / 3.0, 1.0)
         bw = dim.bandwidth if dim.topology is not Topology.FULLY_CONNECTED else effective_bandwidth(dim, n)
-        t = (n - 1) / n * nbytes / bw * hops + (n - 1) * dim.latency
+        data = nbytes * np.where(outer, outer_scale, 1.0)
+        t = (n - 1) / n * data / bw * hops + (n - 1) * dim.latency
         total = total + np.where(n > 1, t, 0.0)
     return total
 

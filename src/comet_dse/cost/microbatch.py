@@ -96,7 +96,7 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
                       tp_pass)
     tp_bwd = np.where(st.tp_overlap, tp_pass - np.minimum(layer.tp_gemm_backward, tp_pass * (1.0 - 1.0 / st.tp)),
                       tp_pass)
-    ep_pass = layer.a2a_messages * coll.all_to_all_time(layer.a2a_bytes, dims, spans["ep"])
+    ep_pass = np.where(layer.a2a_messages > 0, expert_exchange_time(model, layer, ctx, st), 0.0)
     ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
     ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
     ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
@@ -109,6 +109,45 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     again = np.where(rc == 2, 1.0, 0.0)
     return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd, ep=(1.0 + again) * ep_fwd + ep_bwd,
                 cp=cp_fwd * (1.0 + again) + cp_bwd), layer
+
+
+FP8_SCALE_BYTES = FP32 / 128.0  # fp8 values carry one fp32 scale per 128 (DeepSeek-V3 Sec. 3.3.2)
+
+
+def node_copy_fraction(model: Transformer, ep_spans: list):
+    """Token copies crossing the EP group's outermost dimension, relative to a flat all-to-all [-].
+
+    A flat all-to-all sends each of a token's top_k copies to its expert's
+    device. Group-limited routing (DeepSeek-V3: 8 expert groups, one per node,
+    a token's experts in at most 4 of them) is paired with a hierarchical
+    exchange: one copy per destination node crosses the outer dimension and
+    is forwarded to the expert devices inside it (DeepSeek-V3 Sec. 3.2.2).
+    With n members on that dimension and groups spread evenly over them, a
+    token can reach r = min(n, M * max(1, n / G)) of them, and its k copies,
+    spread evenly over those, hit r (1 - (1 - 1/r)^k) distinct ones:
+        fraction = r (1 - (1 - 1/r)^k) / k      (1 without group-limited routing)
+    """
+    moe = model.moe
+    if moe is None or not moe.group_limited:
+        return 1.0
+    n = np.select(coll.outermost(ep_spans), ep_spans, default=1.0)
+    reach = np.maximum(np.minimum(n, moe.groups_per_token * np.maximum(1.0, n / moe.expert_groups)), 1.0)
+    return reach * (1.0 - (1.0 - 1.0 / reach) ** moe.top_k) / moe.top_k
+
+
+def expert_exchange_time(model: Transformer, layer: LayerCost, ctx: Context, st: StrategyArrays):
+    """Dispatch plus combine all-to-all of one pass through a MoE layer [s].
+
+    Each moves the layer's a2a_bytes per device (16-bit token copies), scaled
+    on the outer dimension by ``node_copy_fraction``. With ep_fp8_dispatch the
+    dispatch (and in backward the gradient sent to the down projection) is
+    fp8 plus its scales: a2a_bytes * (1 + 4/128) / e; combines stay 16-bit.
+    """
+    fraction = node_copy_fraction(model, ctx.spans["ep"])
+    fp8 = (1.0 + FP8_SCALE_BYTES) / ctx.shape.e
+    dispatch = layer.a2a_bytes * np.where(st.ep_fp8_dispatch, fp8, 1.0)
+    return (coll.all_to_all_time(dispatch, ctx.dims, ctx.spans["ep"], outer_scale=fraction)
+            + coll.all_to_all_time(layer.a2a_bytes, ctx.dims, ctx.spans["ep"], outer_scale=fraction))
 
 
 def embedding_and_head(model: Transformer, ctx: Context):
@@ -185,7 +224,7 @@ def prefixed(terms: dict, prefix: str) -> dict:
 
 # Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).
 _KEY_FIELDS = ("micro_batch", "tp", "cp", "ep", "sequence_parallel", "flash_attention", "dtype", "recompute",
-               "moe_imbalance", "ep_overlap", "tp_overlap", "cp_all_gather")
+               "moe_imbalance", "ep_overlap", "tp_overlap", "cp_all_gather", "ep_fp8_dispatch")
 
 
 def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:

@@ -58,4 +58,5 @@ def strategy_at(columns: dict, row: int) -> Strategy:
         cp=int(columns["cp"][row]), ep=int(columns["ep"][row]), moe_imbalance=float(columns["moe_imbalance"][row]),
         ep_overlap=bool(columns["ep_overlap"][row]), tp_overlap=bool(columns["tp_overlap"][row]),
         cp_algorithm="all-gather" if columns["cp_all_gather"][row] else "ring",
+        ep_fp8_dispatch=bool(columns["ep_fp8_dispatch"][row]),
     )

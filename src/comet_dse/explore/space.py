@@ -40,7 +40,7 @@ class SearchSpace:
     interleave: virtual stages (default: divisors of the layers per stage up to max_interleave).
     recompute, sequence_parallel, zero, placement: choices to try.
     dtype, flash_attention, dp_overlap, grad_fused, moe_imbalance, ep_overlap,
-      tp_overlap, cp_algorithm: fixed for the whole search.
+      tp_overlap, cp_algorithm, ep_fp8_dispatch: fixed for the whole search.
     """
 
     tp: tuple | None = None
@@ -63,6 +63,7 @@ class SearchSpace:
     ep_overlap: bool = False
     tp_overlap: bool = False
     cp_algorithm: str = "ring"
+    ep_fp8_dispatch: bool = False
 
     def __post_init__(self) -> None:
         for value in self.recompute:
@@ -78,6 +79,8 @@ class SearchSpace:
             raise InputError("strategy.dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.cp_algorithm not in CP_ALGORITHMS:
             raise InputError("strategy.cp_algorithm", f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
+        if self.ep_fp8_dispatch and self.dtype != "fp8":
+            raise InputError("strategy.ep_fp8_dispatch", f"needs dtype fp8, got {self.dtype}")
         if not 1.0 <= self.moe_imbalance <= 64.0:
             raise InputError("strategy.moe_imbalance", f"must be in [1, 64] (1 = balanced), got {self.moe_imbalance!r}")
 
@@ -158,5 +161,5 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
         flash_attention=np.full(n, space.flash_attention), grad_fused=np.full(n, space.grad_fused),
         placement=rows[:, 10].astype(int), cp=rows[:, 5], ep=rows[:, 6], moe_imbalance=np.full(n, space.moe_imbalance),
         ep_overlap=np.full(n, space.ep_overlap), tp_overlap=np.full(n, space.tp_overlap),
-        cp_all_gather=np.full(n, space.cp_algorithm == "all-gather"),
+        cp_all_gather=np.full(n, space.cp_algorithm == "all-gather"), ep_fp8_dispatch=np.full(n, space.ep_fp8_dispatch),
     )

@@ -41,7 +41,7 @@ CLUSTER_AXES = {
 DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": KIND_COUNT, "topology": "text"}
 STRATEGY_KEYS = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero",
                  "placement", "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap",
-                 "moe_imbalance", "ep_overlap", "tp_overlap", "cp_algorithm")
+                 "moe_imbalance", "ep_overlap", "tp_overlap", "cp_algorithm", "ep_fp8_dispatch")
 
 
 @dataclass(frozen=True)

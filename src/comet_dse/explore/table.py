@@ -59,6 +59,7 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
         "ep_overlap": np.asarray(st.ep_overlap, dtype=bool),
         "tp_overlap": np.asarray(st.tp_overlap, dtype=bool),
         "cp_all_gather": np.asarray(st.cp_all_gather, dtype=bool),
+        "ep_fp8_dispatch": np.asarray(st.ep_fp8_dispatch, dtype=bool),
         "feasible": mask == 0, "infeasible_mask": mask,
         "step_time_s": step.step_time, "tokens_per_second": tokens / step.step_time,
         "mfu": step.model_flops / capacity, "hfu": step.hardware_flops / capacity,

@@ -31,7 +31,8 @@ def transformer_from(data: dict, prefix: str = "model") -> Transformer:
     if f.has("moe"):
         mo = f.sub("moe")
         moe = MoE(experts=mo.integer("experts"), top_k=mo.integer("top_k"), ffn=mo.integer("ffn"),
-                  shared_ffn=mo.integer("shared_ffn", 0, minimum=0), dense_layers=mo.integer("dense_layers", 0, minimum=0))
+                  shared_ffn=mo.integer("shared_ffn", 0, minimum=0), dense_layers=mo.integer("dense_layers", 0, minimum=0),
+                  expert_groups=mo.integer("expert_groups", 1), groups_per_token=mo.integer("groups_per_token", 1))
         mo.reject_unknown()
     model = Transformer(
         name=f.text("name"),
@@ -108,7 +109,8 @@ def _hf_moe(config: dict, path: Path, layers: int):
     """Mixture-of-experts from DeepSeek-V3, Mixtral or Qwen-MoE keys (None for a dense model).
 
     DeepSeek: n_routed_experts, num_experts_per_tok, moe_intermediate_size,
-      n_shared_experts (x moe_intermediate_size), first_k_dense_replace.
+      n_shared_experts (x moe_intermediate_size), first_k_dense_replace, and the
+      group-limited routing n_group / topk_group.
     Mixtral: num_local_experts, num_experts_per_tok, intermediate_size (per expert).
     Qwen-MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
       shared_expert_intermediate_size; every layer is MoE (decoder_sparse_step 1).
@@ -117,7 +119,9 @@ def _hf_moe(config: dict, path: Path, layers: int):
         expert_ffn = _hf_int(config, "moe_intermediate_size", path)
         return MoE(experts=_hf_int(config, "n_routed_experts", path), top_k=_hf_int(config, "num_experts_per_tok", path),
                    ffn=expert_ffn, shared_ffn=_hf_int(config, "n_shared_experts", path, 0) * expert_ffn,
-                   dense_layers=_hf_int(config, "first_k_dense_replace", path, 0))
+                   dense_layers=_hf_int(config, "first_k_dense_replace", path, 0),
+                   expert_groups=_hf_int(config, "n_group", path, None) or 1,
+                   groups_per_token=_hf_int(config, "topk_group", path, None) or 1)
     if config.get("num_local_experts"):
         return MoE(experts=_hf_int(config, "num_local_experts", path), top_k=_hf_int(config, "num_experts_per_tok", path),
                    ffn=_hf_int(config, "intermediate_size", path))

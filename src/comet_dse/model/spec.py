@@ -134,6 +134,10 @@ class MoE:
     routed expert; shared_ffn: total FFN size of the always-active shared
     experts (0 for none); dense_layers: the first layers that keep the dense
     MLP (DeepSeek's first_k_dense_replace). Experts use the model's MLP kind.
+    expert_groups, groups_per_token: group-limited routing (DeepSeek-V2/V3
+    device- or node-limited routing; n_group and topk_group in their
+    config.json): the experts form expert_groups equal groups and each token's
+    top_k experts come from at most groups_per_token of them. 1 and 1: no limit.
     """
 
     experts: int
@@ -141,6 +145,13 @@ class MoE:
     ffn: int
     shared_ffn: int = 0
     dense_layers: int = 0
+    expert_groups: int = 1
+    groups_per_token: int = 1
+
+    @property
+    def group_limited(self) -> bool:
+        """True when routing is restricted to some of several expert groups."""
+        return self.expert_groups > 1
 
 
 @dataclass(frozen=True)
@@ -180,6 +191,11 @@ class Transformer:
                 raise InputError("model.moe.top_k", f"{self.moe.top_k} exceeds the {self.moe.experts} experts")
             if not 0 <= self.moe.dense_layers < self.layers:
                 raise InputError("model.moe.dense_layers", f"must be in [0, {self.layers}), got {self.moe.dense_layers}")
+            groups = self.moe.expert_groups
+            if groups < 1 or self.moe.experts % groups:
+                raise InputError("model.moe.expert_groups", f"must be a positive divisor of the {self.moe.experts} experts, got {groups}")
+            if not 1 <= self.moe.groups_per_token <= groups:
+                raise InputError("model.moe.groups_per_token", f"must be in [1, expert_groups={groups}], got {self.moe.groups_per_token}")
 
     # --- parameter counts (elements), formulas in docs/model.md -------------------
     def attention_params(self) -> int:

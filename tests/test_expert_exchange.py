@@ -1,0 +1,76 @@
+"""Expert all-to-all: group-limited (node-limited) routing and fp8 dispatch."""
+import dataclasses as dc
+
+import numpy as np
+import pytest
+
+from comet_dse.cost import collectives as coll
+from comet_dse.cost.microbatch import context_of, expert_exchange_time, layer_work, node_copy_fraction
+from comet_dse.errors import InputError
+from comet_dse.estimate import estimate
+from comet_dse.model.load import transformer_from
+from comet_dse.presets import load_cluster, load_model, preset_data
+from comet_dse.strategy import Recompute, Strategy, StrategyArrays
+
+H800 = load_cluster("dgx-h800")
+DEEPSEEK = load_model("deepseek-v3")
+UNLIMITED = dc.replace(DEEPSEEK, moe=dc.replace(DEEPSEEK.moe, expert_groups=1, groups_per_token=1))
+# DeepSeek-V3's layout (arXiv:2412.19437 Sec. 3.2): PP 16, EP 64 over 8 nodes, ZeRO-1 data parallelism.
+RUN = Strategy(pp=16, dp=128, ep=64, zero=1, global_batch=15360, flash_attention=True, dtype="fp8",
+               recompute=Recompute.FULL, ep_overlap=True, placement="dp-tp-pp")
+
+
+def _ctx(strategy, model=DEEPSEEK):
+    st = StrategyArrays.of([strategy])
+    return context_of(model, H800, 2048, st), st
+
+
+def test_ep_group_spans_eight_nodes_with_dp_innermost():
+    ctx, _ = _ctx(RUN)
+    assert [float(n[0]) for n in ctx.spans["ep"]] == [8.0, 8.0]
+
+
+def test_node_copy_fraction_by_hand():
+    """8 nodes, a token's 8 experts in at most 4 of them: 4 (1 - (3/4)^8) = 3.60 distinct nodes of 8 copies."""
+    ctx, _ = _ctx(RUN)
+    assert float(node_copy_fraction(DEEPSEEK, ctx.spans["ep"])[0]) == pytest.approx(4 * (1 - 0.75 ** 8) / 8)
+    assert node_copy_fraction(UNLIMITED, ctx.spans["ep"]) == 1.0
+    # EP over 64 nodes (default placement): 8 groups of 8 nodes each, 4 groups reachable = 32 nodes
+    wide, _ = _ctx(dc.replace(RUN, placement="tp-pp-dp"))
+    assert float(node_copy_fraction(DEEPSEEK, wide.spans["ep"])[0]) == pytest.approx(32 * (1 - (31 / 32) ** 8) / 8)
+
+
+def test_outer_scale_touches_only_the_outermost_dimension():
+    ctx, _ = _ctx(RUN)
+    spans = ctx.spans["ep"]
+    full = coll.all_to_all_time(1e9, ctx.dims, spans)
+    inner_only = coll.all_to_all_time(1e9, ctx.dims, [spans[0], np.ones_like(spans[1])])
+    outer_latency = 7 * ctx.dims[1].latency
+    assert coll.all_to_all_time(1e9, ctx.dims, spans, outer_scale=0.0) == pytest.approx(inner_only + outer_latency)
+    assert inner_only < coll.all_to_all_time(1e9, ctx.dims, spans, outer_scale=0.5) < full
+
+
+def test_fp8_dispatch_halves_one_of_the_two_exchanges():
+    ctx, st = _ctx(RUN)
+    _, layer = layer_work(DEEPSEEK, ctx, st, moe_layer=True)
+    ctx8, st8 = _ctx(dc.replace(RUN, ep_fp8_dispatch=True))
+    plain = float(expert_exchange_time(DEEPSEEK, layer, ctx, st)[0])
+    fp8 = float(expert_exchange_time(DEEPSEEK, layer, ctx8, st8)[0])
+    assert 0.70 * plain < fp8 < 0.80 * plain    # (1 + (1 + 4/128)/2) / 2 of the bytes, plus fixed latency
+
+
+def test_both_make_the_deepseek_step_faster():
+    flat = estimate(UNLIMITED, H800, 2048, RUN).step_time_s
+    limited = estimate(DEEPSEEK, H800, 2048, RUN).step_time_s
+    fp8 = estimate(DEEPSEEK, H800, 2048, dc.replace(RUN, ep_fp8_dispatch=True)).step_time_s
+    assert fp8 < limited < flat
+
+
+def test_fp8_dispatch_needs_fp8_and_groups_must_divide():
+    with pytest.raises(InputError, match="ep-fp8-dispatch"):
+        dc.replace(RUN, dtype="bf16", ep_fp8_dispatch=True)
+    data = preset_data("models", "deepseek-v3")
+    with pytest.raises(InputError, match="expert_groups"):
+        transformer_from({**data, "moe": {**data["moe"], "expert_groups": 7}})
+    with pytest.raises(InputError, match="groups_per_token"):
+        transformer_from({**data, "moe": {**data["moe"], "groups_per_token": 9}})
