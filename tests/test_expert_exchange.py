@@ -74,3 +74,20 @@ def test_fp8_dispatch_needs_fp8_and_groups_must_divide():
         transformer_from({**data, "moe": {**data["moe"], "expert_groups": 7}})
     with pytest.raises(InputError, match="groups_per_token"):
         transformer_from({**data, "moe": {**data["moe"], "groups_per_token": 9}})
+
+
+def test_search_tries_placements_and_shows_them(capsys):
+    from comet_dse.cli import main
+
+    argv = ["search", "--model", "deepseek-v3", "--cluster", "dgx-h800", "--devices", "2048", "--global-batch", "15360",
+            "--dtype", "fp8", "--flash-attention", "--tp", "1", "--pp", "16", "--ep", "64", "--zero", "1",
+            "--ep-overlap", "--ep-fp8-dispatch", "--placement", "tp-pp-dp,dp-tp-pp", "--top", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "placement" in out and "dp-tp-pp" in out.split("Fastest")[1].splitlines()[3]
+    assert main(argv + ["--json"]) == 0
+    import json
+    best = json.loads(capsys.readouterr().out)["top"][0]
+    assert best["placement"] == "dp-tp-pp"        # EP inside 8 nodes beats EP across 64
+    assert best["step_time_s"] == pytest.approx(estimate(DEEPSEEK, H800, 2048, dc.replace(RUN, ep_fp8_dispatch=True))
+                                                .step_time_s)

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16", help="training precision")
     sea.add_argument("--flash-attention", action="store_true", help="fused attention for every strategy")
     sea.add_argument("--tp-overlap", action="store_true", help="TP collectives pipelined with GEMMs for every strategy")
+    sea.add_argument("--ep-overlap", action="store_true", help="expert all-to-alls overlapped for every strategy")
+    sea.add_argument("--ep-fp8-dispatch", action="store_true", help="with --dtype fp8: fp8 expert dispatch")
+    sea.add_argument("--cp-algorithm", choices=CP_ALGORITHMS, default="ring", help="K/V exchange for CP > 1")
     sea.add_argument("--tp", type=_int_list, default=None, help="allowed TP degrees, e.g. 4,8 (default: all)")
     sea.add_argument("--pp", type=_int_list, default=None, help="allowed PP degrees (default: all)")
     sea.add_argument("--cp", type=_int_list, default=None, help="allowed CP degrees (default: keep >= 4096 tokens/device)")
@@ -93,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--micro-batch", type=_int_list, default=None, help="allowed micro-batches (default: all up to 16)")
     sea.add_argument("--recompute", type=_word_list, default=None, help="allowed recompute modes (default: none,selective,full)")
     sea.add_argument("--zero", type=_int_list, default=None, help="allowed ZeRO stages (default: 0,1,2,3)")
+    sea.add_argument("--placement", type=_word_list, default=None,
+                     help="placements to try, e.g. tp-pp-dp,dp-tp-pp (default: tp-pp-dp)")
     sea.add_argument("--top", type=_positive_int, default=10, help="how many of the fastest to show (default 10)")
     sea.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
     sea.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
@@ -206,7 +211,9 @@ def cmd_search(args) -> int:
     defaults = SearchSpace()
     space = SearchSpace(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
                         recompute=args.recompute or defaults.recompute, zero=args.zero or defaults.zero,
-                        dtype=args.dtype, flash_attention=args.flash_attention, tp_overlap=args.tp_overlap)
+                        placement=args.placement or defaults.placement,
+                        dtype=args.dtype, flash_attention=args.flash_attention, tp_overlap=args.tp_overlap,
+                        ep_overlap=args.ep_overlap, ep_fp8_dispatch=args.ep_fp8_dispatch, cp_algorithm=args.cp_algorithm)
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space)
     elapsed = time.perf_counter() - started

@@ -1,6 +1,8 @@
 """Plain-text rendering of estimates, presets and validation results for the terminal."""
 from __future__ import annotations
 
+import numpy as np
+
 from comet_dse.estimate import Estimate
 from comet_dse.units import format_bytes, format_rate, format_time
 
@@ -41,8 +43,10 @@ SWITCHES = (("flash_attention", "flash attention"), ("tp_overlap", "TP comm pipe
 
 
 def _switch_line(strategy: dict) -> list:
-    """The execution switches that are on (and a data-parallel reduction left exposed), as 0 or 1 line."""
+    """The execution switches that are on, a non-default placement and an exposed DP reduction, as 0 or 1 line."""
     on = [label for key, label in SWITCHES if strategy.get(key)]
+    if strategy.get("placement", "tp-pp-dp") != "tp-pp-dp":
+        on.append(f"placement {strategy['placement']} (innermost first)")
     if strategy.get("cp", 1) > 1:
         on.append(f"CP by {strategy.get('cp_algorithm', 'ring')}")
     if not strategy.get("dp_overlap", True):
@@ -124,23 +128,28 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
         lines.append("No strategy is feasible.")
         return "\n".join(lines)
     rows = []
+    placements = len(np.unique(cols["placement"])) > 1
     for rank, i in enumerate(result.ranked[:top], start=1):
         rows.append([rank, cols["tp"][i], cols["cp"][i], cols["ep"][i], cols["pp"][i], cols["dp"][i],
                      cols["micro_batch"][i], cols["interleave"][i],
                      decode("recompute", int(cols["recompute"][i])), "on" if cols["sequence_parallel"][i] else "off",
-                     cols["zero"][i], format_time(cols["step_time_s"][i]), f"{cols['tokens_per_second'][i]:,.0f}",
-                     f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])])
+                     cols["zero"][i]]
+                    + ([decode("placement", int(cols["placement"][i]))] if placements else [])
+                    + [format_time(cols["step_time_s"][i]), f"{cols['tokens_per_second'][i]:,.0f}",
+                       f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])])
     lines += ["", f"Fastest {min(top, result.feasible)}"]
-    lines.append(render_table(["rank", "tp", "cp", "ep", "pp", "dp", "mb", "v", "recompute", "sp", "zero", "step time",
-                               "tokens/s", "MFU", "memory/device"], rows, left=(8, 9)))
+    headers = (["rank", "tp", "cp", "ep", "pp", "dp", "mb", "v", "recompute", "sp", "zero"]
+               + (["placement"] if placements else []) + ["step time", "tokens/s", "MFU", "memory/device"])
+    lines.append(render_table(headers, rows, left=(8, 9, 11) if placements else (8, 9)))
     return "\n".join(lines)
 
 
 def _strategy_text(row: dict) -> str:
     sp = " sp" if row["sequence_parallel"] else ""
     extra = "".join(f" {k}{row[k]}" for k in ("cp", "ep") if row.get(k, 1) != 1)
+    placement = f" {row['placement']}" if row.get("placement", "tp-pp-dp") != "tp-pp-dp" else ""
     return (f"tp{row['tp']}{extra} pp{row['pp']} dp{row['dp']} mb{row['micro_batch']} v{row['interleave']} "
-            f"{row['recompute']}{sp} z{row['zero']}")
+            f"{row['recompute']}{sp} z{row['zero']}{placement}")
 
 
 def render_sweep(ranking: dict, seconds: float) -> str:
