@@ -213,7 +213,8 @@ def cmd_search(args) -> int:
                         recompute=args.recompute or defaults.recompute, zero=args.zero or defaults.zero,
                         placement=args.placement or defaults.placement,
                         dtype=args.dtype, flash_attention=args.flash_attention, tp_overlap=args.tp_overlap,
-                        ep_overlap=args.ep_overlap, ep_fp8_dispatch=args.ep_fp8_dispatch, cp_algorithm=args.cp_algorithm)
+                        ep_overlap=args.ep_overlap, ep_fp8_dispatch=args.ep_fp8_dispatch,
+                        cp_algorithm=args.cp_algorithm)
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space)
     elapsed = time.perf_counter() - started

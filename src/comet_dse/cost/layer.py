@@ -91,9 +91,10 @@ def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, bias_r
     """Forward GEMM and backward (input-gradient + weight-gradient) GEMMs of one linear layer.
 
     With a bias, its gradient is a reduction of the output gradient over the
-    rows it was added to: one read of bias_rows x n_out elements (e bytes each)
-    in backward (bias_rows = 0: no bias). In fp8 training (GEMM inputs of 1 byte) each GEMM's 16-bit operands are
-    cast first: the activation in forward and the output gradient in backward
+    rows it was added to: one read of bias_rows x n_out elements (e bytes
+    each) in backward (bias_rows = 0: no bias). In fp8 training (GEMM inputs
+    of 1 byte) each GEMM's 16-bit operands are cast first: the activation in
+    forward and the output gradient in backward
     (read 2 bytes, write 1 byte per element, plus an amax reduction), as
     Transformer Engine does; the fp8 weight copy is made once per step.
     """
@@ -133,9 +134,9 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     batched GEMM as [b, a/t, s, d_v] and is copied to the [s, b, a/t*d_v]
     layout of the output projection (read + write, 2e per element), and its
     gradient is made contiguous again in backward (Megatron-LM CoreAttention).
-    Flash attention (Dao et al.
-    2022): one fused kernel, causal blocks skipped (half the FLOPs), scores
-    never stored; backward recomputes the scores (2.5x the forward FLOPs).
+    Flash attention (Dao et al. 2022): one fused kernel, causal blocks skipped
+    (half the FLOPs), scores never stored; backward recomputes the scores
+    (2.5x the forward FLOPs).
     Returns (forward, backward, saved score bytes).
     """
     att = model.attention

@@ -22,6 +22,7 @@ from comet_dse.strategy import StrategyArrays
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
+FP8_SCALE_BYTES = FP32 / 128.0  # fp8 values carry one fp32 scale per 128 (DeepSeek-V3 Sec. 3.3.2)
 WORK_KEYS = ("fwd_math", "fwd_mem", "bwd_math", "bwd_mem", "rec_math", "rec_mem", "tp", "ep", "cp")
 
 
@@ -92,10 +93,8 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     layer: LayerCost = layer_cost(model, ctx.shape, ctx.dev, moe_layer=moe_layer)
     dims, spans, rc = ctx.dims, ctx.spans, st.recompute
     tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
-    tp_fwd = np.where(st.tp_overlap, tp_pass - np.minimum(layer.tp_gemm_forward, tp_pass * (1.0 - 1.0 / st.tp)),
-                      tp_pass)
-    tp_bwd = np.where(st.tp_overlap, tp_pass - np.minimum(layer.tp_gemm_backward, tp_pass * (1.0 - 1.0 / st.tp)),
-                      tp_pass)
+    tp_fwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_forward, st.tp), tp_pass)
+    tp_bwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_backward, st.tp), tp_pass)
     ep_pass = np.where(layer.a2a_messages > 0, expert_exchange_time(model, layer, ctx, st), 0.0)
     ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
     ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
@@ -107,11 +106,14 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
                      np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
     again = np.where(rc == 2, 1.0, 0.0)
-    return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd, ep=(1.0 + again) * ep_fwd + ep_bwd,
-                cp=cp_fwd * (1.0 + again) + cp_bwd), layer
+    return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd,
+                ep=(1.0 + again) * ep_fwd + ep_bwd, cp=cp_fwd * (1.0 + again) + cp_bwd), layer
 
 
-FP8_SCALE_BYTES = FP32 / 128.0  # fp8 values carry one fp32 scale per 128 (DeepSeek-V3 Sec. 3.3.2)
+def _pipelined(comm, gemm, chunks):
+    """Exposed seconds of a collective cut into ``chunks`` and pipelined with GEMMs of ``gemm`` seconds:
+    max(comm - gemm, comm / chunks) = comm - min(gemm, comm (1 - 1/chunks))."""
+    return comm - np.minimum(gemm, comm * (1.0 - 1.0 / chunks))
 
 
 def node_copy_fraction(model: Transformer, ep_spans: list):

@@ -78,7 +78,8 @@ class SearchSpace:
         if self.dtype not in DTYPE_CHOICES:
             raise InputError("strategy.dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.cp_algorithm not in CP_ALGORITHMS:
-            raise InputError("strategy.cp_algorithm", f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
+            raise InputError("strategy.cp_algorithm",
+                             f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
         if self.ep_fp8_dispatch and self.dtype != "fp8":
             raise InputError("strategy.ep_fp8_dispatch", f"needs dtype fp8, got {self.dtype}")
         if not 1.0 <= self.moe_imbalance <= 64.0:

@@ -31,7 +31,8 @@ def transformer_from(data: dict, prefix: str = "model") -> Transformer:
     if f.has("moe"):
         mo = f.sub("moe")
         moe = MoE(experts=mo.integer("experts"), top_k=mo.integer("top_k"), ffn=mo.integer("ffn"),
-                  shared_ffn=mo.integer("shared_ffn", 0, minimum=0), dense_layers=mo.integer("dense_layers", 0, minimum=0),
+                  shared_ffn=mo.integer("shared_ffn", 0, minimum=0),
+                  dense_layers=mo.integer("dense_layers", 0, minimum=0),
                   expert_groups=mo.integer("expert_groups", 1), groups_per_token=mo.integer("groups_per_token", 1))
         mo.reject_unknown()
     model = Transformer(

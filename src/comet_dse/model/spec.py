@@ -193,9 +193,11 @@ class Transformer:
                 raise InputError("model.moe.dense_layers", f"must be in [0, {self.layers}), got {self.moe.dense_layers}")
             groups = self.moe.expert_groups
             if groups < 1 or self.moe.experts % groups:
-                raise InputError("model.moe.expert_groups", f"must be a positive divisor of the {self.moe.experts} experts, got {groups}")
+                raise InputError("model.moe.expert_groups",
+                                 f"must be a positive divisor of the {self.moe.experts} experts, got {groups}")
             if not 1 <= self.moe.groups_per_token <= groups:
-                raise InputError("model.moe.groups_per_token", f"must be in [1, expert_groups={groups}], got {self.moe.groups_per_token}")
+                raise InputError("model.moe.groups_per_token",
+                                 f"must be in [1, expert_groups={groups}], got {self.moe.groups_per_token}")
 
     # --- parameter counts (elements), formulas in docs/model.md -------------------
     def attention_params(self) -> int:
