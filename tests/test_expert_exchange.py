@@ -91,3 +91,15 @@ def test_search_tries_placements_and_shows_them(capsys):
     assert best["placement"] == "dp-tp-pp"        # EP inside 8 nodes beats EP across 64
     assert best["step_time_s"] == pytest.approx(estimate(DEEPSEEK, H800, 2048, dc.replace(RUN, ep_fp8_dispatch=True))
                                                 .step_time_s)
+
+
+@pytest.mark.parametrize("placement", ["tp-pp-dp", "dp-tp-pp"])
+@pytest.mark.parametrize("fp8_dispatch", [False, True])
+def test_more_network_or_compute_never_slower(placement, fp8_dispatch):
+    st = dc.replace(RUN, placement=placement, ep_fp8_dispatch=fp8_dispatch)
+    base = estimate(DEEPSEEK, H800, 2048, st).step_time_s
+    links = dc.replace(H800, network=tuple(dc.replace(d, link_bandwidth=2 * d.link_bandwidth) for d in H800.network))
+    acc = H800.accelerator
+    flops = dc.replace(H800, accelerator=dc.replace(acc, peak_flops={k: 2 * v for k, v in acc.peak_flops.items()}))
+    assert estimate(DEEPSEEK, links, 2048, st).step_time_s <= base * (1 + 1e-12)
+    assert estimate(DEEPSEEK, flops, 2048, st).step_time_s <= base * (1 + 1e-12)

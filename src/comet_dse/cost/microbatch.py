@@ -24,6 +24,11 @@ DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
 FP8_SCALE_BYTES = FP32 / 128.0  # fp8 values carry one fp32 scale per 128 (DeepSeek-V3 Sec. 3.3.2)
 WORK_KEYS = ("fwd_math", "fwd_mem", "bwd_math", "bwd_mem", "rec_math", "rec_mem", "tp", "ep", "cp")
+# The part of tp + ep + cp exposed during backward and recomputation: already in
+# those keys, so never summed again; it widens the window the data-parallel
+# reduction hides behind (cost/step.py).
+BACKWARD_COMM = "bwd_comm"
+STAGE_KEYS = WORK_KEYS + (BACKWARD_COMM,)
 
 
 def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
@@ -66,9 +71,9 @@ def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     return Context(dev=device_of(cluster, st), dims=dims, spans=spans, shape=shape, strides=stride)
 
 
-def work(fwd: KernelTime, bwd: KernelTime, rec: KernelTime, tp=0.0, ep=0.0, cp=0.0) -> dict:
+def work(fwd: KernelTime, bwd: KernelTime, rec: KernelTime, tp=0.0, ep=0.0, cp=0.0, bwd_comm=0.0) -> dict:
     return {"fwd_math": fwd.math, "fwd_mem": fwd.memory, "bwd_math": bwd.math, "bwd_mem": bwd.memory,
-            "rec_math": rec.math, "rec_mem": rec.memory, "tp": tp, "ep": ep, "cp": cp}
+            "rec_math": rec.math, "rec_mem": rec.memory, "tp": tp, "ep": ep, "cp": cp, BACKWARD_COMM: bwd_comm}
 
 
 def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: bool = False):
@@ -106,8 +111,9 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
                      np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
     again = np.where(rc == 2, 1.0, 0.0)
+    bwd_comm = again * (tp_fwd + ep_fwd + cp_fwd) + tp_bwd + ep_bwd + cp_bwd
     return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd,
-                ep=(1.0 + again) * ep_fwd + ep_bwd, cp=cp_fwd * (1.0 + again) + cp_bwd), layer
+                ep=(1.0 + again) * ep_fwd + ep_bwd, cp=cp_fwd * (1.0 + again) + cp_bwd, bwd_comm=bwd_comm), layer
 
 
 def _pipelined(comm, gemm, chunks):
@@ -181,10 +187,12 @@ def embedding_and_head(model: Transformer, ctx: Context):
     loss_f = elementwise_time(tok * vocab, e + 9 * FP32, 5, dev)
     loss_b = elementwise_time(tok * vocab, 3 * FP32 + e, 2, dev)
     # Input of the column-parallel head: gathered (SP) or all-reduced in backward (no SP).
-    head_input = np.where(shape.sp, 2.0 * coll.all_gather_time(tok * h * e, dims, tp_spans),
-                          coll.all_reduce_time(tok * h * e, dims, tp_spans))
+    head_input_bwd = np.where(shape.sp, coll.all_gather_time(tok * h * e, dims, tp_spans),
+                              coll.all_reduce_time(tok * h * e, dims, tp_spans))
+    head_input = head_input_bwd + np.where(shape.sp, coll.all_gather_time(tok * h * e, dims, tp_spans), 0.0)
     loss_comm = 3.0 * coll.all_reduce_time(tok * FP32, dims, tp_spans)
-    head = work(norm_f + gemm_f + loss_f, norm_b + gemm_b + loss_b, zero, tp=head_input + loss_comm)
+    head = work(norm_f + gemm_f + loss_f, norm_b + gemm_b + loss_b, zero, tp=head_input + loss_comm,
+                bwd_comm=head_input_bwd)
     return emb, head
 
 
@@ -218,10 +226,10 @@ def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> di
 
 
 def prefixed(terms: dict, prefix: str) -> dict:
-    """The work dict stored under ``prefix`` (only the WORK_KEYS); moe.* falls back to dense.*."""
+    """The work dict stored under ``prefix`` (the STAGE_KEYS); moe.* falls back to dense.*."""
     if prefix + WORK_KEYS[0] not in terms:
         prefix = "dense."
-    return {k: terms[prefix + k] for k in WORK_KEYS}
+    return {k: terms[prefix + k] for k in STAGE_KEYS}
 
 
 # Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).

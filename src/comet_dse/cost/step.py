@@ -21,7 +21,9 @@ from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import memory_pass_time
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.memory import grad_bytes, inflight_layer_microbatches, model_state_bytes, place
-from comet_dse.cost.microbatch import ACTIVATION_BYTES, WORK_KEYS, context_of, deduplicated, prefixed
+from comet_dse.cost.microbatch import (
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, WORK_KEYS, context_of, deduplicated, prefixed,
+)
 from comet_dse.cost.params import StageParams, stage_candidates, stage_layer_counts, stage_mixes, stage_params
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -91,7 +93,7 @@ def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, hea
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
         n_dense, n_moe = n_dense + n_moe, 0.0
     stage = {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k]
-             + (n_moe * moe[k] if moe is not dense else 0.0) for k in WORK_KEYS}
+             + (n_moe * moe[k] if moe is not dense else 0.0) for k in STAGE_KEYS}
     most = stage_layer_counts(model.layers, p)[2]
     return stage, np.where(p == 1, model.layers, most)
 
@@ -171,8 +173,9 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     (dp/ep ranks) and CP. ZeRO 0: all-reduce of the gradients; ZeRO 1/2:
     reduce-scatter of the gradients + all-gather of the 16-bit weights (same
     volume). With overlap, the reduction hides behind the backward pass of the
-    last micro-batch (bucketed, as PyTorch DDP / Megatron-LM
-    overlap_grad_reduce); otherwise it is fully exposed. ZeRO 3 gathers weights
+    last micro-batch, its kernels and the in-layer communication exposed
+    during it (bucketed, as PyTorch DDP / Megatron-LM overlap_grad_reduce);
+    otherwise it is fully exposed. ZeRO 3 gathers weights
     before forward and backward and reduce-scatters gradients every
     micro-batch, prefetched behind that micro-batch's compute. Tied embeddings
     with p > 1 add an all-reduce of the embedding gradient between the first
@@ -188,7 +191,8 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
             coll.reduce_scatter_time(grads, dims, group) + coll.all_gather_time(weights, dims, group),
             coll.all_reduce_time(grads, dims, group))
         per_mb = per_mb + 2.0 * coll.all_gather_time(weights, dims, group) + coll.reduce_scatter_time(grads, dims, group)
-    backward_window = stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"]
+    backward_window = (stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"]
+                       + stage[BACKWARD_COMM])
     step_level = np.where(st.dp_overlap, np.maximum(reduce - backward_window, 0.0), reduce)
     compute_mb = _total(stage) - stage["tp"] - stage["ep"] - stage["cp"]
     zero3 = m * np.maximum(per_mb - compute_mb, 0.0)
