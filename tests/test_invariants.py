@@ -84,3 +84,30 @@ def test_memory_never_grows_with_tp(point):
     mem = _memory(MODELS[name], [dc.replace(strategy, tp=t, dp=total // t, zero=0,
                                             global_batch=(total // t) * strategy.micro_batch * m) for t in tps])
     assert np.all(np.diff(mem) <= 1e-6 * mem[0])
+
+
+MIXTRAL = load_model("mixtral-8x7b").with_seq_len(4096)
+H100 = load_cluster("dgx-h100")
+
+
+@hs.composite
+def moe_points(draw):
+    tp = draw(hs.sampled_from([1, 2, 4, 8]))
+    pp = draw(hs.sampled_from([1, 2, 4]))
+    dp = DEVICES // (tp * pp)
+    ep = draw(hs.sampled_from([e for e in (1, 2, 4, 8) if dp % e == 0]))
+    return Strategy(
+        tp=tp, pp=pp, dp=dp, ep=ep, global_batch=dp * 4, micro_batch=1,
+        recompute=draw(hs.sampled_from(list(Recompute))), sequence_parallel=tp > 1 and draw(hs.booleans()),
+        zero=draw(hs.sampled_from([0, 1])), dtype=draw(hs.sampled_from(["bf16", "fp8"])), flash_attention=True,
+        ep_overlap=draw(hs.booleans()), tp_overlap=draw(hs.booleans()),
+        placement=draw(hs.sampled_from(["tp-pp-dp", "dp-tp-pp"])),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(moe_points(), hs.sampled_from(["flops", "hbm_bw", "link"]))
+def test_moe_more_resources_never_slower(strategy, resource):
+    base = estimate(MIXTRAL, H100, DEVICES, strategy).step_time_s
+    faster = estimate(MIXTRAL, _scaled(H100, **{resource: 2.0}), DEVICES, strategy).step_time_s
+    assert faster <= base * (1 + 1e-12)
