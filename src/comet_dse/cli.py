@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from comet_dse.errors import InputError
-from comet_dse.strategy import CP_ALGORITHMS, PLACEMENTS
+from comet_dse.strategy import CP_ALGORITHMS, DTYPE_CHOICES, PLACEMENTS
 
 EXIT_BAD_INPUT = 2
 
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--recompute", choices=("none", "selective", "full"), default="none", help="activation recomputation")
     est.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the TP group")
     est.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over the data-parallel group")
-    est.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16", help="training precision (default bf16)")
+    est.add_argument("--dtype", choices=DTYPE_CHOICES, default="bf16", help="training precision (default bf16)")
     est.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
     est.add_argument("--flash-attention", action="store_true", help="fused attention that never stores the s x s scores")
     est.add_argument("--no-dp-overlap", action="store_true", help="do not overlap the gradient reduction with backward")
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
     sea.add_argument("--global-batch", required=True, type=_positive_int, help="sequences per iteration")
     sea.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
-    sea.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16", help="training precision")
+    sea.add_argument("--dtype", choices=DTYPE_CHOICES, default="bf16", help="training precision")
     sea.add_argument("--flash-attention", action="store_true", help="fused attention for every strategy")
     sea.add_argument("--tp-overlap", action="store_true", help="TP collectives pipelined with GEMMs for every strategy")
     sea.add_argument("--ep-overlap", action="store_true", help="expert all-to-alls overlapped for every strategy")

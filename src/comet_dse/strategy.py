@@ -40,6 +40,30 @@ CP_ALGORITHMS = ("ring", "all-gather")  # how context-parallel ranks exchange K 
 PLACEMENTS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "pp-dp-tp", "dp-tp-pp", "dp-pp-tp")
 
 
+def check_choices(name, dtype: str, zeros=(0,), placements=("tp-pp-dp",), cp_algorithm: str = "ring",
+                  ep_fp8_dispatch: bool = False, moe_imbalance: float = 1.0) -> None:
+    """The rules of a strategy's choice fields, for one Strategy and for a search space alike.
+
+    ``name(field)`` is the field's name in the error (e.g. "ep-fp8-dispatch" on
+    the command line, "strategy.ep_fp8_dispatch" in a study file).
+    """
+    if dtype not in DTYPE_CHOICES:
+        raise InputError(name("dtype"), f"must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    for zero in zeros:
+        if zero not in (0, 1, 2, 3):
+            raise InputError(name("zero"), f"must be 0, 1, 2 or 3, got {zero!r}")
+    for placement in placements:
+        if placement not in PLACEMENTS:
+            raise InputError(name("placement"), f"must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if cp_algorithm not in CP_ALGORITHMS:
+        raise InputError(name("cp_algorithm"), f"must be one of {', '.join(CP_ALGORITHMS)}, got {cp_algorithm!r}")
+    if ep_fp8_dispatch and dtype != "fp8":
+        raise InputError(name("ep_fp8_dispatch"), f"needs dtype fp8, got {dtype}")
+    imb = moe_imbalance
+    if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not 1.0 <= imb <= 64.0:
+        raise InputError(name("moe_imbalance"), f"must be a number in [1, 64] (1 = balanced), got {imb!r}")
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One parallelisation and execution choice.
@@ -98,19 +122,8 @@ class Strategy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
-        if self.zero not in (0, 1, 2, 3):
-            raise InputError("zero", f"must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise InputError("dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        imb = self.moe_imbalance
-        if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not 1.0 <= imb <= 64.0:
-            raise InputError("moe-imbalance", f"must be a number in [1, 64] (1 = balanced), got {imb!r}")
-        if self.ep_fp8_dispatch and self.dtype != "fp8":
-            raise InputError("ep-fp8-dispatch", f"needs --dtype fp8, got {self.dtype}")
-        if self.cp_algorithm not in CP_ALGORITHMS:
-            raise InputError("cp-algorithm", f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
-        if self.placement not in PLACEMENTS:
-            raise InputError("placement", f"must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        check_choices(lambda field: field.replace("_", "-"), self.dtype, (self.zero,), (self.placement,),
+                      self.cp_algorithm, self.ep_fp8_dispatch, self.moe_imbalance)
 
     @property
     def devices(self) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import CP_ALGORITHMS, DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, Recompute, StrategyArrays
+from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, Recompute, StrategyArrays, check_choices
 
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 
@@ -69,21 +69,8 @@ class SearchSpace:
         for value in self.recompute:
             if value not in {r.value for r in Recompute}:
                 raise InputError("strategy.recompute", f"must be none, selective or full, got {value!r}")
-        for value in self.zero:
-            if value not in (0, 1, 2, 3):
-                raise InputError("strategy.zero", f"must be 0, 1, 2 or 3, got {value!r}")
-        for value in self.placement:
-            if value not in PLACEMENTS:
-                raise InputError("strategy.placement", f"must be one of {', '.join(PLACEMENTS)}, got {value!r}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise InputError("strategy.dtype", f"must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        if self.cp_algorithm not in CP_ALGORITHMS:
-            raise InputError("strategy.cp_algorithm",
-                             f"must be one of {', '.join(CP_ALGORITHMS)}, got {self.cp_algorithm!r}")
-        if self.ep_fp8_dispatch and self.dtype != "fp8":
-            raise InputError("strategy.ep_fp8_dispatch", f"needs dtype fp8, got {self.dtype}")
-        if not 1.0 <= self.moe_imbalance <= 64.0:
-            raise InputError("strategy.moe_imbalance", f"must be in [1, 64] (1 = balanced), got {self.moe_imbalance!r}")
+        check_choices(lambda field: f"strategy.{field}", self.dtype, self.zero, self.placement,
+                      self.cp_algorithm, self.ep_fp8_dispatch, self.moe_imbalance)
 
 
 def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list:
