@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comet_dse.cost.microbatch import context_of, layer_work
+from comet_dse.cost.microbatch import BACKWARD_COMM, context_of, layer_work
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
 from comet_dse.hardware.spec import Cluster
@@ -131,10 +131,9 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
         st = StrategyArrays.of([strategy])
         with np.errstate(divide="ignore", invalid="ignore"):
             work, _ = layer_work(model, context_of(model, cluster, 8, st), st)
-        fwd_tp = work["tp"][0] / (3.0 if strategy.recompute is Recompute.FULL else 2.0)
-        forward = work["fwd_math"][0] + work["fwd_mem"][0] + fwd_tp
-        backward = (work["bwd_math"][0] + work["bwd_mem"][0] + work["rec_math"][0] + work["rec_mem"][0]
-                    + work["tp"][0] - fwd_tp)
+        bwd_comm = work[BACKWARD_COMM][0]      # TP exposed during backward and recomputation
+        forward = work["fwd_math"][0] + work["fwd_mem"][0] + work["tp"][0] - bwd_comm
+        backward = work["bwd_math"][0] + work["bwd_mem"][0] + work["rec_math"][0] + work["rec_mem"][0] + bwd_comm
         name = row["experiment"]
         out.append(Comparison(TABLE4, f"{name} forward", forward, float(row["forward_ms"]) / 1e3))
         out.append(Comparison(TABLE4, f"{name} backward", backward, float(row["backward_ms"]) / 1e3))
