@@ -80,17 +80,14 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         rules = violations(model, cluster, devices, arrays, step)
     feasible = bool(feasible_mask(rules)[0])
     step_time = float(step.step_time[0])
-    peak = cluster.accelerator.peak_flops.get(strategy.dtype, float("nan"))
-    capacity = devices * peak * step_time
-    tokens = strategy.global_batch * model.seq_len
     return Estimate(
         feasible=feasible,
         reasons=reasons_for(rules, 0),
         broken_rules=[code for code, mask, _ in rules if mask[0]],
         step_time_s=step_time,
-        tokens_per_second=tokens / step_time,
-        mfu=float(step.model_flops[0] / capacity),
-        hfu=float(step.hardware_flops[0] / capacity),
+        tokens_per_second=float(step.tokens_per_second[0]),
+        mfu=float(step.mfu[0]),
+        hfu=float(step.hfu[0]),
         memory_per_device_bytes=int(round(float(step.memory_total[0]))),
         memory_bytes={k: int(round(float(v[0]))) for k, v in step.memory.items()},
         memory_tiers_bytes={"hbm": int(round(float(step.hbm_bytes[0]))),

@@ -63,6 +63,9 @@ class StepArrays:
     step_time: np.ndarray
     model_flops: np.ndarray
     hardware_flops: np.ndarray
+    tokens_per_second: np.ndarray
+    mfu: np.ndarray            # model FLOPs / (devices x peak(dtype) x step time)
+    hfu: np.ndarray            # the same with hardware FLOPs (recomputation included)
     fits: np.ndarray
     microbatches: np.ndarray
     stage_layers: np.ndarray
@@ -152,10 +155,14 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         "recompute": m * (stage["rec_math"] + stage["rec_mem"]),
     }
     model_flops, hw_flops = _flops(model, st)
+    step_time = sum(breakdown.values())
+    capacity = devices * st.dtype_table(cluster.accelerator.peak_flops) * step_time
     return StepArrays(
         breakdown=breakdown, phases=phases, memory=memory, memory_total=sum(memory.values()),
-        hbm_bytes=placed.hbm, expansion_bytes=placed.expansion, step_time=sum(breakdown.values()),
-        model_flops=model_flops, hardware_flops=hw_flops, fits=placed.fits, microbatches=m,
+        hbm_bytes=placed.hbm, expansion_bytes=placed.expansion, step_time=step_time,
+        model_flops=model_flops, hardware_flops=hw_flops,
+        tokens_per_second=st.global_batch * model.seq_len / step_time,
+        mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
         stage_layers=stage_layers,
     )
 

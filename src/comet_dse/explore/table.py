@@ -43,9 +43,6 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
     mask = np.zeros(len(st), dtype=np.int64)
     for code, broken, _ in rules:
         mask |= np.asarray(broken, dtype=np.int64) << RULES.index(code)
-    peak = st.dtype_table(cluster.accelerator.peak_flops)
-    capacity = devices * peak * step.step_time
-    tokens = st.global_batch * model.seq_len
     cols = {
         "tp": st.tp.astype(np.int64), "pp": st.pp.astype(np.int64), "dp": st.dp.astype(np.int64),
         "micro_batch": st.micro_batch.astype(np.int64), "global_batch": st.global_batch.astype(np.int64),
@@ -61,8 +58,8 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
         "cp_all_gather": np.asarray(st.cp_all_gather, dtype=bool),
         "ep_fp8_dispatch": np.asarray(st.ep_fp8_dispatch, dtype=bool),
         "feasible": mask == 0, "infeasible_mask": mask,
-        "step_time_s": step.step_time, "tokens_per_second": tokens / step.step_time,
-        "mfu": step.model_flops / capacity, "hfu": step.hardware_flops / capacity,
+        "step_time_s": step.step_time, "tokens_per_second": step.tokens_per_second,
+        "mfu": step.mfu, "hfu": step.hfu,
         "memory_per_device_bytes": step.memory_total, "hbm_bytes": step.hbm_bytes,
         "expansion_bytes": step.expansion_bytes,
     }
