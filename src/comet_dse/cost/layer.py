@@ -83,18 +83,15 @@ class LayerCost:
     a2a_messages: int = 0           # expert all-to-alls per pass (dispatch and combine)
     a2a_bytes: object = 0.0         # bytes each device sends in one all-to-all
     cp_kv_bytes: object = 0.0       # K and V bytes passed to the next CP rank at each ring step
-    tp_gemm_forward: object = 0.0   # forward time of the GEMMs next to the TP collectives (_tp_adjacent_gemms)
+    tp_gemm_forward: object = 0.0   # forward time of the GEMMs next to the TP collectives (_Block)
     tp_gemm_backward: object = 0.0  # their backward (input- and weight-gradient) time
 
 
-def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, bias_rows=0.0):
+def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
     """Forward GEMM and backward (input-gradient + weight-gradient) GEMMs of one linear layer.
 
-    With a bias, its gradient is a reduction of the output gradient over the
-    rows it was added to: one read of bias_rows x n_out elements (e bytes
-    each) in backward (bias_rows = 0: no bias). In fp8 training (GEMM inputs
-    of 1 byte) each GEMM's 16-bit operands are cast first: the activation in
-    forward and the output gradient in backward
+    In fp8 training (GEMM inputs of 1 byte) each GEMM's 16-bit operands are
+    cast first: the activation in forward and the output gradient in backward
     (read 2 bytes, write 1 byte per element, plus an amax reduction), as
     Transformer Engine does; the fp8 weight copy is made once per step.
     """
@@ -104,8 +101,13 @@ def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, bias_r
     fp8 = np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
     cast_f = elementwise_time(batch * tokens * n_in, 3.0, 2, dev).scale(fp8)
     cast_b = elementwise_time(batch * tokens * n_out, 3.0, 2, dev).scale(fp8)
-    bias = elementwise_time(batch * bias_rows * n_out, shape.e, 1, dev).scale(np.where(bias_rows > 0, 1.0, 0.0))
-    return fwd + cast_f, dgrad + wgrad + cast_b + bias
+    return fwd + cast_f, dgrad + wgrad + cast_b
+
+
+def _bias_grad(rows, n_out, shape: LayerShape, dev: Device, batch=1) -> KernelTime:
+    """Backward of a bias: a reduction of the output gradient over the ``rows`` it was
+    added to, one read of rows x n_out elements of e bytes [s] (zero when rows = 0)."""
+    return elementwise_time(batch * rows * n_out, shape.e, 1, dev).scale(np.where(rows > 0, 1.0, 0.0))
 
 
 def _bias_rows(model: Transformer, shape: LayerShape, shard: str):
@@ -114,6 +116,23 @@ def _bias_rows(model: Transformer, shape: LayerShape, shard: str):
     if not model.bias:
         return 0.0
     return shape.norm_tokens if shard == "in" else shape.tokens
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One block of a layer (attention, feed-forward, MoE) on one device, per micro-batch.
+
+    forward, backward: kernel times; saved: bytes kept for backward;
+    tp_gemm_forward, tp_gemm_backward: seconds of its GEMMs that a TP collective
+    feeds or drains (the TP-split projections), which a chunked collective can
+    be pipelined with (tp_overlap).
+    """
+
+    forward: KernelTime
+    backward: KernelTime
+    saved: object
+    tp_gemm_forward: object = 0.0
+    tp_gemm_backward: object = 0.0
 
 
 def _pointwise(elements, fwd_bytes, bwd_bytes, flops, dev: Device):
@@ -170,23 +189,27 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
 
 
 def _attention(model: Transformer, shape: LayerShape, dev: Device):
-    """Attention projections (as Projection list), RoPE and the core; times and saved bytes.
+    """Attention projections (as Projection list), RoPE and the core.
 
     Saved: the inputs of projections that do not read the norm output (MLA's
     up projections), Q/K/V for the scores, the input of the output projection,
     and the core's score tensors. Backward assembles the gradients of the
     Q, K and V views back into the fused QKV output (a concatenation: read and
-    write 2e per Q/K/V element).
+    write 2e per Q/K/V element). The TP-adjacent GEMMs are the projections
+    split over TP (QKV or MLA's up projections, and the output projection).
+    Returns (_Block, core forward time, core saved bytes, K/V bytes per CP step).
     """
     h, t, e, tok = model.hidden, shape.t, shape.e, shape.tokens
     att = model.attention
     fwd, bwd = zero_time(np.shape(tok)), zero_time(np.shape(tok))
-    saved = 0.0
+    saved = tp_f = tp_b = 0.0
     for proj in att.projections(h):
         n_in = proj.n_in / t if proj.shard == "in" else proj.n_in
         n_out = proj.n_out / t if proj.shard == "out" else proj.n_out
-        f, b = _linear(tok, n_in, n_out, shape, dev, bias_rows=_bias_rows(model, shape, proj.shard))
-        fwd, bwd = fwd + f, bwd + b
+        f, b = _linear(tok, n_in, n_out, shape, dev)
+        fwd, bwd = fwd + f, bwd + b + _bias_grad(_bias_rows(model, shape, proj.shard), n_out, shape, dev)
+        if proj.shard in ("in", "out"):
+            tp_f, tp_b = tp_f + f.total, tp_b + b.total
         if proj.shard == "in" or proj.n_in != h:
             saved = saved + tok * n_in * e        # MLA up projections and the output projection's input
     core_f, core_b, core_saved = _attention_core(model, shape, dev)
@@ -198,32 +221,38 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
         rope_f, rope_b = _pointwise(tok * (att.heads + att.kv_heads) * rope_dim / t, 2 * e, 2 * e, FLOPS_ROPE, dev)
         fwd, bwd = fwd + rope_f, bwd + rope_b
     kv_bytes = tok * att.kv_heads / t * (att.qk_dim + att.v_dim) * e
-    return fwd + core_f, bwd + core_b, core_f, saved + qkv * e + core_saved, core_saved, kv_bytes
+    block = _Block(fwd + core_f, bwd + core_b, saved + qkv * e + core_saved, tp_f, tp_b)
+    return block, core_f, core_saved, kv_bytes
 
 
-def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1, routed=False):
+def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1, routed=False) -> _Block:
     """A (possibly batched, one per local expert) feed-forward block on ``tokens`` rows each; FFN split over t.
 
     Up (gate and up for SwiGLU), activation, down. Saved: the activation's
     input(s) and the down projection's input. Biases of routed experts are
     added to their own ``tokens`` rows; a dense block's as ``_bias_rows`` says.
+    Up and down are TP-adjacent GEMMs, except for routed experts, which sit
+    behind the expert all-to-all instead.
     """
     h, t, e = model.hidden, shape.t, shape.e
     up_cols = (2 * ffn if model.mlp.gated else ffn) / t
     up_rows, down_rows = _bias_rows(model, shape, "out"), _bias_rows(model, shape, "in")
     if routed:
         up_rows = down_rows = tokens if model.bias else 0.0
-    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts, bias_rows=up_rows)
+    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts)
     act_flops = FLOPS_SWIGLU if model.mlp.gated else FLOPS_GELU
     act_in = 2 if model.mlp.gated else 1
     act_f, act_b = _pointwise(experts * tokens * ffn / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
-    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts, bias_rows=down_rows)
+    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts)
+    biases = _bias_grad(up_rows, up_cols, shape, dev, experts) + _bias_grad(down_rows, h, shape, dev, experts)
     saved = experts * tokens * ffn / t * e * (act_in + 1)
-    return up_f + act_f + down_f, up_b + act_b + down_b, saved
+    adjacent = 0.0 if routed else 1.0
+    return _Block(up_f + act_f + down_f, up_b + act_b + down_b + biases, saved,
+                  adjacent * (up_f.total + down_f.total), adjacent * (up_b.total + down_b.total))
 
 
 def _moe(model: Transformer, shape: LayerShape, dev: Device):
-    """Router, routed experts sharded over the EP group, shared experts; times, saved bytes, all-to-all bytes.
+    """Router, routed experts sharded over the EP group, shared experts; (_Block, all-to-all bytes).
 
     Router: [tokens, h] x [h, E], fp32 softmax/top-k over tokens*E scores.
     The busiest device of the EP group holds E/ep experts and receives
@@ -231,45 +260,21 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     tokens * top_k * imbalance * ep / E rows each, FFN split over t.
     Dispatch and combine all-to-alls move (tokens/t) * top_k * imbalance * h * e
     bytes per device each (tokens split over the TP ranks for dispatch).
+    The shared experts' GEMMs are the TP-adjacent ones.
     """
     moe, h, e, tok, t = model.moe, model.hidden, shape.e, shape.tokens, shape.t
     router_f, router_b = _linear(tok, h, moe.experts, shape, dev)
     gate_f, gate_b = _pointwise(tok * moe.experts, e + FP32, 2 * FP32, FLOPS_SOFTMAX, dev)
     local = moe.experts / shape.ep
     rows = tok * moe.top_k * shape.imbalance
-    per_expert = rows / local
-    exp_f, exp_b, exp_saved = _ffn(per_expert, moe.ffn, model, shape, dev, experts=local, routed=True)
-    fwd, bwd = router_f + gate_f + exp_f, router_b + gate_b + exp_b
-    saved = exp_saved + rows * h * e + tok * moe.experts * FP32
+    routed = _ffn(rows / local, moe.ffn, model, shape, dev, experts=local, routed=True)
+    block = _Block(router_f + gate_f + routed.forward, router_b + gate_b + routed.backward,
+                   routed.saved + rows * h * e + tok * moe.experts * FP32)
     if moe.shared_ffn:
-        sh_f, sh_b, sh_saved = _ffn(tok, moe.shared_ffn, model, shape, dev)
-        fwd, bwd, saved = fwd + sh_f, bwd + sh_b, saved + sh_saved
-    return fwd, bwd, saved, tok / t * moe.top_k * shape.imbalance * h * e
-
-
-def _tp_adjacent_gemms(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bool):
-    """Forward and backward seconds of the GEMMs that a TP collective feeds or drains.
-
-    The TP-split attention projections (QKV or MLA's up projections, the output
-    projection) and the dense MLP's up and down projections (a MoE layer's
-    shared expert; routed experts sit behind the all-to-all instead). These
-    are the GEMMs a chunked TP collective can be pipelined with (tp_overlap).
-    """
-    h, t, tok = model.hidden, shape.t, shape.tokens
-    linears = []
-    for proj in model.attention.projections(h):
-        if proj.shard == "out":
-            linears.append((proj.n_in, proj.n_out / t))
-        elif proj.shard == "in":
-            linears.append((proj.n_in / t, proj.n_out))
-    ffn = (model.moe.shared_ffn if model.moe else 0) if moe_layer else model.mlp.ffn
-    if ffn:
-        linears += [(h, (2 * ffn if model.mlp.gated else ffn) / t), (ffn / t, h)]
-    fwd = bwd = 0.0
-    for n_in, n_out in linears:
-        f, b = _linear(tok, n_in, n_out, shape, dev)
-        fwd, bwd = fwd + f.total, bwd + b.total
-    return fwd, bwd
+        shared = _ffn(tok, moe.shared_ffn, model, shape, dev)
+        block = _Block(block.forward + shared.forward, block.backward + shared.backward, block.saved + shared.saved,
+                       shared.tp_gemm_forward, shared.tp_gemm_backward)
+    return block, tok / t * moe.top_k * shape.imbalance * h * e
 
 
 def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bool = False) -> LayerCost:
@@ -279,27 +284,26 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     dropout = model.dropout
 
     norm_f, norm_b = _pointwise(ntok * h, 2 * e, NORM_BWD_ELEMENTS * e, FLOPS_NORM, dev)
-    att_f, att_b, core_f, att_saved, core_saved, kv_bytes = _attention(model, shape, dev)
+    att, core_f, core_saved, kv_bytes = _attention(model, shape, dev)
     resid_bytes_f = 3 * e + (MASK_BYTES if dropout else 0.0)
     resid_f, resid_b = _pointwise(ntok * h, resid_bytes_f, resid_bytes_f, FLOPS_DROPOUT + FLOPS_ADD, dev)
     if moe_layer and model.moe:
-        mlp_f, mlp_b, mlp_saved, a2a = _moe(model, shape, dev)
+        mlp, a2a = _moe(model, shape, dev)
     else:
-        mlp_f, mlp_b, mlp_saved = _ffn(tok, model.mlp.ffn, model, shape, dev)
-        a2a = 0.0
-    forward = norm_f.scale(2) + att_f + resid_f.scale(2) + mlp_f
-    backward = norm_b.scale(2) + att_b + resid_b.scale(2) + mlp_b
+        mlp, a2a = _ffn(tok, model.mlp.ffn, model, shape, dev), 0.0
+    forward = norm_f.scale(2) + att.forward + resid_f.scale(2) + mlp.forward
+    backward = norm_b.scale(2) + att.backward + resid_b.scale(2) + mlp.backward
 
     # Saved activations (bytes), Korthikanti et al. 2022 Sec. 4.1 accounting:
     norm_in = 2 * ntok * h * e                              # inputs of the two norms
     gemm_in = 2 * ntok * h * e                              # attention and MLP inputs (SP: sharded, re-gathered)
     masks = 2 * ntok * h * MASK_BYTES if dropout else 0.0   # two residual dropout masks
-    saved = norm_in + gemm_in + att_saved + masks + mlp_saved
-    tp_gemm_f, tp_gemm_b = _tp_adjacent_gemms(model, shape, dev, moe_layer and model.moe is not None)
+    saved = norm_in + gemm_in + att.saved + masks + mlp.saved
     return LayerCost(
         forward=forward, backward=backward, attention_core=core_f,
         saved_bytes=saved, attention_core_bytes=np.where(shape.flash, 0.0, core_saved),
         input_bytes=ntok * h * e, tp_messages=2, tp_message_bytes=tok * h * e,
         a2a_messages=2 if (moe_layer and model.moe) else 0, a2a_bytes=a2a, cp_kv_bytes=kv_bytes,
-        tp_gemm_forward=tp_gemm_f, tp_gemm_backward=tp_gemm_b,
+        tp_gemm_forward=att.tp_gemm_forward + mlp.tp_gemm_forward,
+        tp_gemm_backward=att.tp_gemm_backward + mlp.tp_gemm_backward,
     )
