@@ -34,7 +34,6 @@ from comet_dse.strategy import GradAccumulation, Recompute, Strategy, StrategyAr
 TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
 TABLE4 = "korthikanti2022_table4.csv"
-PRESET = "dgx-a100-80gb"
 
 
 @dataclass(frozen=True)
