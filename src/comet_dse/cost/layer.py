@@ -80,7 +80,7 @@ class LayerCost:
     input_bytes: np.ndarray         # the layer input (all that full recomputation keeps)
     tp_messages: int                # TP collectives per pass (2: after attention and after MLP)
     tp_message_bytes: np.ndarray    # bytes of each full (unsharded) TP message
-    a2a_messages: int = 0           # expert all-to-alls per pass (dispatch and combine)
+    moe: bool = False               # a MoE layer: dispatch and combine all-to-alls in every pass
     a2a_bytes: object = 0.0         # bytes each device sends in one all-to-all
     cp_kv_bytes: object = 0.0       # K and V bytes passed to the next CP rank at each ring step
     tp_gemm_forward: object = 0.0   # forward time of the GEMMs next to the TP collectives (_Block)
@@ -303,7 +303,7 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
         forward=forward, backward=backward, attention_core=core_f,
         saved_bytes=saved, attention_core_bytes=np.where(shape.flash, 0.0, core_saved),
         input_bytes=ntok * h * e, tp_messages=2, tp_message_bytes=tok * h * e,
-        a2a_messages=2 if (moe_layer and model.moe) else 0, a2a_bytes=a2a, cp_kv_bytes=kv_bytes,
+        moe=bool(moe_layer and model.moe), a2a_bytes=a2a, cp_kv_bytes=kv_bytes,
         tp_gemm_forward=att.tp_gemm_forward + mlp.tp_gemm_forward,
         tp_gemm_backward=att.tp_gemm_backward + mlp.tp_gemm_backward,
     )

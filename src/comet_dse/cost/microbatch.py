@@ -100,7 +100,7 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
     tp_fwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_forward, st.tp), tp_pass)
     tp_bwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_backward, st.tp), tp_pass)
-    ep_pass = np.where(layer.a2a_messages > 0, expert_exchange_time(model, layer, ctx, st), 0.0)
+    ep_pass = expert_exchange_time(model, layer, ctx, st) if layer.moe else 0.0
     ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
     ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
     ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
