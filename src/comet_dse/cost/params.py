@@ -40,10 +40,9 @@ def attention_params_per_device(model: Transformer, t):
     plus MLA's latent norms (replicated)."""
     total = 0.0
     for proj in model.attention.projections(model.hidden):
-        size = proj.n_in * proj.n_out + (proj.n_out if model.bias else 0)
+        size = proj.params(model.bias)
         total = total + (size / t if proj.shard != "none" else size)
-    lat = model.attention.latent
-    return total + (((lat.q_lora_rank or 0) + lat.kv_lora_rank) if lat else 0)
+    return total + model.attention.latent_norm_params()
 
 
 def stage_layer_counts(layers: int, pp):

@@ -72,6 +72,10 @@ class Projection:
     n_out: int
     shard: str
 
+    def params(self, bias: bool) -> int:
+        """Weights n_in * n_out, plus n_out biases when the model uses them."""
+        return self.n_in * self.n_out + (self.n_out if bias else 0)
+
 
 @dataclass(frozen=True)
 class Attention:
@@ -93,6 +97,11 @@ class Attention:
     def v_dim(self) -> int:
         """Per-head dimension of values (and of the attention output)."""
         return self.latent.v_head_dim if self.latent else self.head_dim
+
+    def latent_norm_params(self) -> int:
+        """MLA's norms on the compressed query and KV (q_lora_rank + kv_lora_rank; 0 without MLA)."""
+        lat = self.latent
+        return ((lat.q_lora_rank or 0) + lat.kv_lora_rank) if lat else 0
 
     def projections(self, hidden: int) -> list:
         """The attention's linear layers, in order, as Projections.
@@ -203,11 +212,7 @@ class Transformer:
     def attention_params(self) -> int:
         """Attention projections (MHA/GQA: h*(a+2k)*d + a*d*h), biases when used, MLA's two norms."""
         projections = self.attention.projections(self.hidden)
-        weights = sum(p.n_in * p.n_out for p in projections)
-        biases = sum(p.n_out for p in projections) if self.bias else 0
-        lat = self.attention.latent
-        norms = ((lat.q_lora_rank or 0) + lat.kv_lora_rank) if lat else 0
-        return weights + biases + norms
+        return sum(p.params(self.bias) for p in projections) + self.attention.latent_norm_params()
 
     def ffn_params(self, ffn: int) -> int:
         """One feed-forward block of size f. GELU: 2*h*f (+ f + h biases); SwiGLU: 3*h*f (+ 2f + h)."""
