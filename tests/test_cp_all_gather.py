@@ -10,7 +10,7 @@ from comet_dse.cost.microbatch import context_of, layer_work
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
 from comet_dse.presets import load_cluster, load_model
-from comet_dse.strategy import Recompute, Strategy, StrategyArrays
+from comet_dse.strategy import CpAlgorithm, Recompute, Strategy, StrategyArrays
 
 H100 = load_cluster("dgx-h100")
 LLAMA = load_model("llama3-8b").with_seq_len(131072)
@@ -69,7 +69,7 @@ def test_study_key(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nmodels: [llama3-8b]\ncluster: dgx-h100\ndevices: [128]\nglobal_batch: 8\n"
                     "strategy:\n  tp: [8]\n  cp: [16]\n  cp_algorithm: all-gather\n")
-    assert load_study(path).space.cp_algorithm == "all-gather"
+    assert load_study(path).space.choices("cp_algorithm") == (CpAlgorithm.ALL_GATHER,)
     path.write_text(path.read_text().replace("all-gather", "tree"))
     with pytest.raises(InputError, match="cp_algorithm"):
         load_study(path)

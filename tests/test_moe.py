@@ -149,11 +149,11 @@ def test_fp8_speeds_up_gemms_and_costs_a_weight_copy():
 
 def test_search_space_includes_expert_degrees():
     model = load_model("mixtral-8x7b")
-    st = enumerate_strategies(model, 64, 256, SearchSpace(recompute=("full",), zero=(1,)))
+    st = enumerate_strategies(model, 64, 256, SearchSpace.of(recompute=("full",), zero=(1,)))
     assert set(np.unique(st.ep)) == {1, 2, 4, 8}
     assert np.all(st.dp % st.ep == 0)
     long = load_model("llama3-8b").with_seq_len(65536)
-    assert 16 in set(enumerate_strategies(long, 64, 64, SearchSpace(recompute=("full",))).cp)
+    assert 16 in set(enumerate_strategies(long, 64, 64, SearchSpace.of(recompute=("full",))).cp)
 
 
 @pytest.mark.parametrize("argv,needle", [

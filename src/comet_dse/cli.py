@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from comet_dse.errors import InputError
-from comet_dse.strategy import CP_ALGORITHMS, DTYPE_CHOICES, PLACEMENTS
+from comet_dse.strategy import GIVEN, KNOBS
 
 EXIT_BAD_INPUT = 2
 
@@ -46,58 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
     est.add_argument("--cluster", required=True, help="preset name or cluster YAML")
     est.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
-    est.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
-    est.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel degree (default 1)")
-    est.add_argument("--dp", type=_positive_int, default=None, help="data-parallel degree (default devices/(tp*cp*pp))")
-    est.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree (default 1)")
-    est.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree, MoE models (default 1)")
-    est.add_argument("--moe-imbalance", type=float, default=1.0,
-                     help="tokens on the busiest expert device relative to a balanced router (default 1.0)")
-    est.add_argument("--ep-overlap", action="store_true",
-                     help="hide expert all-to-alls behind another micro-batch's compute (DualPipe)")
-    est.add_argument("--ep-fp8-dispatch", action="store_true",
-                     help="with --dtype fp8: send tokens to their experts in fp8 (DeepSeek-V3)")
-    est.add_argument("--cp-algorithm", choices=CP_ALGORITHMS, default="ring",
-                     help="how CP ranks exchange K and V: ring (overlapped, default) or all-gather (exposed; Llama 3)")
-    est.add_argument("--tp-overlap", action="store_true",
-                     help="pipeline TP collectives with the adjacent GEMMs in chunks (Megatron-Core --tp-comm-overlap)")
-    est.add_argument("--global-batch", type=_positive_int, required=True, help="sequences per iteration")
-    est.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch (default 1)")
-    est.add_argument("--interleave", type=_positive_int, default=1, help="virtual pipeline stages per device (default 1)")
-    est.add_argument("--recompute", choices=("none", "selective", "full"), default="none", help="activation recomputation")
-    est.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the TP group")
-    est.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over the data-parallel group")
-    est.add_argument("--dtype", choices=DTYPE_CHOICES, default="bf16", help="training precision (default bf16)")
+    _add_knob_options(est, many=False)
     est.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
-    est.add_argument("--flash-attention", action="store_true", help="fused attention that never stores the s x s scores")
-    est.add_argument("--no-dp-overlap", action="store_true", help="do not overlap the gradient reduction with backward")
-    est.add_argument("--grad-accumulation", choices=("fused", "separate"), default="fused",
-                     help="fp32 gradient accumulation fused into the GEMM (default) or a separate add per micro-batch")
-    est.add_argument("--placement", choices=PLACEMENTS, default="tp-pp-dp",
-                     help="order of the parallel axes on the devices, innermost first (default tp-pp-dp)")
     est.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
     sea = sub.add_parser("search", help="evaluate every parallelisation strategy and rank them")
     sea.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
     sea.add_argument("--cluster", required=True, help="preset name or cluster YAML")
     sea.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
-    sea.add_argument("--global-batch", required=True, type=_positive_int, help="sequences per iteration")
     sea.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
-    sea.add_argument("--dtype", choices=DTYPE_CHOICES, default="bf16", help="training precision")
-    sea.add_argument("--flash-attention", action="store_true", help="fused attention for every strategy")
-    sea.add_argument("--tp-overlap", action="store_true", help="TP collectives pipelined with GEMMs for every strategy")
-    sea.add_argument("--ep-overlap", action="store_true", help="expert all-to-alls overlapped for every strategy")
-    sea.add_argument("--ep-fp8-dispatch", action="store_true", help="with --dtype fp8: fp8 expert dispatch")
-    sea.add_argument("--cp-algorithm", choices=CP_ALGORITHMS, default="ring", help="K/V exchange for CP > 1")
-    sea.add_argument("--tp", type=_int_list, default=None, help="allowed TP degrees, e.g. 4,8 (default: all)")
-    sea.add_argument("--pp", type=_int_list, default=None, help="allowed PP degrees (default: all)")
-    sea.add_argument("--cp", type=_int_list, default=None, help="allowed CP degrees (default: keep >= 4096 tokens/device)")
-    sea.add_argument("--ep", type=_int_list, default=None, help="allowed EP degrees (default: all valid for MoE)")
-    sea.add_argument("--micro-batch", type=_int_list, default=None, help="allowed micro-batches (default: all up to 16)")
-    sea.add_argument("--recompute", type=_word_list, default=None, help="allowed recompute modes (default: none,selective,full)")
-    sea.add_argument("--zero", type=_int_list, default=None, help="allowed ZeRO stages (default: 0,1,2,3)")
-    sea.add_argument("--placement", type=_word_list, default=None,
-                     help="placements to try, e.g. tp-pp-dp,dp-tp-pp (default: tp-pp-dp)")
+    _add_knob_options(sea, many=True)
+    sea.add_argument("--max-micro-batch", type=_positive_int, default=16,
+                     help="largest micro-batch tried when --micro-batch is not given (default 16)")
+    sea.add_argument("--max-interleave", type=_positive_int, default=8,
+                     help="most virtual stages tried when --interleave is not given (default 8)")
     sea.add_argument("--top", type=_positive_int, default=10, help="how many of the fastest to show (default 10)")
     sea.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
     sea.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
@@ -129,41 +91,90 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _int_list(text: str) -> tuple:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got {text!r}")
-    return values
+def _add_knob_options(parser: argparse.ArgumentParser, many: bool) -> None:
+    """One option per strategy knob (strategy.KNOBS).
+
+    estimate (many=False): one value each; a switch is a flag (--flash-attention,
+    or --no-dp-overlap for one that is on by default). search (many=True): a
+    comma-separated list of values to try (--tp 4,8, --recompute none,full); a
+    switch alone means on (--flash-attention), or takes values (--flash-attention
+    on,off); a switch on by default also has its --no- flag. The global batch
+    is one required value for both.
+    """
+    for knob in KNOBS:
+        dashed = knob.name.replace("_", "-")
+        values = "" if knob.kind is bool or knob.is_choice else f"; {knob.choices_text()}"
+        default = knob.default_text or _shown(knob.default)
+        if knob.search == GIVEN:
+            parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_value(knob), required=True,
+                                metavar=knob.short.upper() if knob.is_choice else "N", help=f"{knob.help}{values}")
+        elif not many and knob.kind is bool:
+            parser.add_argument(knob.flag, dest=knob.name, action="store_const", const=not knob.default,
+                                default=None, help=f"turn off: {knob.help} (on by default)" if knob.default
+                                else f"{knob.help} (default off)")
+        elif not many:
+            parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_value(knob), default=None,
+                                metavar=_metavar(knob), help=f"{knob.help}{values} (default {default})")
+        else:
+            tried = "every valid value" if isinstance(knob.search, str) else ",".join(map(_shown, knob.search))
+            parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_values(knob), default=None,
+                                nargs="?" if knob.kind is bool else None, const=(True,) if knob.kind is bool else None,
+                                metavar=_metavar(knob) + "[,...]",
+                                help=f"{knob.help}; values to try{values} (default {tried})")
+            if knob.kind is bool and knob.default:
+                parser.add_argument(knob.flag, dest=knob.name, action="store_const", const=(False,),
+                                    help=f"turn it off: same as --{dashed} off")
 
 
-def _word_list(text: str) -> tuple:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _metavar(knob) -> str:
+    if knob.kind is bool:
+        return "on|off"
+    return "|".join(str(m) for m in knob.kind) if knob.is_choice else ("X" if knob.kind is float else "N")
+
+
+def _knob_value(knob):
+    """argparse type of one value of ``knob``: its text coerced by the knob, or a one-line error."""
+    def parse(text: str):
+        try:
+            return knob.coerce(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _knob_values(knob):
+    """argparse type of a comma-separated list of values of ``knob``."""
+    one = _knob_value(knob)
+
+    def parse(text: str) -> tuple:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated values ({knob.choices_text()}), got {text!r}")
+        return tuple(one(x) for x in items)
+    return parse
 
 
 def _strategy_from(args, devices: int):
-    from comet_dse.strategy import GradAccumulation, Recompute, Strategy
+    from comet_dse.strategy import Strategy
 
-    inner = args.tp * args.cp * args.pp
-    if args.dp is None:
+    given = {k.name: getattr(args, k.name) for k in KNOBS if getattr(args, k.name) is not None}
+    tp, cp, pp = given.get("tp", 1), given.get("cp", 1), given.get("pp", 1)
+    inner = tp * cp * pp
+    if "dp" not in given:
         if devices % inner:
             raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {inner}; give --dp or change --tp/--cp/--pp")
-        dp = devices // inner
-    else:
-        dp = args.dp
+        given["dp"] = devices // inner
+    dp = given["dp"]
     if inner * dp != devices:
-        raise InputError("devices", f"tp*cp*pp*dp = {args.tp}*{args.cp}*{args.pp}*{dp} = {inner * dp} "
+        raise InputError("devices", f"tp*cp*pp*dp = {tp}*{cp}*{pp}*{dp} = {inner * dp} "
                          f"must equal --devices {devices}")
-    return Strategy(
-        tp=args.tp, pp=args.pp, dp=dp, global_batch=args.global_batch, micro_batch=args.micro_batch,
-        interleave=args.interleave, recompute=Recompute(args.recompute), sequence_parallel=args.sequence_parallel,
-        zero=args.zero, dtype=args.dtype, dp_overlap=not args.no_dp_overlap, flash_attention=args.flash_attention,
-        grad_accumulation=GradAccumulation(args.grad_accumulation), placement=args.placement,
-        cp=args.cp, ep=args.ep, moe_imbalance=args.moe_imbalance, ep_overlap=args.ep_overlap,
-        tp_overlap=args.tp_overlap, cp_algorithm=args.cp_algorithm, ep_fp8_dispatch=args.ep_fp8_dispatch,
-    )
+    return Strategy(**given)
 
 
 # Broken rules that make a command-line estimate an input error rather than a result.
@@ -208,13 +219,9 @@ def cmd_search(args) -> int:
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
     cluster = load_cluster(args.cluster)
-    defaults = SearchSpace()
-    space = SearchSpace(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
-                        recompute=args.recompute or defaults.recompute, zero=args.zero or defaults.zero,
-                        placement=args.placement or defaults.placement,
-                        dtype=args.dtype, flash_attention=args.flash_attention, tp_overlap=args.tp_overlap,
-                        ep_overlap=args.ep_overlap, ep_fp8_dispatch=args.ep_fp8_dispatch,
-                        cp_algorithm=args.cp_algorithm)
+    space = SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
+                         if k.search != GIVEN and getattr(args, k.name) is not None},
+                        max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave)
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space)
     elapsed = time.perf_counter() - started
@@ -240,13 +247,13 @@ def cmd_search(args) -> int:
 
 
 def _row_dict(columns: dict, row: int) -> dict:
-    from comet_dse.explore.table import decode
+    from comet_dse.explore.output import CODED
 
     out = {}
     for name, values in columns.items():
         value = values[row]
-        if name in ("recompute", "dtype", "placement"):
-            out[name] = decode(name, int(value))
+        if name in CODED:
+            out[name] = CODED[name][int(value)]
         elif isinstance(value, (np.bool_, bool)):
             out[name] = bool(value)
         elif isinstance(value, (np.integer,)):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from comet_dse.cost.feasibility import feasible_mask, reasons_for, violations
+from comet_dse.cost.microbatch import layer_phase_times
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -72,7 +73,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
     device cannot run, a device count the network cannot hold); every other
     problem is a reason in the result.
     """
-    cluster.accelerator.flops(strategy.dtype)
+    cluster.accelerator.flops(strategy.dtype.value)
     cluster.dim_sizes(devices)
     arrays = StrategyArrays.of([strategy])
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -99,12 +100,20 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         microbatches=float(step.microbatches[0]),
         layers_per_stage=int(np.asarray(step.stage_layers).reshape(-1)[0]),
         inputs={"model": model.name, "cluster": cluster.name, "devices": devices,
-                "strategy": _strategy_dict(strategy)},
+                "strategy": strategy.to_dict()},
     )
 
 
-def _strategy_dict(strategy: Strategy) -> dict:
-    out = {}
-    for key, value in strategy.__dict__.items():
-        out[key] = value.value if hasattr(value, "value") else value
-    return out
+@dataclass(frozen=True)
+class LayerTimes:
+    """One dense transformer layer and one micro-batch on one device [s] (cost/microbatch.py: layer_phase_times)."""
+
+    forward_s: float
+    backward_s: float       # backward and recomputation, with the communication exposed during them
+
+
+def layer_times(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy) -> LayerTimes:
+    """Forward and backward time of one layer under ``strategy``, as a per-layer profile measures them."""
+    cluster.accelerator.flops(strategy.dtype.value)
+    times = layer_phase_times(model, cluster, devices, StrategyArrays.of([strategy]))
+    return LayerTimes(forward_s=float(times["forward"][0]), backward_s=float(times["backward"][0]))

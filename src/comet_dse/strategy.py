@@ -1,19 +1,46 @@
-"""How a training step is parallelised and executed: degrees and knobs.
+"""How a training step is parallelised and executed: every strategy knob, declared once.
 
-A Strategy is one design point. Validity rules that depend on the model and
-cluster (degrees must divide heads, batch, devices) live in
-cost/feasibility.py, because an invalid point is a result with reasons, not
-an exception.
+A Strategy is one design point. Each of its fields is a knob declared with
+``knob(...)``: its type (int, float, bool or a choice Enum), default, help
+text and how a search treats it. Everything else is derived from those
+declarations (``KNOBS``): the batched ``StrategyArrays``, the result table's
+strategy columns, the micro-batch de-duplication key, the ``estimate`` and
+``search`` command-line options, the study file's ``strategy:`` schema and
+the strategy lines of the text output. docs/knobs.md says how to add one.
+
+Validity rules that depend on the model and cluster (degrees must divide
+heads, batch, devices) live in cost/feasibility.py, because an invalid point
+is a result with reasons, not an exception.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
+
+import numpy as np
 
 from comet_dse.errors import InputError
 
 
-class Recompute(str, Enum):
+class Choice(str, Enum):
+    """A named choice: its value is its name in files and on the command line; its code
+    (its position in the Enum) is what strategy arrays and result tables hold."""
+
+    @property
+    def code(self) -> int:
+        return list(type(self)).index(self)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Recompute(Choice):
     """Activation recomputation (Korthikanti et al. 2022, arXiv:2205.05198)."""
 
     NONE = "none"
@@ -24,7 +51,7 @@ class Recompute(str, Enum):
     """Store only each layer's input; recompute the whole layer forward in backward."""
 
 
-class GradAccumulation(str, Enum):
+class GradAccumulation(Choice):
     """How weight gradients of successive micro-batches are summed in fp32."""
 
     FUSED = "fused"
@@ -33,176 +60,376 @@ class GradAccumulation(str, Enum):
     """A separate element-wise add per micro-batch: main_grad += grad (Megatron-LM 2021-2022 DDP hook)."""
 
 
-RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
-DTYPE_CHOICES = ("bf16", "fp16", "fp8")
-CP_ALGORITHMS = ("ring", "all-gather")  # how context-parallel ranks exchange K and V
-# Orders of the parallel axes on the device numbering, innermost first.
-PLACEMENTS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "pp-dp-tp", "dp-tp-pp", "dp-pp-tp")
+class Dtype(Choice):
+    """Training precision of the GEMMs (activations stay 16-bit, cost/microbatch.py)."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
 
 
-def check_choices(name, dtype: str, zeros=(0,), placements=("tp-pp-dp",), cp_algorithm: str = "ring",
-                  ep_fp8_dispatch: bool = False, moe_imbalance: float = 1.0) -> None:
-    """The rules of a strategy's choice fields, for one Strategy and for a search space alike.
+class Placement(Choice):
+    """Order of the parallel axes on the device numbering, innermost first."""
 
-    ``name(field)`` is the field's name in the error (e.g. "ep-fp8-dispatch" on
-    the command line, "strategy.ep_fp8_dispatch" in a study file).
+    TP_PP_DP = "tp-pp-dp"
+    TP_DP_PP = "tp-dp-pp"
+    PP_TP_DP = "pp-tp-dp"
+    PP_DP_TP = "pp-dp-tp"
+    DP_TP_PP = "dp-tp-pp"
+    DP_PP_TP = "dp-pp-tp"
+
+
+class CpAlgorithm(Choice):
+    """How context-parallel ranks exchange K and V."""
+
+    RING = "ring"
+    """Passed around a ring, overlapped with the attention kernels."""
+    ALL_GATHER = "all-gather"
+    """Gathered before attention and reduce-scattered after it, exposed (Llama 3)."""
+
+
+class Zero(int, Enum):
+    """ZeRO stage over the data-parallel group (Rajbhandari et al. 2020); ordered, code = stage."""
+
+    NONE = 0
+    OPTIMIZER = 1
+    GRADIENTS = 2
+    PARAMETERS = 3
+
+    @property
+    def code(self) -> int:
+        return int(self)
+
+    def __str__(self) -> str:
+        return str(int(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
+
+DERIVED = "derived"   # search enumerates every valid value from the model and device count
+GIVEN = "given"       # one value per search, named by the command (--global-batch) or study (global_batch)
+ALWAYS = "always"     # the text output shows the knob whenever it applies
+CHANGED = "changed"   # ... only when it differs from the default
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What the rest of the tool needs to know about one Strategy field.
+
+    kind: int (a positive count), float, bool, or a Choice / Zero Enum.
+    search: the values a search tries when none are given (a tuple), DERIVED
+      or GIVEN.
+    microbatch: cost/microbatch.py's per-micro-batch terms depend on it (the
+      de-duplication key of those terms is every knob marked so, plus the
+      placement's group strides).
+    applies: where False the value cannot change the result (SP with tp = 1):
+      a search keeps only the first of its values there, and the text output
+      leaves it out. Takes a Strategy or StrategyArrays; returns a bool or mask.
+    label: how the text output writes it, from the value; shown: ALWAYS or CHANGED.
+    line: which strategy line of the text output it goes on (0 degrees,
+      1 batch, 2 memory and precision, 3 execution switches).
+    short: the column heading of search tables and the compact sweep text.
+    low, high: bounds of a number.
+    default_text: how help texts state the default, when not the value itself.
     """
-    if dtype not in DTYPE_CHOICES:
-        raise InputError(name("dtype"), f"must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
-    for zero in zeros:
-        if zero not in (0, 1, 2, 3):
-            raise InputError(name("zero"), f"must be 0, 1, 2 or 3, got {zero!r}")
-    for placement in placements:
-        if placement not in PLACEMENTS:
-            raise InputError(name("placement"), f"must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    if cp_algorithm not in CP_ALGORITHMS:
-        raise InputError(name("cp_algorithm"), f"must be one of {', '.join(CP_ALGORITHMS)}, got {cp_algorithm!r}")
-    if ep_fp8_dispatch and dtype != "fp8":
-        raise InputError(name("ep_fp8_dispatch"), f"needs dtype fp8, got {dtype}")
-    imb = moe_imbalance
-    if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not 1.0 <= imb <= 64.0:
-        raise InputError(name("moe_imbalance"), f"must be a number in [1, 64] (1 = balanced), got {imb!r}")
+
+    name: str
+    kind: type
+    default: object
+    help: str
+    search: object
+    microbatch: bool
+    applies: Callable | None
+    label: Callable
+    shown: str
+    line: int
+    short: str
+    low: float | None
+    high: float | None
+    default_text: str | None
+
+    @property
+    def flag(self) -> str:
+        """Its command-line option, e.g. --flash-attention (a switch that defaults to on: --no-dp-overlap)."""
+        dashed = self.name.replace("_", "-")
+        return f"--no-{dashed}" if self.kind is bool and self.default else f"--{dashed}"
+
+    @property
+    def is_choice(self) -> bool:
+        return isinstance(self.kind, type) and issubclass(self.kind, Enum)
+
+    @property
+    def array_dtype(self):
+        """numpy dtype of its StrategyArrays column: degrees and counts as float (they divide), codes as int."""
+        if self.kind is bool:
+            return bool
+        return np.int64 if self.is_choice else np.float64
+
+    def choices_text(self) -> str:
+        if self.kind is bool:
+            return "true or false (on/off)"
+        if self.is_choice:
+            return ", ".join(str(m.value) for m in self.kind)
+        if self.kind is int and self.low == 1 and self.high is None:
+            return "a positive integer"
+        bound = f"at least {self.low:g}" if self.high is None else f"in [{self.low:g}, {self.high:g}]"
+        return f"{'an integer' if self.kind is int else 'a number'} {bound}"
+
+    def coerce(self, value):
+        """``value`` (a Python value, or text from a command line) as this knob's type; ValueError if invalid."""
+        bad = ValueError(f"must be {self.choices_text()}, got {value!r}")
+        if self.kind is bool:
+            if isinstance(value, (bool, np.bool_)):
+                return bool(value)
+            words = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
+            if isinstance(value, str) and value.strip().lower() in words:
+                return words[value.strip().lower()]
+            raise bad
+        if self.is_choice:
+            try:
+                return self.kind(int(value) if self.kind is Zero and isinstance(value, str) else value)
+            except ValueError:
+                raise bad from None
+        number = _number(value, self.kind)
+        if number is None or number < self.low or (self.high is not None and number > self.high):
+            raise bad
+        return number
+
+    def encode(self, value):
+        """Its value in a StrategyArrays column (the code of a choice)."""
+        return value.code if self.is_choice else value
+
+    def decode(self, cell):
+        """The value of one StrategyArrays or result-table cell (a choice by its code, or by name as read from a file)."""
+        if isinstance(cell, str):
+            return self.coerce(cell)
+        if self.is_choice:
+            return list(self.kind)[int(cell)]
+        return self.kind(cell)
+
+    def column(self, values) -> np.ndarray:
+        """Its result-table column: integers as int64, codes as int64, bools, floats."""
+        if self.kind is bool:
+            return np.asarray(values, dtype=bool)
+        return np.asarray(values, dtype=np.float64 if self.kind is float else np.int64)
+
+
+def _number(value, kind):
+    if isinstance(value, str):
+        try:
+            value = kind(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    if kind is int:
+        return int(value) if float(value) == int(value) else None
+    return float(value) if np.isfinite(value) else None
+
+
+def knob(default, help: str, *, search=None, microbatch: bool = False, applies: Callable | None = None,
+         label: Callable | None = None, shown: str = CHANGED, line: int = 3, short: str = "",
+         low: float | None = None, high: float | None = None, kind: type | None = None,
+         default_text: str | None = None):
+    """A Strategy field declared as a knob (see Knob). ``search`` defaults to the default alone."""
+    return field(default=default, metadata={"knob": dict(
+        kind=kind or type(default), default=default, help=help,
+        search=(default,) if search is None else search, microbatch=microbatch, applies=applies,
+        label=label, shown=shown, line=line, short=short, low=low, high=high, default_text=default_text)})
+
+
+def _on_off(text: str) -> Callable:
+    return lambda value: f"{text} {'on' if value else 'off'}"
+
+
+def _degree(name: str, help: str, microbatch: bool, shown: str = ALWAYS, default_text: str | None = None):
+    return knob(1, help, search=DERIVED, microbatch=microbatch, label=lambda v: f"{name}={v}", shown=shown,
+                line=0, short=name, low=1, default_text=default_text)
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """One parallelisation and execution choice.
+    """One parallelisation and execution choice: every field is a knob (help text on each).
 
-    tp, pp, dp: tensor, pipeline and data parallel degrees (tp*cp*pp*dp = devices).
-    cp: context parallel degree: each sequence split over cp devices (ring attention).
-    ep: expert parallel degree: the experts of a MoE layer sharded over ep of the
-      dp ranks (ep divides dp and the number of experts).
-    moe_imbalance: tokens the busiest expert device receives relative to a
-      perfectly balanced router (1.0 = balanced).
-    ep_overlap: hide the expert all-to-alls behind the compute of another
-      micro-batch (DeepSeek-V3's DualPipe); only the excess stays exposed.
-    ep_fp8_dispatch: in fp8 training, send the tokens to their experts as fp8
-      (and the activation gradients before the down projection in backward;
-      DeepSeek-V3 Sec. 3.3.4); the combines stay 16-bit.
-    cp_algorithm: how CP ranks exchange K and V: "ring" (passed around a ring,
-      overlapped with attention) or "all-gather" (gathered before attention,
-      exposed; Llama 3).
-    tp_overlap: split each TP collective into chunks pipelined with the GEMM
-      next to it (Megatron-Core --tp-comm-overlap, Transformer Engine); only
-      what the GEMMs cannot hide, and at least one chunk, stays exposed.
-    global_batch, micro_batch: sequences per iteration and per micro-batch.
-    interleave: virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2).
-    zero: ZeRO stage 0..3 over the data-parallel group (Rajbhandari et al. 2020).
-    dp_overlap: overlap the data-parallel gradient reduction with backward compute.
-    flash_attention: fused attention kernel that never materialises the s x s scores.
-    placement: order of the parallel axes on the devices, innermost first
-      (default tp-pp-dp: TP inside a node, then PP, then DP). CP sits right
-      outside TP; EP takes consecutive DP ranks.
+    tp * cp * pp * dp = devices. Choices are Enums; their names ("fp8",
+    "selective") are accepted and converted.
     """
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    global_batch: int = 1
-    micro_batch: int = 1
-    interleave: int = 1
-    recompute: Recompute = Recompute.NONE
-    sequence_parallel: bool = False
-    zero: int = 0
-    dtype: str = "bf16"
-    dp_overlap: bool = True
-    flash_attention: bool = False
-    grad_accumulation: GradAccumulation = GradAccumulation.FUSED
-    placement: str = "tp-pp-dp"
-    cp: int = 1
-    ep: int = 1
-    moe_imbalance: float = 1.0
-    ep_overlap: bool = False
-    tp_overlap: bool = False
-    cp_algorithm: str = "ring"
-    ep_fp8_dispatch: bool = False
+    tp: int = _degree("tp", "tensor-parallel degree", True)
+    cp: int = _degree("cp", "context-parallel degree: each sequence split over cp devices", True, CHANGED)
+    ep: int = _degree("ep", "expert-parallel degree for mixture-of-experts models (divides the experts and dp)",
+                      True, CHANGED)
+    pp: int = _degree("pp", "pipeline-parallel degree", False)
+    dp: int = _degree("dp", "data-parallel degree", False, default_text="devices/(tp*cp*pp)")
+    global_batch: int = knob(1, "sequences per iteration", search=GIVEN, label=lambda v: f"global batch {v}",
+                             shown=ALWAYS, line=1, short="batch", low=1)
+    micro_batch: int = knob(1, "sequences per micro-batch", search=DERIVED, microbatch=True,
+                            label=lambda v: f"micro-batch {v}", shown=ALWAYS, line=1, short="mb", low=1)
+    interleave: int = knob(1, "virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2)", search=DERIVED,
+                           label=lambda v: f"interleave {v}", shown=ALWAYS, line=1, short="v", low=1)
+    recompute: Recompute = knob(Recompute.NONE, "activation recomputation", search=tuple(Recompute), microbatch=True,
+                                label=lambda v: f"recompute {v.value}", shown=ALWAYS, line=2, short="recompute")
+    sequence_parallel: bool = knob(False, "shard norms and dropout over the TP group (Korthikanti et al. 2022)",
+                                   search=(False, True), microbatch=True, applies=lambda s: s.tp > 1,
+                                   label=_on_off("sequence parallel"), shown=ALWAYS, line=2, short="sp")
+    zero: Zero = knob(Zero.NONE, "ZeRO stage over the data-parallel group", search=tuple(Zero),
+                      applies=lambda s: s.dp > 1, label=lambda v: f"ZeRO {v.value}", shown=ALWAYS, line=2,
+                      short="zero")
+    dtype: Dtype = knob(Dtype.BF16, "training precision", microbatch=True, label=lambda v: v.value, shown=ALWAYS,
+                        line=2, short="dtype")
+    flash_attention: bool = knob(False, "fused attention that never stores the s x s scores", microbatch=True,
+                                 label=lambda v: "flash attention" if v else "no flash attention", short="flash")
+    tp_overlap: bool = knob(False, "pipeline each TP collective in chunks with the GEMM next to it "
+                            "(Megatron-Core --tp-comm-overlap)", microbatch=True, applies=lambda s: s.tp > 1,
+                            label=lambda v: "TP comm pipelined with GEMMs" if v else "TP comm not pipelined",
+                            short="tpo")
+    cp_algorithm: CpAlgorithm = knob(CpAlgorithm.RING, "how CP ranks exchange K and V: ring (overlapped with "
+                                     "attention) or all-gather (exposed, as Llama 3)", microbatch=True,
+                                     applies=lambda s: s.cp > 1, label=lambda v: f"CP by {v.value}", shown=ALWAYS,
+                                     short="cp-alg")
+    moe_imbalance: float = knob(1.0, "tokens on the busiest expert device relative to a balanced router",
+                                microbatch=True, label=lambda v: f"MoE imbalance {v:g}", short="imb", low=1.0,
+                                high=64.0)
+    ep_overlap: bool = knob(False, "hide expert all-to-alls behind another micro-batch's compute (DualPipe)",
+                            microbatch=True, applies=lambda s: s.ep > 1, label=lambda v: "expert all-to-all overlapped" if v else
+                            "expert all-to-all exposed", short="epo")
+    ep_fp8_dispatch: bool = knob(False, "with dtype fp8: tokens go to their experts in fp8 (DeepSeek-V3); "
+                                 "combines stay 16-bit", microbatch=True, applies=lambda s: s.ep > 1,
+                                 label=lambda v: "fp8 expert dispatch" if v else "16-bit expert dispatch",
+                                 short="ep-fp8")
+    dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
+                            applies=lambda s: s.dp * s.cp > 1,
+                            label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",
+                            short="dpo")
+    grad_accumulation: GradAccumulation = knob(
+        GradAccumulation.FUSED, "fp32 gradient accumulation fused into the GEMM, or a separate add per "
+        "micro-batch (Megatron-LM before 2022)", label=lambda v: f"gradient accumulation {v.value}", short="grad-acc")
+    placement: Placement = knob(Placement.TP_PP_DP, "order of the parallel axes on the devices, innermost first "
+                                "(CP sits right outside TP; EP takes consecutive DP ranks)", microbatch=True,
+                                label=lambda v: f"placement {v.value} (innermost first)", short="placement")
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "global_batch", "micro_batch", "interleave", "cp", "ep"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
-        check_choices(lambda field: field.replace("_", "-"), self.dtype, (self.zero,), (self.placement,),
-                      self.cp_algorithm, self.ep_fp8_dispatch, self.moe_imbalance)
+        for k in KNOBS:
+            try:
+                object.__setattr__(self, k.name, k.coerce(getattr(self, k.name)))
+            except ValueError as exc:
+                raise InputError(k.name.replace("_", "-"), str(exc)) from None
+        for names, holds, message in CROSS_RULES:
+            if not holds(self):
+                raise InputError(names[0].replace("_", "-"), f"{message}, got {self.dtype.value}")
 
     @property
     def devices(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
+    def to_dict(self) -> dict:
+        """Knob name -> plain value (choices by name): the JSON form, read back by ``Strategy(**d)``."""
+        return {k.name: _plain(getattr(self, k.name)) for k in KNOBS}
 
-@dataclass(frozen=True)
+
+def _plain(value):
+    if isinstance(value, Zero):
+        return int(value)
+    return value.value if isinstance(value, Enum) else value
+
+
+def _declared(cls) -> tuple:
+    return tuple(Knob(name=f.name, **f.metadata["knob"]) for f in dataclasses.fields(cls))
+
+
+KNOBS = _declared(Strategy)
+KNOB = {k.name: k for k in KNOBS}
+# Knobs that cost/microbatch.py's per-micro-batch terms depend on (the de-duplication key).
+MICROBATCH_KNOBS = tuple(k.name for k in KNOBS if k.microbatch)
+# Rules between knobs, checked for a Strategy and for every combination a SearchSpace allows:
+# (knobs involved, holds(strategy-like) -> bool, what is needed).
+CROSS_RULES = (
+    (("ep_fp8_dispatch", "dtype"), lambda s: not s.ep_fp8_dispatch or s.dtype is Dtype.FP8, "needs dtype fp8"),
+)
+
+
+def knob_lines(values: dict) -> list:
+    """The strategy's lines of the text output: its knobs, grouped by ``Knob.line``, as lists of labels.
+
+    ``values``: knob name -> value (a Strategy's ``to_dict()`` or a result row).
+    A knob is shown when it applies and, unless it is shown ALWAYS, differs from its default.
+    """
+    st = Strategy(**{k: v for k, v in values.items() if k in KNOB})
+    lines = [[] for _ in range(1 + max(k.line for k in KNOBS))]
+    for k in KNOBS:
+        value = getattr(st, k.name)
+        if k.applies is not None and not k.applies(st):
+            continue
+        if k.shown == ALWAYS or value != k.default:
+            lines[k.line].append(k.label(value))
+    return lines
+
+
+def compact_text(values: dict) -> str:
+    """One short line for a strategy in tables, e.g. 'tp8 pp64 dp8 mb1 v1 selective sp z1'.
+
+    Degrees and the choices shown ALWAYS, then every other knob that differs
+    from its default (a switch by its short name, 'no-' when turned off); the
+    global batch (one per search) is left out.
+    """
+    st = Strategy(**{k: v for k, v in values.items() if k in KNOB})
+    words = []
+    for k in KNOBS:
+        value = getattr(st, k.name)
+        if k.search == GIVEN or (k.applies is not None and not k.applies(st)):
+            continue
+        if value == k.default and (k.shown == CHANGED or k.kind is bool):
+            continue
+        if k.kind is bool:
+            words.append(k.short if value else f"no-{k.short}")
+        elif k.kind is Zero:
+            words.append(f"z{int(value)}")
+        elif k.is_choice:
+            words.append(value.value)
+        else:
+            words.append(f"{k.short}{value:g}" if k.kind is float else f"{k.short}{value}")
+    return " ".join(words)
+
+
 class StrategyArrays:
-    """Many strategies as parallel numpy arrays: the input of the batched cost model."""
+    """Many strategies as parallel numpy arrays, one attribute per knob (``KNOBS``): the batched cost model's input.
 
-    tp: object
-    pp: object
-    dp: object
-    global_batch: object
-    micro_batch: object
-    interleave: object
-    recompute: object         # 0 none, 1 selective, 2 full (RECOMPUTE_CODES)
-    sequence_parallel: object
-    zero: object
-    dtype: object             # index into DTYPE_CHOICES
-    dp_overlap: object
-    flash_attention: object
-    grad_fused: object
-    placement: object         # index into PLACEMENTS
-    cp: object = None
-    ep: object = None
-    moe_imbalance: object = None
-    ep_overlap: object = None
-    tp_overlap: object = None
-    cp_all_gather: object = None    # True where CP exchanges K/V by all-gather (cp_algorithm)
-    ep_fp8_dispatch: object = None
+    Degrees and counts are float arrays, switches bool, choices their codes
+    (``Choice.code``); compare a choice with ``uses``, never with a bare number.
+    """
 
-    def __post_init__(self) -> None:
-        import numpy as np
-
-        ones = np.ones(np.shape(self.tp))
-        for name in ("cp", "ep", "moe_imbalance"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, ones)
-        for name in ("ep_overlap", "tp_overlap", "cp_all_gather", "ep_fp8_dispatch"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, np.zeros(np.shape(self.tp), dtype=bool))
+    def __init__(self, columns: dict):
+        missing = [k.name for k in KNOBS if k.name not in columns]
+        extra = sorted(set(columns) - set(KNOB))
+        if missing or extra:
+            raise ValueError(f"StrategyArrays needs exactly the knobs; missing {missing}, unknown {extra}")
+        n = len(np.atleast_1d(columns["tp"]))
+        for k in KNOBS:
+            array = np.asarray(columns[k.name], dtype=k.array_dtype)
+            setattr(self, k.name, np.broadcast_to(array, (n,)) if array.ndim == 0 else array)
 
     @classmethod
     def of(cls, strategies: list) -> "StrategyArrays":
         """Stack a list of Strategy into arrays (a single strategy is a batch of one)."""
-        import numpy as np
-
-        def col(fn, dtype):
-            return np.array([fn(x) for x in strategies], dtype=dtype)
-
-        return cls(
-            tp=col(lambda x: x.tp, float), pp=col(lambda x: x.pp, float), dp=col(lambda x: x.dp, float),
-            global_batch=col(lambda x: x.global_batch, float), micro_batch=col(lambda x: x.micro_batch, float),
-            interleave=col(lambda x: x.interleave, float),
-            recompute=col(lambda x: RECOMPUTE_CODES[x.recompute], int),
-            sequence_parallel=col(lambda x: x.sequence_parallel, bool), zero=col(lambda x: x.zero, int),
-            dtype=col(lambda x: DTYPE_CHOICES.index(x.dtype), int), dp_overlap=col(lambda x: x.dp_overlap, bool),
-            flash_attention=col(lambda x: x.flash_attention, bool),
-            grad_fused=col(lambda x: x.grad_accumulation is GradAccumulation.FUSED, bool),
-            placement=col(lambda x: PLACEMENTS.index(x.placement), int),
-            cp=col(lambda x: x.cp, float), ep=col(lambda x: x.ep, float),
-            moe_imbalance=col(lambda x: x.moe_imbalance, float), ep_overlap=col(lambda x: x.ep_overlap, bool),
-            tp_overlap=col(lambda x: x.tp_overlap, bool),
-            cp_all_gather=col(lambda x: x.cp_algorithm == "all-gather", bool),
-            ep_fp8_dispatch=col(lambda x: x.ep_fp8_dispatch, bool),
-        )
+        return cls({k.name: [k.encode(getattr(s, k.name)) for s in strategies] for k in KNOBS})
 
     def take(self, index) -> "StrategyArrays":
         """The points at ``index`` (an integer array), as a new StrategyArrays."""
-        from dataclasses import fields
+        return StrategyArrays({k.name: getattr(self, k.name)[index] for k in KNOBS})
 
-        return StrategyArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+    def strategy(self, i: int) -> Strategy:
+        """The Strategy of point ``i``."""
+        return Strategy(**{k.name: k.decode(getattr(self, k.name)[i]) for k in KNOBS})
+
+    def uses(self, choice: Enum) -> np.ndarray:
+        """True where the point's knob of that Enum (e.g. Recompute.FULL) takes that value."""
+        name = next(k.name for k in KNOBS if k.kind is type(choice))
+        return getattr(self, name) == choice.code
 
     def dtype_table(self, values: dict, missing: float = float("nan")):
         """Per point, ``values[dtype name]`` (``missing`` where absent), by table lookup."""
-        import numpy as np
-
-        table = np.array([values.get(name, missing) for name in DTYPE_CHOICES], dtype=float)
+        table = np.array([values.get(d.value, missing) for d in Dtype], dtype=float)
         return table[self.dtype]
 
     def strides(self) -> dict:
@@ -213,17 +440,21 @@ class StrategyArrays:
         degrees of the blocks inside it. EP takes consecutive DP ranks (stride
         of DP); the expert-data-parallel group (dp/ep) steps over whole EP groups.
         """
-        import numpy as np
-
         degree = {"tp": self.tp * self.cp, "pp": self.pp, "dp": self.dp}
         block = {axis: np.ones_like(self.tp, dtype=float) for axis in degree}
-        for code, order in enumerate(PLACEMENTS):
+        for placement in Placement:
             inner = np.ones_like(self.tp, dtype=float)
-            for axis in order.split("-"):
-                block[axis] = np.where(self.placement == code, inner, block[axis])
+            for axis in placement.value.split("-"):
+                block[axis] = np.where(self.placement == placement.code, inner, block[axis])
                 inner = inner * degree[axis]
         return {"tp": block["tp"], "cp": block["tp"] * self.tp, "pp": block["pp"], "dp": block["dp"],
                 "ep": block["dp"], "edp": block["dp"] * self.ep}
 
     def __len__(self) -> int:
         return len(self.tp)
+
+
+def combinations(values: dict) -> list:
+    """Every combination of knob values (knob -> tuple), in the order of ``values``: [dict]."""
+    names = list(values)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(values[n] for n in names))]

@@ -22,14 +22,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-
-from comet_dse.cost.microbatch import BACKWARD_COMM, context_of, layer_work
 from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, PositionEmbedding, Transformer
-from comet_dse.strategy import GradAccumulation, Recompute, Strategy, StrategyArrays
+from comet_dse.strategy import GradAccumulation, Recompute, Strategy
 
 TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
@@ -127,15 +124,10 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
         strategy = Strategy(tp=8, pp=1, dp=1, global_batch=4, micro_batch=4,
                             recompute=Recompute(row["recompute"]),
                             sequence_parallel=row["sequence_parallel"].lower() == "true", dtype="fp16")
-        st = StrategyArrays.of([strategy])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            work, _ = layer_work(model, context_of(model, cluster, 8, st), st)
-        bwd_comm = work[BACKWARD_COMM][0]      # TP exposed during backward and recomputation
-        forward = work["fwd_math"][0] + work["fwd_mem"][0] + work["tp"][0] - bwd_comm
-        backward = work["bwd_math"][0] + work["bwd_mem"][0] + work["rec_math"][0] + work["rec_mem"][0] + bwd_comm
+        times = layer_times(model, cluster, 8, strategy)
         name = row["experiment"]
-        out.append(Comparison(TABLE4, f"{name} forward", forward, float(row["forward_ms"]) / 1e3))
-        out.append(Comparison(TABLE4, f"{name} backward", backward, float(row["backward_ms"]) / 1e3))
+        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, float(row["forward_ms"]) / 1e3))
+        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, float(row["backward_ms"]) / 1e3))
     return out
 
 

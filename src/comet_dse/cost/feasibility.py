@@ -10,7 +10,7 @@ import numpy as np
 
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import DTYPE_CHOICES, StrategyArrays
+from comet_dse.strategy import KNOB, StrategyArrays
 from comet_dse.units import format_bytes
 
 
@@ -57,7 +57,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
         ("cp_seq", ~_divides(cp, s),
          lambda i: f"cp={cp[i]:.0f} does not divide the sequence length {s}"),
         ("dtype", ~has_rate,
-         lambda i: f"{cluster.accelerator.name} has no {DTYPE_CHOICES[st.dtype[i]]} rate"),
+         lambda i: f"{cluster.accelerator.name} has no {KNOB['dtype'].decode(st.dtype[i]).value} rate"),
         ("memory", ~step.fits,
          lambda i: _memory_reason(step, i, hbm, exp)),
     ]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from comet_dse.strategy import Zero
+
 OPTIMIZER_BYTES = 12.0   # fp32 master weight + Adam m + Adam v
 WEIGHT_BYTES = 2.0       # 16-bit working copy
 
@@ -47,9 +49,9 @@ def model_state_bytes(params, dp, zero, grad_el_bytes, gathered=0.0) -> ModelSta
     """
     sharded = WEIGHT_BYTES * (params / dp + gathered * (1.0 - 1.0 / dp))
     return ModelStates(
-        weights=np.where(zero >= 3, np.minimum(WEIGHT_BYTES * params, sharded), WEIGHT_BYTES * params),
-        gradients=grad_el_bytes * params / np.where(zero >= 2, dp, 1),
-        optimizer=OPTIMIZER_BYTES * params / np.where(zero >= 1, dp, 1),
+        weights=np.where(zero >= Zero.PARAMETERS, np.minimum(WEIGHT_BYTES * params, sharded), WEIGHT_BYTES * params),
+        gradients=grad_el_bytes * params / np.where(zero >= Zero.GRADIENTS, dp, 1),
+        optimizer=OPTIMIZER_BYTES * params / np.where(zero >= Zero.OPTIMIZER, dp, 1),
     )
 
 

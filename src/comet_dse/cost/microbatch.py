@@ -18,7 +18,7 @@ from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_ti
 from comet_dse.cost.layer import FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import StrategyArrays
+from comet_dse.strategy import MICROBATCH_KNOBS, CpAlgorithm, Recompute, StrategyArrays
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
@@ -96,7 +96,9 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     Returns (work dict, LayerCost).
     """
     layer: LayerCost = layer_cost(model, ctx.shape, ctx.dev, moe_layer=moe_layer)
-    dims, spans, rc = ctx.dims, ctx.spans, st.recompute
+    dims, spans = ctx.dims, ctx.spans
+    full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
+    all_gather = st.uses(CpAlgorithm.ALL_GATHER)
     tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
     tp_fwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_forward, st.tp), tp_pass)
     tp_bwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_backward, st.tp), tp_pass)
@@ -106,14 +108,29 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
     core = layer.attention_core.total
     gather = coll.all_gather_time(st.cp * layer.cp_kv_bytes, dims, spans["cp"])
-    cp_fwd = np.where(st.cp > 1, np.where(st.cp_all_gather, gather, np.maximum(ring - core, 0.0)), 0.0)
-    cp_bwd = np.where(st.cp > 1, np.where(st.cp_all_gather, gather, np.maximum(2.0 * ring - 2.5 * core, 0.0)), 0.0)
-    rec = KernelTime(np.where(rc == 2, layer.forward.math, np.where(rc == 1, layer.attention_core.math, 0.0)),
-                     np.where(rc == 2, layer.forward.memory, np.where(rc == 1, layer.attention_core.memory, 0.0)))
-    again = np.where(rc == 2, 1.0, 0.0)
+    cp_fwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(ring - core, 0.0)), 0.0)
+    cp_bwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(2.0 * ring - 2.5 * core, 0.0)), 0.0)
+    rec = KernelTime(np.where(full, layer.forward.math, np.where(selective, layer.attention_core.math, 0.0)),
+                     np.where(full, layer.forward.memory, np.where(selective, layer.attention_core.memory, 0.0)))
+    again = np.where(full, 1.0, 0.0)
     bwd_comm = again * (tp_fwd + ep_fwd + cp_fwd) + tp_bwd + ep_bwd + cp_bwd
     return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd,
                 ep=(1.0 + again) * ep_fwd + ep_bwd, cp=cp_fwd * (1.0 + again) + cp_bwd, bwd_comm=bwd_comm), layer
+
+
+def layer_phase_times(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
+    """Forward and backward seconds of one dense layer and one micro-batch, per point.
+
+    forward  = forward kernels + the communication exposed in forward;
+    backward = backward and recomputation kernels + the communication exposed
+               during them (BACKWARD_COMM), as a per-layer profile (Korthikanti
+               et al. 2022, Table 4) measures them. Returns {"forward", "backward"} -> arrays [s].
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w, _ = layer_work(model, context_of(model, cluster, devices, st), st)
+    comm = w["tp"] + w["ep"] + w["cp"]
+    return {"forward": w["fwd_math"] + w["fwd_mem"] + comm - w[BACKWARD_COMM],
+            "backward": w["bwd_math"] + w["bwd_mem"] + w["rec_math"] + w["rec_mem"] + w[BACKWARD_COMM]}
 
 
 def _pipelined(comm, gemm, chunks):
@@ -232,15 +249,13 @@ def prefixed(terms: dict, prefix: str) -> dict:
     return {k: terms[prefix + k] for k in STAGE_KEYS}
 
 
-# Strategy fields that microbatch_terms depends on (with the TP and DP strides from the placement).
-_KEY_FIELDS = ("micro_batch", "tp", "cp", "ep", "sequence_parallel", "flash_attention", "dtype", "recompute",
-               "moe_imbalance", "ep_overlap", "tp_overlap", "cp_all_gather", "ep_fp8_dispatch")
-
 
 def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:
     """microbatch_terms, computed once per distinct combination of the fields it depends on.
 
-    A sweep of millions of points has a few hundred distinct micro-batch shapes;
+    Those fields are the knobs declared ``microbatch=True`` on Strategy
+    (``MICROBATCH_KNOBS``) and the TP and DP strides of the placement (which
+    fix the spans of the TP, CP and EP groups). A sweep of millions of points has a few hundred distinct micro-batch shapes;
     computing each once and gathering the results is the same math, done less
     often. Points are grouped by a 64-bit hash of those fields; every point is
     then checked to equal its group's representative field by field, and any
@@ -248,7 +263,7 @@ def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: Strateg
     """
     n = len(st)
     stride = ctx.strides
-    columns = [np.asarray(getattr(st, f), dtype=np.float64) for f in _KEY_FIELDS] + [stride["tp"], stride["dp"]]
+    columns = [np.asarray(getattr(st, f), dtype=np.float64) for f in MICROBATCH_KNOBS] + [stride["tp"], stride["dp"]]
     if n < 64:
         return microbatch_terms(model, ctx, st)
     key = np.zeros(n, dtype=np.uint64)

@@ -27,7 +27,7 @@ from comet_dse.cost.microbatch import (
 from comet_dse.cost.params import StageParams, stage_candidates, stage_layer_counts, stage_mixes, stage_params
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import StrategyArrays
+from comet_dse.strategy import Dtype, GradAccumulation, Recompute, StrategyArrays, Zero
 
 FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
 
@@ -116,10 +116,10 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
 
     candidates = stage_candidates(model, st)
     params = stage_params(candidates)
-    is_fp16 = st.dtype_table({"fp16": 1.0}, 0.0) > 0
+    is_fp16 = st.uses(Dtype.FP16)
     gbytes = grad_bytes(is_fp16)
     accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), dev)
-    stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.grad_fused, 0.0, accumulate.total)
+    stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, accumulate.total)
 
     p2p_bytes = b * s / st.cp * h * e / t  # scatter-gather optimisation / SP: each TP rank sends 1/t
     p2p = np.where(p > 1, 2.0 * v * (coll.send_recv_time(p2p_bytes, dims, spans["pp"]) + terms["regather"]), 0.0)
@@ -128,7 +128,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     bubble = (p - 1) / v * (stage_mb + p2p)
 
     dp_exposed = _data_parallel(model, st, ctx, stage, params, gbytes, m)
-    opt_params = params.shared / np.where(st.zero >= 1, d, 1) + params.expert / np.where(st.zero >= 1, d / st.ep, 1)
+    sharded = st.zero >= Zero.OPTIMIZER
+    opt_params = params.shared / np.where(sharded, d, 1) + params.expert / np.where(sharded, d / st.ep, 1)
     optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
 
     memory, act_per_mb = _memory(model, st, terms, candidates, gbytes, m)
@@ -194,7 +195,7 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     for count, group in groups:
         grads, weights = count * gbytes, count * 2.0
         reduce = reduce + np.where(
-            st.zero >= 1,
+            st.zero >= Zero.OPTIMIZER,
             coll.reduce_scatter_time(grads, dims, group) + coll.all_gather_time(weights, dims, group),
             coll.all_reduce_time(grads, dims, group))
         per_mb = per_mb + 2.0 * coll.all_gather_time(weights, dims, group) + coll.reduce_scatter_time(grads, dims, group)
@@ -203,7 +204,7 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     step_level = np.where(st.dp_overlap, np.maximum(reduce - backward_window, 0.0), reduce)
     compute_mb = _total(stage) - stage["tp"] - stage["ep"] - stage["cp"]
     zero3 = m * np.maximum(per_mb - compute_mb, 0.0)
-    exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= 3, zero3, step_level), 0.0)
+    exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level), 0.0)
     tied = model.tied_embeddings & (st.pp > 1)
     emb_bytes = model.vocab * model.hidden / st.tp * gbytes
     emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
@@ -221,14 +222,14 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: lis
     the stage (p = 1). The candidate with the largest total is reported.
     """
     t, p, b = st.tp, st.pp, st.micro_batch
-    is_fp8 = st.dtype_table({"fp8": 1.0}, 0.0) > 0
+    is_fp8 = st.uses(Dtype.FP8)
     layer = model.layer_params() / t
-    rc = st.recompute
+    full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
 
     def kept(kind):
         saved, core, layer_input = terms[kind + "saved"], terms[kind + "core_saved"], terms[kind + "input"]
-        per_layer = np.where(rc == 2, layer_input, np.where(rc == 1, saved - core, saved))
-        working = np.where(rc == 2, saved - layer_input, np.where(rc == 1, core, 0.0))
+        per_layer = np.where(full, layer_input, np.where(selective, saved - core, saved))
+        working = np.where(full, saved - layer_input, np.where(selective, core, 0.0))
         return per_layer, working
 
     dense_pl, dense_work = kept("dense.")
@@ -302,6 +303,6 @@ def _flops(model: Transformer, st: StrategyArrays):
     scores = L * s * att.heads * (att.qk_dim + att.v_dim)
     tokens = st.global_batch * s
     model_flops = tokens * (6.0 * (layers + V * h) + 6.0 * scores)
-    rc = st.recompute
-    extra = np.where(rc == 2, 2.0 * layers + 2.0 * scores, np.where(rc == 1, 2.0 * L * s * att.heads * att.qk_dim, 0.0))
+    extra = np.where(st.uses(Recompute.FULL), 2.0 * layers + 2.0 * scores,
+                     np.where(st.uses(Recompute.SELECTIVE), 2.0 * L * s * att.heads * att.qk_dim, 0.0))
     return model_flops, model_flops + tokens * extra

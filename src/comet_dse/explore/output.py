@@ -10,10 +10,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from comet_dse.errors import InputError
-from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS
-from comet_dse.explore.table import RECOMPUTE_NAMES
+from comet_dse.strategy import KNOBS, Choice
 
-CODED = {"recompute": [r.value for r in RECOMPUTE_NAMES], "dtype": list(DTYPE_CHOICES), "placement": list(PLACEMENTS)}
+# Choice knobs: their code columns are written as dictionary-encoded names.
+CODED = {k.name: [m.value for m in k.kind] for k in KNOBS if issubclass(k.kind, Choice)}
 
 
 def to_arrow(columns: dict) -> pa.Table:

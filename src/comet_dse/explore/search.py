@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.explore.space import SearchSpace, enumerate_strategies
-from comet_dse.explore.table import decode, evaluate_columns, reason_counts
+from comet_dse.explore.table import evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import GradAccumulation, Recompute, Strategy
+from comet_dse.strategy import KNOBS, Strategy
 
 
 @dataclass
@@ -44,19 +44,4 @@ def search(model: Transformer, cluster: Cluster, devices: int, global_batch: int
 
 def strategy_at(columns: dict, row: int) -> Strategy:
     """The Strategy of one row of evaluated columns (to re-run it through ``estimate``)."""
-    return Strategy(
-        tp=int(columns["tp"][row]), pp=int(columns["pp"][row]), dp=int(columns["dp"][row]),
-        global_batch=int(columns["global_batch"][row]), micro_batch=int(columns["micro_batch"][row]),
-        interleave=int(columns["interleave"][row]),
-        recompute=Recompute(decode("recompute", int(columns["recompute"][row]))),
-        sequence_parallel=bool(columns["sequence_parallel"][row]), zero=int(columns["zero"][row]),
-        dtype=decode("dtype", int(columns["dtype"][row])),
-        flash_attention=bool(columns["flash_attention"][row]),
-        dp_overlap=bool(columns["dp_overlap"][row]),
-        grad_accumulation=GradAccumulation.FUSED if columns["grad_fused"][row] else GradAccumulation.SEPARATE,
-        placement=decode("placement", int(columns["placement"][row])),
-        cp=int(columns["cp"][row]), ep=int(columns["ep"][row]), moe_imbalance=float(columns["moe_imbalance"][row]),
-        ep_overlap=bool(columns["ep_overlap"][row]), tp_overlap=bool(columns["tp_overlap"][row]),
-        cp_algorithm="all-gather" if columns["cp_all_gather"][row] else "ring",
-        ep_fp8_dispatch=bool(columns["ep_fp8_dispatch"][row]),
-    )
+    return Strategy(**{k.name: k.decode(columns[k.name][row]) for k in KNOBS})

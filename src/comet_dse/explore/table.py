@@ -13,7 +13,7 @@ from comet_dse.cost.feasibility import violations
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import DTYPE_CHOICES, PLACEMENTS, RECOMPUTE_CODES, StrategyArrays
+from comet_dse.strategy import KNOB, KNOBS, StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
          "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "dtype", "memory")
@@ -32,7 +32,6 @@ RULE_TEXT = {
     "dtype": "the device has no rate for the dtype",
     "memory": "does not fit in device memory",
 }
-RECOMPUTE_NAMES = tuple(sorted(RECOMPUTE_CODES, key=RECOMPUTE_CODES.get))
 
 
 def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
@@ -43,26 +42,14 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
     mask = np.zeros(len(st), dtype=np.int64)
     for code, broken, _ in rules:
         mask |= np.asarray(broken, dtype=np.int64) << RULES.index(code)
-    cols = {
-        "tp": st.tp.astype(np.int64), "pp": st.pp.astype(np.int64), "dp": st.dp.astype(np.int64),
-        "micro_batch": st.micro_batch.astype(np.int64), "global_batch": st.global_batch.astype(np.int64),
-        "interleave": st.interleave.astype(np.int64), "recompute": np.asarray(st.recompute, dtype=np.int64),
-        "sequence_parallel": np.asarray(st.sequence_parallel, dtype=bool), "zero": np.asarray(st.zero, np.int64),
-        "dtype": np.asarray(st.dtype, dtype=np.int64), "flash_attention": np.asarray(st.flash_attention, bool),
-        "placement": np.asarray(st.placement, dtype=np.int64),
-        "dp_overlap": np.asarray(st.dp_overlap, dtype=bool), "grad_fused": np.asarray(st.grad_fused, dtype=bool),
-        "cp": np.asarray(st.cp, dtype=np.int64), "ep": np.asarray(st.ep, dtype=np.int64),
-        "moe_imbalance": np.asarray(st.moe_imbalance, dtype=float),
-        "ep_overlap": np.asarray(st.ep_overlap, dtype=bool),
-        "tp_overlap": np.asarray(st.tp_overlap, dtype=bool),
-        "cp_all_gather": np.asarray(st.cp_all_gather, dtype=bool),
-        "ep_fp8_dispatch": np.asarray(st.ep_fp8_dispatch, dtype=bool),
+    cols = {k.name: k.column(getattr(st, k.name)) for k in KNOBS}
+    cols.update({
         "feasible": mask == 0, "infeasible_mask": mask,
         "step_time_s": step.step_time, "tokens_per_second": step.tokens_per_second,
         "mfu": step.mfu, "hfu": step.hfu,
         "memory_per_device_bytes": step.memory_total, "hbm_bytes": step.hbm_bytes,
         "expansion_bytes": step.expansion_bytes,
-    }
+    })
     cols.update({f"time_{k}_s": np.broadcast_to(v, step.step_time.shape) for k, v in step.breakdown.items()})
     cols.update({f"memory_{k}_bytes": np.broadcast_to(v, step.step_time.shape) for k, v in step.memory.items()})
     return cols
@@ -75,6 +62,6 @@ def reason_counts(masks: np.ndarray) -> dict:
 
 
 def decode(column: str, value: int) -> str:
-    """Readable value of a coded column (recompute, dtype, placement)."""
-    names = {"recompute": RECOMPUTE_NAMES, "dtype": DTYPE_CHOICES, "placement": PLACEMENTS}
-    return names[column][value].value if column == "recompute" else names[column][value]
+    """Readable value of a choice column (recompute, dtype, placement, ...) from its code."""
+    return KNOB[column].decode(value).value
+
