@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from comet_dse.estimate import Estimate
+from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines
 from comet_dse.units import format_bytes, format_rate, format_time
 
 BREAKDOWN_LABELS = {
@@ -27,31 +28,17 @@ MEMORY_LABELS = {
 }
 
 
-def _optional(strategy: dict, key: str) -> str:
-    """' cp=4' when a degree other than 1 is set, else nothing."""
-    value = strategy.get(key, 1)
-    return f" {key}={value}" if value and value != 1 else ""
-
-
 def _bar(fraction: float, width: int = 24) -> str:
     filled = int(round(max(0.0, min(1.0, fraction)) * width))
     return "#" * filled + "." * (width - filled)
 
 
-SWITCHES = (("flash_attention", "flash attention"), ("tp_overlap", "TP comm pipelined with GEMMs"),
-            ("ep_overlap", "expert all-to-all overlapped"), ("ep_fp8_dispatch", "fp8 expert dispatch"))
-
-
-def _switch_line(strategy: dict) -> list:
-    """The execution switches that are on, a non-default placement and an exposed DP reduction, as 0 or 1 line."""
-    on = [label for key, label in SWITCHES if strategy.get(key)]
-    if strategy.get("placement", "tp-pp-dp") != "tp-pp-dp":
-        on.append(f"placement {strategy['placement']} (innermost first)")
-    if strategy.get("cp", 1) > 1:
-        on.append(f"CP by {strategy.get('cp_algorithm', 'ring')}")
-    if not strategy.get("dp_overlap", True):
-        on.append("DP reduction not overlapped")
-    return [f"  {', '.join(on)}"] if on else []
+def _strategy_lines(strategy: dict, microbatches: float, layers_per_stage: int) -> list:
+    """The strategy's knobs, one line per group (strategy.knob_lines), with what the estimate derived."""
+    groups = knob_lines(strategy)
+    groups[1].append(f"{microbatches:g} micro-batches per pipeline")
+    groups[2].append(f"{layers_per_stage} layers on the busiest stage")
+    return [f"  {' '.join(g) if i == 0 else ', '.join(g)}" for i, g in enumerate(groups) if g]
 
 
 def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> str:
@@ -60,12 +47,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     st = inputs.get("strategy", {})
     lines = [
         f"{inputs.get('model')} on {inputs.get('devices')} x {inputs.get('cluster')}",
-        f"  tp={st.get('tp')}{_optional(st, 'cp')}{_optional(st, 'ep')} pp={st.get('pp')} dp={st.get('dp')}"
-        f"  global batch {st.get('global_batch')}, "
-        f"micro-batch {st.get('micro_batch')} ({est.microbatches:g} per pipeline), interleave {st.get('interleave')}",
-        f"  recompute {st.get('recompute')}, sequence parallel {'on' if st.get('sequence_parallel') else 'off'}, "
-        f"ZeRO {st.get('zero')}, {st.get('dtype')}, {est.layers_per_stage} layers on the busiest stage",
-        *_switch_line(st),
+        *_strategy_lines(st, est.microbatches, est.layers_per_stage),
         "",
         f"Step time        {format_time(est.step_time_s)}",
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
@@ -127,29 +109,31 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
     if not result.feasible:
         lines.append("No strategy is feasible.")
         return "\n".join(lines)
+    shown = _search_columns(cols)
     rows = []
-    placements = len(np.unique(cols["placement"])) > 1
     for rank, i in enumerate(result.ranked[:top], start=1):
-        rows.append([rank, cols["tp"][i], cols["cp"][i], cols["ep"][i], cols["pp"][i], cols["dp"][i],
-                     cols["micro_batch"][i], cols["interleave"][i],
-                     decode("recompute", int(cols["recompute"][i])), "on" if cols["sequence_parallel"][i] else "off",
-                     cols["zero"][i]]
-                    + ([decode("placement", int(cols["placement"][i]))] if placements else [])
+        rows.append([rank] + [_cell(k, cols[k.name][i]) for k in shown]
                     + [format_time(cols["step_time_s"][i]), f"{cols['tokens_per_second'][i]:,.0f}",
                        f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])])
     lines += ["", f"Fastest {min(top, result.feasible)}"]
-    headers = (["rank", "tp", "cp", "ep", "pp", "dp", "mb", "v", "recompute", "sp", "zero"]
-               + (["placement"] if placements else []) + ["step time", "tokens/s", "MFU", "memory/device"])
-    lines.append(render_table(headers, rows, left=(8, 9, 11) if placements else (8, 9)))
+    headers = ["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
+    left = tuple(i + 1 for i, k in enumerate(shown) if issubclass(k.kind, Choice) or k.kind is bool)
+    lines.append(render_table(headers, rows, left=left))
     return "\n".join(lines)
 
 
-def _strategy_text(row: dict) -> str:
-    sp = " sp" if row["sequence_parallel"] else ""
-    extra = "".join(f" {k}{row[k]}" for k in ("cp", "ep") if row.get(k, 1) != 1)
-    placement = f" {row['placement']}" if row.get("placement", "tp-pp-dp") != "tp-pp-dp" else ""
-    return (f"tp{row['tp']}{extra} pp{row['pp']} dp{row['dp']} mb{row['micro_batch']} v{row['interleave']} "
-            f"{row['recompute']}{sp} z{row['zero']}{placement}")
+def _search_columns(cols: dict) -> list:
+    """Knobs shown in a search table: the degrees, recompute, sp and zero, and every other knob that varies."""
+    always = {"recompute", "sequence_parallel", "zero"}
+    return [k for k in KNOBS if k.search != GIVEN and
+            (k.search == DERIVED or k.name in always or len(np.unique(cols[k.name])) > 1)]
+
+
+def _cell(knob, value) -> str:
+    """One strategy cell of a search table: numbers as they are, switches on/off, choices by name."""
+    if knob.kind is bool:
+        return "on" if value else "off"
+    return str(knob.decode(value))
 
 
 def render_sweep(ranking: dict, seconds: float) -> str:
@@ -164,7 +148,7 @@ def render_sweep(ranking: dict, seconds: float) -> str:
         rows.append([g["model"], g["devices"], g["label"], f"{g['feasible']:,}/{g['points']:,}",
                      format_time(best["step_time_s"]) if best else "-",
                      f"{best['mfu'] * 100:.1f}%" if best else "-",
-                     _strategy_text(best) if best else "no feasible strategy",
+                     compact_text(best) if best else "no feasible strategy",
                      f"{g['speedup']:.2f}x" if g["speedup"] else "-"])
     lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
                                "speedup"], rows, left=(0, 2, 6)))

@@ -11,10 +11,12 @@ import numpy as np
 import pyarrow as pa
 
 from comet_dse.explore.table import reason_counts
+from comet_dse.strategy import KNOBS
 
-ROW_FIELDS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "placement",
-              "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes",
-              "cost_usd", "power_w")
+# Every strategy knob, then the results kept for each of the best rows.
+ROW_FIELDS = tuple(k.name for k in KNOBS) + (
+    "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes", "cost_usd",
+    "power_w")
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:
