@@ -177,6 +177,15 @@ def _strategy_from(args, devices: int):
     return Strategy(**given)
 
 
+def _space_from(args):
+    """The SearchSpace of `search`'s options: every knob given on the command line, as values to try."""
+    from comet_dse.explore.space import SearchSpace
+
+    return SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
+                        if k.search != GIVEN and getattr(args, k.name) is not None},
+                       max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave)
+
+
 # Broken rules that make a command-line estimate an input error rather than a result.
 SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp"}
 
@@ -211,7 +220,6 @@ def cmd_search(args) -> int:
     from comet_dse.estimate import estimate
     from comet_dse.explore.output import to_arrow, write_atomically
     from comet_dse.explore.search import search, strategy_at
-    from comet_dse.explore.space import SearchSpace
     from comet_dse.presets import load_cluster, load_model
     from comet_dse.report_text import render_estimate, render_search
 
@@ -219,9 +227,7 @@ def cmd_search(args) -> int:
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
     cluster = load_cluster(args.cluster)
-    space = SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
-                         if k.search != GIVEN and getattr(args, k.name) is not None},
-                        max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave)
+    space = _space_from(args)
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space)
     elapsed = time.perf_counter() - started

@@ -170,7 +170,7 @@ class Knob:
         if self.kind is bool:
             return "true or false (on/off)"
         if self.is_choice:
-            return ", ".join(str(m.value) for m in self.kind)
+            return "one of " + ", ".join(str(m.value) for m in self.kind)
         if self.kind is int and self.low == 1 and self.high is None:
             return "a positive integer"
         bound = f"at least {self.low:g}" if self.high is None else f"in [{self.low:g}, {self.high:g}]"
@@ -274,7 +274,7 @@ class Strategy:
                                    search=(False, True), microbatch=True, applies=lambda s: s.tp > 1,
                                    label=_on_off("sequence parallel"), shown=ALWAYS, line=2, short="sp")
     zero: Zero = knob(Zero.NONE, "ZeRO stage over the data-parallel group", search=tuple(Zero),
-                      applies=lambda s: s.dp > 1, label=lambda v: f"ZeRO {v.value}", shown=ALWAYS, line=2,
+                      applies=lambda s: s.dp * s.cp > 1, label=lambda v: f"ZeRO {v.value}", shown=ALWAYS, line=2,
                       short="zero")
     dtype: Dtype = knob(Dtype.BF16, "training precision", microbatch=True, label=lambda v: v.value, shown=ALWAYS,
                         line=2, short="dtype")

@@ -5,7 +5,7 @@ other rule (heads divisibility, batch divisibility, interleaving, memory) is
 left to the cost model's validity rules, so that a search can report how many
 points each rule excluded. Choices that cannot change the result are not
 enumerated twice: a knob that does not apply to a point (``Knob.applies``:
-sequence parallelism with tp = 1, ZeRO stages with dp = 1, ...) keeps only its
+sequence parallelism with tp = 1, ZeRO stages with dp = cp = 1, ...) keeps only its
 first value there, and interleaving is tried only with pp > 1.
 """
 from __future__ import annotations
