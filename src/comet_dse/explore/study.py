@@ -1,10 +1,10 @@
 """Study files: models x cluster variants x device counts x strategies, as one design space.
 
 A study (studies/*.yaml, documented in studies/README.md) names models, a
-base cluster, the device counts, axes that vary the cluster, and which
-strategy knobs to search. Cluster variants are the Cartesian product of the
-axes; each axis value is absolute (``values``, with units) or relative to the
-base (``scale``).
+base cluster, the device counts, axes that vary the cluster, which strategy
+knobs to search, and which figures `comet-dse report` draws (FIGURE_KINDS).
+Cluster variants are the Cartesian product of the axes; each axis value is
+absolute (``values``, with units) or relative to the base (``scale``).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from comet_dse.hardware.load import network_dim_from, tier_from, MAX_EXPANSION
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, read_yaml
 from comet_dse.presets import load_cluster, load_model
+from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
 
 # Axis name -> unit kind of its absolute values (KIND_COUNT = plain number, "text" = a name).
@@ -39,9 +40,29 @@ CLUSTER_AXES = {
     "network_latency": KIND_TIME,
 }
 DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": KIND_COUNT, "topology": "text"}
-STRATEGY_KEYS = ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero",
-                 "placement", "max_micro_batch", "max_interleave", "dtype", "flash_attention", "dp_overlap",
-                 "moe_imbalance", "ep_overlap", "tp_overlap", "cp_algorithm", "ep_fp8_dispatch")
+
+# The scale axes the resource-doubling figure doubles, each from x1 to x2.
+DOUBLED_RESOURCES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "network_bandwidth")
+
+
+@dataclass(frozen=True)
+class AxisNeed:
+    """An axis a figure kind reads: its name, how it is given, and multipliers it must list."""
+
+    axis: str
+    mode: str                  # "scale" (multipliers) or "value" (absolute values or names)
+    includes: tuple = ()       # multipliers the axis must list (scale axes only)
+
+
+# Figure kind (the study's `figures:` list, drawn by `comet-dse report`) -> the axes it needs.
+FIGURE_KINDS = {
+    "speedup": (),
+    "parallelism-splits": (),
+    "resource-doubling": tuple(AxisNeed(a, "scale", (1.0, 2.0)) for a in DOUBLED_RESOURCES),
+    "capacity": (AxisNeed("hbm_capacity", "scale"),),
+    "network": (AxisNeed("network", "value"), AxisNeed("network_bandwidth", "scale")),
+    "expansion": (AxisNeed("expansion_capacity", "value"), AxisNeed("expansion_bandwidth", "value")),
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,7 @@ class Study:
     token_budget: float | None = None
     output: str | None = None
     source_text: str = field(default="", repr=False)
+    figures: tuple = ("speedup",)      # figure kinds the report draws (FIGURE_KINDS), in order
 
     def fingerprint(self) -> str:
         """Identifies the design space: same study text and package version, same chunks."""
@@ -100,12 +122,13 @@ def load_study(path: Path) -> Study:
     axes = _axes(f, bases, networks)
     variants = _variants(bases, devices, batches, axes, networks)
     baseline = _baseline(f, axes, variants, len(bases) > 1)
+    kinds = _figures(f, axes)
     space = _space(f)
     budget = f.quantity("token_budget", KIND_COUNT, None, high=1e18)
     study = Study(name=f.text("name", path.stem), description=f.text("description", ""), models=loaded,
                   variants=variants, baseline=baseline,
                   space=space, token_budget=budget, output=f.text("output", "") or None,
-                  source_text=path.read_text(encoding="utf-8"))
+                  source_text=path.read_text(encoding="utf-8"), figures=kinds)
     f.reject_unknown()
     return study
 
@@ -325,38 +348,46 @@ def _baseline(f: Fields, axes: dict, variants: list, several_clusters: bool) -> 
     return 0
 
 
+def _figures(f: Fields, axes: dict) -> tuple:
+    """The figure kinds of `figures:` (default: speedup), each checked against the axes it reads."""
+    kinds = tuple(str(k) for k in _as_list(f.raw("figures", ["speedup"]), "figures"))
+    for kind in kinds:
+        if kind not in FIGURE_KINDS:
+            raise InputError("figures", f"unknown figure kind {kind!r}; valid: {', '.join(FIGURE_KINDS)}")
+        for need in FIGURE_KINDS[kind]:
+            _check_need(kind, need, axes)
+    if len(set(kinds)) != len(kinds):
+        raise InputError("figures", "lists a figure kind twice")
+    return kinds
+
+
+def _check_need(kind: str, need: AxisNeed, axes: dict) -> None:
+    """Raise InputError('figures', ...) unless ``axes`` gives ``need.axis`` the way ``kind`` reads it."""
+    how = "{scale: [...]} (multipliers)" if need.mode == "scale" else "{values: [...]}"
+    if need.axis not in axes:
+        raise InputError("figures", f"{kind!r} needs the axis {need.axis}: {how}; the study has no such axis")
+    settings = [setting for _, setting in axes[need.axis]]
+    if any(mode != need.mode for mode, _ in settings):
+        raise InputError("figures", f"{kind!r} needs the axis {need.axis} as {how}")
+    missing = [x for x in need.includes if x not in {value for _, value in settings}]
+    if missing:
+        listed = ", ".join(f"{x:g}" for x in need.includes)
+        raise InputError("figures", f"{kind!r} needs the axis {need.axis} to list the multipliers {listed}; "
+                         f"it lacks {', '.join(f'{x:g}' for x in missing)}")
+
+
 def _space(f: Fields) -> SearchSpace:
+    """The `strategy:` block: each searched knob (strategy.KNOBS) as a value or a list of values to try,
+    plus the caps max_micro_batch and max_interleave."""
     if not f.has("strategy"):
         return SearchSpace()
     s = f.sub("strategy")
-    defaults = SearchSpace()
-    kwargs = {}
-    for key in STRATEGY_KEYS:
-        if not s.has(key):
-            continue
-        value = s.raw(key)
-        if key in ("tp", "cp", "ep", "pp", "micro_batch", "interleave", "zero"):
-            items = _as_list(value, f"strategy.{key}")
-            if any(isinstance(x, bool) or not isinstance(x, int) or x < (0 if key == "zero" else 1) for x in items):
-                raise InputError(f"strategy.{key}", f"must be a list of positive integers, got {value!r}")
-            kwargs[key] = tuple(items)
-        elif key in ("recompute", "placement"):
-            kwargs[key] = tuple(str(x) for x in _as_list(value, f"strategy.{key}"))
-        elif key == "sequence_parallel":
-            items = _as_list(value, "strategy.sequence_parallel")
-            if any(not isinstance(x, bool) for x in items):
-                raise InputError("strategy.sequence_parallel", f"must be true, false or a list of them, got {value!r}")
-            kwargs[key] = tuple(items)
-        elif key in ("max_micro_batch", "max_interleave"):
-            kwargs[key] = s.integer(key)
-        elif key in ("dtype", "cp_algorithm"):
-            kwargs[key] = s.text(key)
-        elif key == "moe_imbalance":
-            kwargs[key] = float(s.quantity(key, KIND_COUNT, high=64.0))
-        else:
-            kwargs[key] = s.boolean(key)
+    values = {k.name: s.raw(k.name) for k in KNOBS if k.search != GIVEN and s.has(k.name)}
+    caps = {key: s.integer(key) for key in ("max_micro_batch", "max_interleave") if s.has(key)}
+    if "global_batch" in s.data:
+        raise InputError("strategy.global_batch", "is set per study: move it to the top-level `global_batch:`")
     s.reject_unknown()
-    return dc.replace(defaults, **kwargs)
+    return SearchSpace(values, **caps)
 
 
 def describe(study: Study) -> str:

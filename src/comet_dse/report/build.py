@@ -16,9 +16,12 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.explore.engine import run_study
-from comet_dse.explore.study import Study, load_study
+from comet_dse.explore.study import DOUBLED_RESOURCES, Study, load_study
+from comet_dse.loading import Fields, read_yaml
 from comet_dse.report import analysis, figures
 from comet_dse.report.html import write_html
+
+REPORT_FILE = "report.yaml"       # the folder's report title and introduction, not a study
 
 
 @dataclass
@@ -37,10 +40,12 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
     study_dir, output = Path(study_dir), Path(output)
     if not study_dir.is_dir():
         raise InputError("studies", f"{study_dir} is not a folder")
-    paths = sorted(study_dir.glob("*.yaml"))
+    paths = sorted(p for p in study_dir.glob("*.yaml") if p.name != REPORT_FILE)
     if not paths:
         raise InputError("studies", f"{study_dir} holds no study files (*.yaml)")
-    studies = [load_study(p) for p in paths]          # every input error surfaces before anything is written
+    text = load_report_text(study_dir)                # every input error surfaces before anything is written
+    studies = [load_study(p) for p in paths]
+    _check_clashes(studies)
     started = time.perf_counter()
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     if tmp.exists():
@@ -55,12 +60,48 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             section = Section(study, analysis.load(result), ranking)
             _draw(section, tmp / "figures")
             sections.append(section)
-        write_html(tmp / "report.html", sections, seconds=time.perf_counter() - started)
+        write_html(tmp / "report.html", sections, seconds=time.perf_counter() - started, title=text.title,
+                   introduction=text.introduction)
         _replace(tmp, output)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return output / "report.html"
+
+
+@dataclass(frozen=True)
+class ReportText:
+    """The report's own words: its title and an introduction after the generated summary."""
+
+    title: str
+    introduction: str = ""
+
+
+def load_report_text(study_dir: Path) -> ReportText:
+    """The optional report.yaml of ``study_dir`` (title, introduction); default title 'Studies in FOLDER'."""
+    default = f"Studies in {Path(study_dir).resolve().name}"
+    path = Path(study_dir) / REPORT_FILE
+    if not path.exists():
+        return ReportText(default)
+    f = Fields(read_yaml(path, "report"), "report")
+    text = ReportText(title=f.text("title", default) or default, introduction=f.text("introduction", ""))
+    f.reject_unknown()
+    return text
+
+
+def _check_clashes(studies: list) -> None:
+    """Studies of one folder must not write the same files: names are unique, and so is every figure
+    kind but speedup (its files have fixed names, its figure the study's name)."""
+    names, kinds = set(), {}
+    for study in studies:
+        if study.name in names:
+            raise InputError("name", f"two studies are named {study.name!r}; their result files would clash")
+        names.add(study.name)
+        for kind in study.figures:
+            if kind != "speedup" and kind in kinds:
+                raise InputError("figures", f"studies {kinds[kind]} and {study.name} both ask for {kind!r}, whose "
+                                 "figure files would overwrite each other; put them in separate folders")
+            kinds[kind] = study.name
 
 
 def _replace(tmp: Path, output: Path) -> None:
@@ -79,27 +120,38 @@ def _speedups(section: Section) -> dict:
 
 
 def _draw(section: Section, out: Path) -> None:
-    """The figures and findings of one study: COMET's questions by name, a generic chart otherwise."""
+    """The figures and findings of one study, in the order of its `figures:` list."""
+    for kind in section.study.figures:
+        DRAW[kind](section, out)
+
+
+def _series_label(variant, exclude: tuple, default: str) -> str:
+    """One line per combination of the axes a figure does not plot: the variant's labels on them
+    (the cluster by its name), or ``default`` when there are none."""
+    parts = [label if axis == "cluster" else f"{axis}={label}"
+             for axis, label in variant.labels.items() if axis not in exclude]
+    return ", ".join(parts) or default
+
+
+def _with_others(label: str, variant, plotted: tuple) -> str:
+    """``label``, followed by the variant's labels on the axes the figure does not plot, if any."""
+    others = _series_label(variant, plotted, "")
+    return f"{label}, {others}" if others else label
+
+
+def _speedup(section: Section, out: Path) -> None:
+    """Kind `speedup`: every variant's best step time against the baseline's, as bars."""
     name = section.study.name
-    if name.startswith("rq1"):
-        _rq1(section, out)
-    elif name.startswith("rq2"):
-        _rq2(section, out)
-    elif name.startswith("rq3"):
-        _rq3(section, out)
-    elif name.startswith("rq4"):
-        _rq4(section, out)
-    elif name.startswith("rq5"):
-        _rq5(section, out)
-    else:
-        labels = {v.index: v.label for v in section.study.variants}
-        section.figures.append(figures.speedup_bars(
-            {"best strategy": {labels[k]: v for k, v in _speedups(section).items() if v}},
-            f"{name}: speedup over the baseline", "speedup (x)", f"{name}-speedup",
-            "Best feasible step time of the baseline variant divided by each variant's.", out))
+    labels = {v.index: v.label for v in section.study.variants}
+    section.figures.append(figures.speedup_bars(
+        {"best strategy": {labels[k]: v for k, v in _speedups(section).items() if v}},
+        f"{name}: speedup over the baseline", "speedup (x)", f"{name}-speedup",
+        "Best feasible step time of the baseline variant divided by each variant's.", out))
 
 
-def _rq1(section: Section, out: Path) -> None:
+def _parallelism_splits(section: Section, out: Path) -> None:
+    """Kind `parallelism-splits`: stacked MP x DP runtimes, the feasibility map, bathtub curves and a
+    comparison of the variants' throughput per device."""
     variants = section.study.variants
     section.figures.append(figures.rq1_stacked(section.data, variants, out))
     section.figures.append(figures.rq1_feasibility(section.data, variants, out))
@@ -138,12 +190,14 @@ def _rq1(section: Section, out: Path) -> None:
         row = best[v.index]
         per_device[name] = float(section.data["tokens_per_second"][row]) / float(section.data["devices"][row])
     if per_device:
-        base = per_device.get("dgx-a100-80gb") or next(iter(per_device.values()))
+        baseline = variants[section.study.baseline]
+        ref = baseline.values.get("cluster", baseline.label)
+        ref = ref if ref in per_device else next(iter(per_device))
         section.figures.append(figures.speedup_bars(
-            {"tokens/s per device vs DGX A100": {k: v / base for k, v in per_device.items()}},
+            {f"tokens/s per device vs {ref}": {k: v / per_device[ref] for k, v in per_device.items()}},
             "Cluster comparison: best strategy, throughput per device", "relative throughput per device (x)",
-            "clusters", "Tokens per second per device of each cluster's fastest strategy, relative to DGX A100 "
-            "(per device, because Dojo runs at 3000 chips and the others at 4096).", out))
+            "clusters", f"Tokens per second per device of each cluster's fastest strategy, relative to {ref} "
+            "(per device, so that clusters of different sizes compare).", out))
 
 
 def _least_memory(data: dict, variant: int) -> float:
@@ -153,15 +207,14 @@ def _least_memory(data: dict, variant: int) -> float:
 
 
 def _one_at_a_time(section: Section) -> dict:
-    """cluster -> {resource doubled: speedup of the best over that cluster's x1 variant}."""
+    """cluster (and any other axes) -> {resource doubled: speedup of the best over the x1 variant}."""
     best = figures.variant_best_time(section.data)
     out = {}
-    resources = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "network_bandwidth")
     for v in section.study.variants:
-        scales = {k: v.values.get(k) for k in resources}
-        cluster = v.values.get("cluster", "cluster")
-        base = next((b for b in section.study.variants if b.values.get("cluster") == v.values.get("cluster")
-                     and all(b.values.get(k) == 1.0 for k in resources)), None)
+        scales = {k: v.values.get(k) for k in DOUBLED_RESOURCES}
+        cluster = _series_label(v, DOUBLED_RESOURCES, "cluster")
+        base = next((b for b in section.study.variants if _series_label(b, DOUBLED_RESOURCES, "cluster") == cluster
+                     and all(b.values.get(k) == 1.0 for k in DOUBLED_RESOURCES)), None)
         if base is None or base.index not in best or v.index not in best:
             continue
         doubled = [k for k, s in scales.items() if s == 2.0]
@@ -171,8 +224,13 @@ def _one_at_a_time(section: Section) -> dict:
     return out
 
 
-def _rq2(section: Section, out: Path) -> None:
+def _resource_doubling(section: Section, out: Path) -> None:
+    """Kind `resource-doubling`: the speedup of doubling each node resource, alone and all four."""
     groups = _one_at_a_time(section)
+    if not groups:
+        section.findings.append("No variant with a resource doubled and its x1 counterpart both have a "
+                                "feasible strategy; nothing to compare.")
+        return
     section.figures.append(figures.speedup_bars(
         groups, "What doubling each node resource buys", "speedup of the best strategy (x)", "rq2-balance",
         "Best step time with one resource doubled (or all four), relative to the same cluster as built. The "
@@ -185,24 +243,25 @@ def _rq2(section: Section, out: Path) -> None:
                                     f"doubling all four {values.get('all four', float('nan')):.2f}x.")
 
 
-def _by_cluster(section: Section, axis: str) -> dict:
-    """cluster -> (axis values, best time per value) over the variants."""
+def _best_along(section: Section, axis: str) -> dict:
+    """cluster (and any other axes) -> (axis values, best time per value) over the variants."""
     best = figures.variant_best_time(section.data)
     out = {}
     for v in section.study.variants:
         if v.index in best:
-            xs, ys = out.setdefault(v.values.get("cluster", "cluster"), ([], []))
+            xs, ys = out.setdefault(_series_label(v, (axis,), "cluster"), ([], []))
             xs.append(v.values[axis])
             ys.append(best[v.index])
     return out
 
 
-def _rq3(section: Section, out: Path) -> None:
+def _capacity(section: Section, out: Path) -> None:
+    """Kind `capacity`: speedup and MP x DP splits that fit against the HBM capacity multiplier."""
     series, counts = {}, {}
-    for cluster, (xs, ys) in _by_cluster(section, "hbm_capacity").items():
+    for cluster, (xs, ys) in _best_along(section, "hbm_capacity").items():
         series[cluster] = (xs, [ys[0] / y for y in ys])
     for v in section.study.variants:
-        cluster = v.values.get("cluster", "cluster")
+        cluster = _series_label(v, ("hbm_capacity",), "cluster")
         n = sum(1 for s in analysis.splits(section.data, v.index) if s.feasible)
         counts.setdefault(cluster, ([], []))
         counts[cluster][0].append(v.values["hbm_capacity"])
@@ -219,28 +278,33 @@ def _rq3(section: Section, out: Path) -> None:
                                 f"fitting splits go from {counts[cluster][1][0]} to {counts[cluster][1][-1]}.")
 
 
-def _rq4(section: Section, out: Path) -> None:
+def _network(section: Section, out: Path) -> None:
+    """Kind `network`: speedup over the baseline against link bandwidth, one line per network."""
     best = figures.variant_best_time(section.data)
     base = best.get(section.study.baseline)
     series = {}
     for v in section.study.variants:
         if v.index in best and base:
-            xs, ys = series.setdefault(f"network: {v.values['network']}", ([], []))
+            label = _with_others(f"network: {v.values['network']}", v, ("network", "network_bandwidth"))
+            xs, ys = series.setdefault(label, ([], []))
             xs.append(v.values["network_bandwidth"])
             ys.append(base / best[v.index])
-    section.figures.append(figures.lines(series, "link bandwidth (x the preset)", "speedup over the torus as built (x)",
+    baseline = section.study.variants[section.study.baseline].label
+    section.figures.append(figures.lines(series, "link bandwidth (x the preset)", "speedup over the baseline (x)",
                                          "Network topology and bandwidth", "rq4-network",
-                                         "Best step time relative to the 3D torus at its preset link bandwidth.", out))
+                                         f"Best step time relative to the baseline ({baseline}).", out))
     for label, (xs, ys) in series.items():
         section.findings.append(f"{label}: {', '.join(f'x{x:g}: {y:.2f}x' for x, y in zip(xs, ys))}.")
 
 
-def _rq5(section: Section, out: Path) -> None:
+def _expansion(section: Section, out: Path) -> None:
+    """Kind `expansion`: speedup and feasible strategies against the expansion tier's capacity and bandwidth."""
     best = figures.variant_best_time(section.data)
     base = best.get(section.study.baseline)
     series, counts = {}, {}
     for v in section.study.variants:
-        label = f"{v.values['expansion_bandwidth'] / 1e9:g} GB/s"
+        label = _with_others(f"{v.values['expansion_bandwidth'] / 1e9:g} GB/s", v,
+                             ("expansion_capacity", "expansion_bandwidth"))
         xs, ys = series.setdefault(label, ([], []))
         xs.append(v.values["expansion_capacity"] / 2**30)
         ys.append(base / best[v.index] if v.index in best and base else np.nan)
@@ -258,3 +322,14 @@ def _rq5(section: Section, out: Path) -> None:
     section.findings.append(f"The best strategy with an expansion tier is {top:.2f}x the speed of the best without; "
                             f"the tier unlocks up to {max(max(c[1]) for c in counts.values()):,} strategies "
                             f"(from {min(min(c[1]) for c in counts.values()):,}).")
+
+
+# Figure kind (a study's `figures:`, explore.study.FIGURE_KINDS) -> the function that draws it.
+DRAW = {
+    "speedup": _speedup,
+    "parallelism-splits": _parallelism_splits,
+    "resource-doubling": _resource_doubling,
+    "capacity": _capacity,
+    "network": _network,
+    "expansion": _expansion,
+}

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from comet_dse import __version__
+from comet_dse.strategy import compact_text
 from comet_dse.units import format_time
 
 STYLE = """
@@ -47,8 +48,7 @@ def _best_table(section) -> str:
     rows = []
     for g in section.ranking["variants"]:
         b = g["best"]
-        strategy = (f"TP{b['tp']} PP{b['pp']} DP{b['dp']} mb{b['micro_batch']} v{b['interleave']} {b['recompute']}"
-                    f"{' SP' if b['sequence_parallel'] else ''} ZeRO{b['zero']}") if b else "none fits"
+        strategy = compact_text(b) if b else "none fits"
         rows.append([g["label"], g["devices"], f"{g['feasible']:,} / {g['points']:,}",
                      format_time(b["step_time_s"]) if b else "-", f"{b['tokens_per_second']:,.0f}" if b else "-",
                      f"{b['mfu'] * 100:.1f}%" if b else "-", strategy,
@@ -76,14 +76,17 @@ def _assumptions(sections: list) -> str:
     return "\n".join(parts)
 
 
-def write_html(path: Path, sections: list, seconds: float) -> None:
-    """Write the report; figures are read from ``path.parent / 'figures'``."""
+def write_html(path: Path, sections: list, seconds: float, title: str, introduction: str = "") -> None:
+    """Write the report; figures are read from ``path.parent / 'figures'``.
+
+    ``title`` heads the page; ``introduction`` (plain text) follows the generated summary.
+    """
     fig_dir = path.parent / "figures"
-    body = [f"<h1>COMET case studies with comet-dse {__version__}</h1>",
+    intro = f" {html.escape(introduction)}" if introduction else ""
+    body = [f"<h1>{html.escape(title)} with comet-dse {__version__}</h1>",
             f"<p>{len(sections)} studies, {sum(s.ranking['points'] for s in sections):,} design points, "
             f"generated in {seconds:.0f} s. Figures are also in <code>figures/</code> (PNG and SVG), one row per "
-            f"design point in <code>data/</code> (Parquet). docs/case-studies.md compares these findings with the "
-            f"COMET paper (arXiv:2211.16648).</p>"]
+            f"design point in <code>data/</code> (Parquet).{intro}</p>"]
     for s in sections:
         body.append(f"<h2>{html.escape(s.study.name)}: {html.escape(s.study.description)}</h2>")
         body.append(f"<p>Baseline: {html.escape(s.ranking['baseline'])}.</p>")
@@ -95,6 +98,6 @@ def write_html(path: Path, sections: list, seconds: float) -> None:
         body.append(_best_table(s))
     body.append("<h2>Assumptions</h2>")
     body.append(_assumptions(sections))
-    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>COMET case studies</title>"
+    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style>{CHECK}</head><body>{''.join(body)}</body></html>")
     path.write_text(page, encoding="utf-8")
