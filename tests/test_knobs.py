@@ -211,3 +211,19 @@ def test_a_strategy_names_the_bad_knob():
         Strategy(placement="sideways")
     with pytest.raises(ValueError, match="ep-fp8-dispatch: needs dtype fp8"):
         Strategy(ep_fp8_dispatch=True)
+
+
+def test_the_docs_list_every_knob():
+    """README's estimate options and studies/README.md's strategy keys and columns name every knob."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    studies = (root / "studies" / "README.md").read_text()
+    strategy_keys = studies.split("### Strategy", 1)[1].split("###", 1)[0]
+    columns = studies.split("## Result columns", 1)[1].split("##", 1)[0]
+    for knob in KNOBS:
+        assert f"`{knob.flag}`" in readme, f"README.md: add {knob.flag} to the options of estimate"
+        assert f"`{knob.name}`" in columns, f"studies/README.md: add {knob.name} to the result columns"
+        if knob.search != GIVEN:
+            assert f"`{knob.name}`" in strategy_keys, f"studies/README.md: add {knob.name} to the strategy keys"

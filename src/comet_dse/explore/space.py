@@ -74,8 +74,8 @@ class SearchSpace:
         for names, holds, message in CROSS_RULES:
             for combo in combinations({n: self.choices(n) for n in names}):
                 if not holds(_Point(combo)):
-                    raise InputError(f"strategy.{names[0]}", f"{message}; the search also allows "
-                                     + ", ".join(f"{n} {_text(v)}" for n, v in combo.items()))
+                    raise InputError(f"strategy.{names[0]}", f"{message}, but the search would combine "
+                                     + " with ".join(f"{n} {_text(v)}" for n, v in combo.items()))
 
     def given(self, name: str):
         """The values the user gave for a knob, or None (then the knob's declared search values apply)."""
@@ -97,7 +97,9 @@ class _Point:
 
 
 def _text(value) -> str:
-    return str(getattr(value, "value", value))
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list:

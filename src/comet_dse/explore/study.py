@@ -382,12 +382,13 @@ def _space(f: Fields) -> SearchSpace:
     if not f.has("strategy"):
         return SearchSpace()
     s = f.sub("strategy")
-    values = {k.name: s.raw(k.name) for k in KNOBS if k.search != GIVEN and s.has(k.name)}
-    caps = {key: s.integer(key) for key in ("max_micro_batch", "max_interleave") if s.has(key)}
     if "global_batch" in s.data:
         raise InputError("strategy.global_batch", "is set per study: move it to the top-level `global_batch:`")
+    values = {k.name: s.raw(k.name, None) for k in KNOBS if k.search != GIVEN}   # every key read: known
+    caps = {key: s.integer(key, None) for key in ("max_micro_batch", "max_interleave")}
     s.reject_unknown()
-    return SearchSpace(values, **caps)
+    return SearchSpace({k: v for k, v in values.items() if v is not None},
+                       **{k: v for k, v in caps.items() if v is not None})
 
 
 def describe(study: Study) -> str:
