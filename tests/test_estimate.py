@@ -104,3 +104,19 @@ def test_placement_moves_tp_off_nvlink(a100):
     assert across.breakdown_s["tp_communication"] > 5 * inside.breakdown_s["tp_communication"]
     assert across.breakdown_s["dp_communication"] <= inside.breakdown_s["dp_communication"] + 1e-12
     assert across.step_time_s > inside.step_time_s
+
+
+def test_a_strategy_that_breaks_a_rule_has_no_step_time_in_json():
+    """tp=8 on a 28-head model cannot run: null times and MFU; a strategy that only does not fit keeps its numbers."""
+    h100 = load_cluster("dgx-h100")
+    model = load_model("llama3-8b")
+    heads28 = dc.replace(model, attention=dc.replace(model.attention, heads=28, kv_heads=4))
+    r = estimate(heads28, h100, 8, Strategy(tp=8, global_batch=8))
+    assert "tp_heads" in r.broken_rules and not r.runnable
+    data = r.to_dict()
+    for key in ("step_time_s", "tokens_per_second", "mfu", "hfu", "breakdown_s", "phases_s"):
+        assert data[key] is None, key
+    assert data["memory_per_device_bytes"] > 0
+    big = estimate(load_model("gpt3-175b"), h100, 8, Strategy(tp=8, global_batch=8))
+    assert big.broken_rules == ["memory"] and big.to_dict()["step_time_s"] > 0
+    assert estimate(model, h100, 8, Strategy(tp=8, global_batch=8)).to_dict()["mfu"] > 0

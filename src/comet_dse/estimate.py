@@ -22,7 +22,9 @@ class Estimate:
     """Result of one design point. Units: seconds, bytes, FLOP; fractions 0..1.
 
     breakdown_s parts add up to step_time_s. memory_bytes parts add up to
-    memory_per_device_bytes (the busiest pipeline stage).
+    memory_per_device_bytes (the busiest pipeline stage). The time fields are
+    computed for every point, but mean nothing when the strategy breaks a rule
+    other than memory (``runnable`` is False): the JSON then holds null for them.
     """
 
     feasible: bool
@@ -43,21 +45,27 @@ class Estimate:
     layers_per_stage: int
     inputs: dict = field(default_factory=dict)
 
+    @property
+    def runnable(self) -> bool:
+        """True unless a validity rule other than memory is broken (the strategy could run on a bigger device)."""
+        return all(code == "memory" for code in self.broken_rules)
+
     def to_dict(self) -> dict:
-        """The JSON contract of ``comet-dse estimate --json``."""
+        """The JSON contract of ``comet-dse estimate --json`` (times and rates null when not ``runnable``)."""
+        timed = self.runnable
         return {
             "feasible": self.feasible,
             "reasons": list(self.reasons),
             "broken_rules": list(self.broken_rules),
-            "step_time_s": self.step_time_s,
-            "tokens_per_second": self.tokens_per_second,
-            "mfu": self.mfu,
-            "hfu": self.hfu,
+            "step_time_s": self.step_time_s if timed else None,
+            "tokens_per_second": self.tokens_per_second if timed else None,
+            "mfu": self.mfu if timed else None,
+            "hfu": self.hfu if timed else None,
             "memory_per_device_bytes": self.memory_per_device_bytes,
             "memory_bytes": dict(self.memory_bytes),
             "memory_tiers_bytes": dict(self.memory_tiers_bytes),
-            "breakdown_s": dict(self.breakdown_s),
-            "phases_s": dict(self.phases_s),
+            "breakdown_s": dict(self.breakdown_s) if timed else None,
+            "phases_s": dict(self.phases_s) if timed else None,
             "model_flops_per_step": self.model_flops_per_step,
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "microbatches": self.microbatches,

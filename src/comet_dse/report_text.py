@@ -49,6 +49,11 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         f"{inputs.get('model')} on {inputs.get('devices')} x {inputs.get('cluster')}",
         *_strategy_lines(st, est.microbatches, est.layers_per_stage),
         "",
+    ]
+    if not est.runnable:
+        lines += ["Step time        n/a: the strategy breaks a validity rule (below), so it cannot run", ""]
+        return "\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est))
+    lines += [
         f"Step time        {format_time(est.step_time_s)}",
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
         f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
@@ -60,7 +65,13 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         lines.append(f"  {BREAKDOWN_LABELS.get(key, key):32s} {format_time(value):>11s} {value / total * 100:5.1f}%  {_bar(value / total)}")
     lines.append("  by phase (critical stage, bubble excluded): " + ", ".join(
         f"{k} {format_time(v)}" for k, v in est.phases_s.items()))
-    lines += ["", "Memory per device (busiest pipeline stage)"]
+    lines.append("")
+    return "\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est))
+
+
+def _memory_lines(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> list:
+    """Memory per device by part and by tier."""
+    lines = ["Memory per device (busiest pipeline stage)"]
     for key, value in est.memory_bytes.items():
         lines.append(f"  {MEMORY_LABELS.get(key, key):32s} {format_bytes(value):>11s}")
     lines.append(f"  {'total':32s} {format_bytes(est.memory_per_device_bytes):>11s}")
@@ -68,14 +79,13 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     tier_line = f"  in HBM {format_bytes(tiers['hbm'])} of {format_bytes(hbm_capacity)}"
     if expansion_capacity:
         tier_line += f"; in the expansion tier {format_bytes(tiers['expansion'])} of {format_bytes(expansion_capacity)}"
-    lines.append(tier_line)
-    lines.append("")
+    return lines + [tier_line, ""]
+
+
+def _verdict(est: Estimate) -> list:
     if est.feasible:
-        lines.append("Feasible: yes")
-    else:
-        lines.append("Feasible: NO")
-        lines += [f"  - {reason}" for reason in est.reasons]
-    return "\n".join(lines)
+        return ["Feasible: yes"]
+    return ["Feasible: NO"] + [f"  - {reason}" for reason in est.reasons]
 
 
 def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:

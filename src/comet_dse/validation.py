@@ -25,12 +25,13 @@ from pathlib import Path
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
-from comet_dse.model.spec import MLP, Attention, MLPKind, PositionEmbedding, Transformer
+from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 from comet_dse.strategy import GradAccumulation, Recompute, Strategy
 
 TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
 TABLE4 = "korthikanti2022_table4.csv"
+H100 = "h100_public.csv"
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,25 @@ def _read(directory: Path, name: str) -> list:
 
 
 def _gpt(row: dict, name: str) -> Transformer:
-    """Megatron GPT: GELU MLP, learned positions, tied embeddings, dropout (validation README)."""
+    """Megatron GPT: GELU MLP, learned positions, tied embeddings, dropout unless the row says 0 (validation README)."""
     hidden, heads = int(row["hidden"]), int(row["heads"])
     return Transformer(
         name=name, layers=int(row["layers"]), hidden=hidden,
-        attention=Attention(heads=heads, kv_heads=heads, head_dim=hidden // heads),
+        attention=Attention(heads=heads, kv_heads=int(row.get("kv_heads") or heads), head_dim=hidden // heads),
         mlp=MLP(ffn=int(row["ffn"]), kind=MLPKind.GELU), vocab=int(row["vocab"]),
         seq_len=int(row["seq_len"]), tied_embeddings=True, position=PositionEmbedding.LEARNED,
+        dropout=row.get("dropout", "") not in ("0", "0.0"),
+    )
+
+
+def _llama(row: dict, name: str) -> Transformer:
+    """Llama: SwiGLU, RoPE, RMSNorm, grouped-query attention, no biases, no dropout, untied output projection."""
+    hidden, heads = int(row["hidden"]), int(row["heads"])
+    return Transformer(
+        name=name, layers=int(row["layers"]), hidden=hidden,
+        attention=Attention(heads=heads, kv_heads=int(row["kv_heads"]), head_dim=hidden // heads),
+        mlp=MLP(ffn=int(row["ffn"]), kind=MLPKind.SWIGLU), vocab=int(row["vocab"]), seq_len=int(row["seq_len"]),
+        tied_embeddings=False, position=PositionEmbedding.ROPE, dropout=False, bias=False, norm=Norm.RMSNORM,
     )
 
 
@@ -131,11 +144,54 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
     return out
 
 
-def all_comparisons(cluster: Cluster, directory: Path | None = None) -> list:
-    """Every comparison, in dataset order."""
+def h100_strategy(row: dict) -> Strategy:
+    """The settings a row of h100_public.csv states, as a Strategy.
+
+    MLPerf GPT-3 (NeMo/Megatron-Core): distributed optimizer (ZeRO 1), TP
+    communication overlap, fused attention, gradient reduction overlapped.
+    Llama 3 (Dubey et al. 2024, Sec. 3.3.2): ZeRO 2 over DP, parameters not
+    resharded, K/V all-gathered for CP, flash attention.
+    """
+    extra = row["extra_settings"].lower()
+    return Strategy(
+        tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"]), dp=int(row["dp"]), zero=int(row["zero"]),
+        global_batch=int(row["global_batch"]), micro_batch=int(row["micro_batch"]),
+        interleave=int(row["interleave"]), recompute=Recompute(row["recompute"]),
+        sequence_parallel=row["sequence_parallel"].lower() == "true",
+        flash_attention=row["flash_attention"].lower() == "true", dtype=row["dtype"],
+        tp_overlap="tp-comm-overlap" in extra, cp_algorithm="all-gather" if "all-gather" in extra else "ring",
+    )
+
+
+def h100_comparisons(cluster: Cluster, directory: Path) -> list:
+    """h100_public.csv: MLPerf GPT-3 175B step times and Llama 3 405B MFU on DGX H100.
+
+    An MFU row is compared as a step time: the measured MFU converted with the
+    model's own FLOP count (model FLOPs / (GPUs x bf16 peak x MFU)), so that the
+    comparison does not depend on the FLOP convention (docs/validation.md).
+    """
+    out = []
+    for row in _read(directory, H100):
+        model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
+        strategy = h100_strategy(row)
+        result = estimate(model, cluster, int(row["gpus"]), strategy)
+        if row["metric"] == "iter_s":
+            measured = float(row["measured"])
+        else:
+            peak = cluster.accelerator.flops(strategy.dtype.value)
+            measured = result.model_flops_per_step / (int(row["gpus"]) * peak * float(row["measured"]))
+        out.append(Comparison(H100, row["id"], result.step_time_s, measured))
+    return out
+
+
+def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Cluster | None = None) -> list:
+    """Every comparison, in dataset order; ``h100``: the cluster for h100_public.csv (default dgx-h100)."""
+    from comet_dse.presets import load_cluster
+
     directory = directory or validation_dir()
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
-            + table4_comparisons(cluster, directory))
+            + table4_comparisons(cluster, directory)
+            + h100_comparisons(h100 or load_cluster("dgx-h100"), directory))
 
 
 def summary(comparisons: list) -> dict:
