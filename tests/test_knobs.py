@@ -104,16 +104,23 @@ def test_knobs_left_out_of_the_microbatch_key_do_not_change_the_microbatch_terms
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.applies is not None], ids=lambda k: k.name)
 def test_a_knob_that_does_not_apply_cannot_change_the_result(knob):
     """Search keeps one value where a knob does not apply, so there it must not matter."""
-    where_not = {"tp": 1, "dp": 16} if knob.name in ("sequence_parallel", "tp_overlap") else \
-        {"cp": 1, "dp": 16} if knob.name == "cp_algorithm" else \
-        {"ep": 1} if knob.name.startswith("ep_") else {"dp": 1, "cp": 1, "pp": 32, "ep": 1}
-    base = dc.replace(BASE, **where_not)
+    assert knob.name in WHERE_NOT, f"add to WHERE_NOT a point where {knob.name} does not apply"
+    base = dc.replace(BASE, **WHERE_NOT[knob.name])
     assert not knob.applies(base), f"pick a point where {knob.name} does not apply"
     reference = estimate(MOE, H100, DEVICES, base)
     for override in alternatives(knob):
         other = estimate(MOE, H100, DEVICES, dc.replace(base, **override))
         assert other.step_time_s == reference.step_time_s, override
         assert other.memory_bytes == reference.memory_bytes, override
+
+
+# For each knob with ``applies``: overrides of BASE where it does not apply.
+WHERE_NOT = {
+    "sequence_parallel": {"tp": 1, "dp": 16}, "tp_overlap": {"tp": 1, "dp": 16},
+    "cp_algorithm": {"cp": 1, "dp": 16}, "ep_overlap": {"ep": 1}, "ep_fp8_dispatch": {"ep": 1},
+    "zero": {"dp": 1, "cp": 1, "pp": 32, "ep": 1}, "dp_overlap": {"dp": 1, "cp": 1, "pp": 32, "ep": 1},
+    "pipeline_split": {"pp": 1, "dp": 16}, "pp_overlap": {"interleave": 1},
+}
 
 
 def _knob_value(knob, draw):

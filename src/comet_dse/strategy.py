@@ -88,6 +88,17 @@ class CpAlgorithm(Choice):
     """Gathered before attention and reduce-scattered after it, exposed (Llama 3)."""
 
 
+class PipelineSplit(Choice):
+    """How the layers are split over the pipeline stages."""
+
+    BALANCED = "balanced"
+    """L/p layers per stage; the remainder to middle stages; embedding and head extra on the first and last."""
+    EMBEDDING_LOSS = "embedding-loss"
+    """The embedding and the loss each take one layer's slot: (L + 2)/p slots per stage, the first and last
+    stage one transformer layer fewer (Megatron-LM --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split; Llama 3 405B: 126 + 2 = 16 stages x 8 chunks)."""
+
+
 class Zero(int, Enum):
     """ZeRO stage over the data-parallel group (Rajbhandari et al. 2020); ordered, code = stage."""
 
@@ -298,6 +309,15 @@ class Strategy:
                                  "combines stay 16-bit", microbatch=True, applies=lambda s: s.ep > 1,
                                  label=lambda v: "fp8 expert dispatch" if v else "16-bit expert dispatch",
                                  short="ep-fp8")
+    pipeline_split: PipelineSplit = knob(
+        PipelineSplit.BALANCED, "how layers are split over pipeline stages: balanced, or embedding-loss (the "
+        "embedding and the loss each take a layer's slot, as Megatron-LM's account-for-embedding/loss)",
+        applies=lambda s: s.pp > 1, label=lambda v: f"pipeline split {v.value}", short="split")
+    pp_overlap: bool = knob(False, "overlap pipeline send/recv with the next chunk's compute (interleaved "
+                            "schedule; Megatron-LM --overlap-p2p-communication)",
+                            applies=lambda s: (s.pp > 1) & (s.interleave > 1),
+                            label=lambda v: "pipeline send/recv overlapped" if v else "pipeline send/recv exposed",
+                            short="ppo")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from comet_dse.cost.params import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOB, StrategyArrays
@@ -28,6 +29,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     exp = cluster.accelerator.expansion
     has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
     cp, ep = st.cp, st.ep
+    slots = L + 2.0 * embedding_slots(st)      # layer slots of the pipeline split (cost/params.py)
     experts = model.moe.experts if model.moe else 1
     rules = [
         ("devices", t * cp * p * d != devices,
@@ -42,11 +44,13 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: f"tp={t[i]:.0f} does not divide the FFN size {model.mlp.ffn}"),
         ("batch", ~_divides(d * b, B),
          lambda i: f"global batch {B[i]:.0f} is not a multiple of dp*micro_batch = {d[i] * b[i]:.0f}"),
-        ("pp_layers", p > L,
-         lambda i: f"pp={p[i]:.0f} exceeds the {L} layers"),
-        ("interleave", (v > 1) & ((p == 1) | (p * v > L)),
-         lambda i: f"interleave={v[i]:.0f} needs pp > 1 and at least one layer per virtual stage "
-                   f"(pp*interleave={p[i] * v[i]:.0f} > {L} layers)"),
+        ("pp_layers", p > slots,
+         lambda i: f"pp={p[i]:.0f} exceeds the {slots[i]:.0f} layer slots ({L} layers"
+                   + (" + embedding + loss)" if slots[i] > L else ")")),
+        ("interleave", (v > 1) & ((p == 1) | (p * v > slots)),
+         lambda i: f"interleave={v[i]:.0f} needs pp > 1 and at least one layer slot per virtual stage "
+                   f"(pp*interleave={p[i] * v[i]:.0f} > {slots[i]:.0f} slots: {L} layers"
+                   + (" + embedding + loss)" if slots[i] > L else ")")),
         ("interleave_batch", (v > 1) & ~_divides(p, np.floor(B / np.maximum(d * b, 1))),
          lambda i: f"interleaved 1F1B needs micro-batches per pipeline ({B[i] / (d[i] * b[i]):.0f}) to be a multiple of pp={p[i]:.0f}"),
         ("sp_seq", st.sequence_parallel & ~_divides(t, s / cp),

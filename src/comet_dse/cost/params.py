@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import StrategyArrays
+from comet_dse.strategy import PipelineSplit, StrategyArrays
 
 
 @dataclass(frozen=True)
@@ -45,28 +45,42 @@ def attention_params_per_device(model: Transformer, t):
     return total + model.attention.latent_norm_params()
 
 
-def stage_layer_counts(layers: int, pp):
-    """Layers on the first, last and fullest stage when p does not divide L.
+def stage_layer_counts(layers: int, pp, embedding_slots=0.0):
+    """Transformer layers on the first, last and fullest stage.
 
-    The r = L mod p extra layers go to middle stages first, since the first
-    stage also holds the embedding and the last the LM head.
+    Balanced split (embedding_slots = 0): base = floor(L/p) per stage; the
+    r = L mod p extra layers go to middle stages first, since the first stage
+    also holds the embedding and the last the LM head.
+    With the embedding and the loss each taking a layer's slot (embedding_slots
+    = 1, Megatron-LM --account-for-embedding/loss-in-pipeline-split): the same
+    split of L + 2 slots, then the first and the last stage hold one
+    transformer layer fewer than their slots (with p = 1: L).
     """
-    base = np.floor(layers / pp)
-    extra = layers - base * pp
+    slots = layers + 2.0 * embedding_slots
+    base = np.floor(slots / pp)
+    extra = slots - base * pp
     most = np.where(extra > 0, base + 1, base)
-    last = np.where(pp - extra >= 2, base, most)
-    first = np.where(pp - extra >= 1, base, most)
-    return first, last, most
+    last = np.where(pp - extra >= 2, base, most) - embedding_slots
+    first = np.where(pp - extra >= 1, base, most) - embedding_slots
+    single = pp == 1
+    return (np.where(single, layers, np.maximum(first, 0.0)), np.where(single, layers, np.maximum(last, 0.0)),
+            np.where(single, layers, most))
 
 
-def stage_mixes(model: Transformer, pp) -> list:
+def embedding_slots(st: StrategyArrays):
+    """1 where the embedding and the loss take a layer's slot of the pipeline split, else 0 (per point)."""
+    return np.where(st.uses(PipelineSplit.EMBEDDING_LOSS), 1.0, 0.0)
+
+
+def stage_mixes(model: Transformer, pp, slots=0.0) -> list:
     """(dense layers, MoE layers, holds embedding, holds head) of each candidate stage (arrays over points).
 
     Candidates: first, full middle (all MoE; MoE models only), full middle (all
-    dense), last; with p = 1 every candidate is the whole model.
+    dense), last; with p = 1 every candidate is the whole model. ``slots``:
+    ``embedding_slots`` of the points (stage_layer_counts).
     """
     L, D = model.layers, model.dense_layers
-    first, last, most = stage_layer_counts(L, pp)
+    first, last, most = stage_layer_counts(L, pp, slots)
     single = pp == 1
     dense_first = np.minimum(D, first)
     dense_last = np.maximum(0.0, D - (L - last))
@@ -101,7 +115,7 @@ def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
     emb = model.embedding_params() / t
     head = model.head_params() / t + np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
     out = []
-    for n_dense, n_moe, with_emb, with_head in stage_mixes(model, p):
+    for n_dense, n_moe, with_emb, with_head in stage_mixes(model, p, embedding_slots(st)):
         shared = n_dense * dense_layer + n_moe * moe_shared + with_emb * emb + with_head * head
         out.append((StageParams(shared=shared, expert=n_moe * moe_expert), n_dense, n_moe))
     return out

@@ -24,7 +24,9 @@ from comet_dse.cost.memory import grad_bytes, inflight_layer_microbatches, model
 from comet_dse.cost.microbatch import (
     ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, WORK_KEYS, context_of, deduplicated, prefixed,
 )
-from comet_dse.cost.params import StageParams, stage_candidates, stage_layer_counts, stage_mixes, stage_params
+from comet_dse.cost.params import (
+    StageParams, embedding_slots, stage_candidates, stage_layer_counts, stage_mixes, stage_params,
+)
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import Dtype, GradAccumulation, Recompute, StrategyArrays, Zero
@@ -75,7 +77,7 @@ def _total(work: dict):
     return sum(work[k] for k in WORK_KEYS)
 
 
-def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, head: dict):
+def _slowest_stage(model: Transformer, p, slots, dense: dict, moe: dict, emb: dict, head: dict):
     """Per-micro-batch work of the slowest candidate stage (cost/params.py), and the layers of the fullest.
 
     The candidate with the largest total is chosen per point (the first one on
@@ -83,7 +85,7 @@ def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, hea
     """
     t_dense, t_moe, t_emb, t_head = _total(dense), _total(moe), _total(emb), _total(head)
     chosen, best = None, None
-    for mix in stage_mixes(model, p):
+    for mix in stage_mixes(model, p, slots):
         n_dense, n_moe, with_emb, with_head = mix
         total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
         if chosen is None:
@@ -97,8 +99,7 @@ def _slowest_stage(model: Transformer, p, dense: dict, moe: dict, emb: dict, hea
         n_dense, n_moe = n_dense + n_moe, 0.0
     stage = {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k]
              + (n_moe * moe[k] if moe is not dense else 0.0) for k in STAGE_KEYS}
-    most = stage_layer_counts(model.layers, p)[2]
-    return stage, np.where(p == 1, model.layers, most)
+    return stage, stage_layer_counts(model.layers, p, slots)[2]
 
 
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
@@ -112,7 +113,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     terms = deduplicated(model, cluster, devices, st, ctx)
     dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
     moe_w = prefixed(terms, "moe.") if model.moe else dense_w
-    stage, stage_layers = _slowest_stage(model, p, dense_w, moe_w, emb_w, head_w)
+    stage, stage_layers = _slowest_stage(model, p, embedding_slots(st), dense_w, moe_w, emb_w, head_w)
 
     candidates = stage_candidates(model, st)
     params = stage_params(candidates)
@@ -121,8 +122,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), dev)
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, accumulate.total)
 
-    p2p_bytes = b * s / st.cp * h * e / t  # scatter-gather optimisation / SP: each TP rank sends 1/t
-    p2p = np.where(p > 1, 2.0 * v * (coll.send_recv_time(p2p_bytes, dims, spans["pp"]) + terms["regather"]), 0.0)
+    p2p = _pipeline_p2p(st, ctx, stage, terms["regather"], b * s / st.cp * h * e / t)
 
     stage_mb = _total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
@@ -168,6 +168,36 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     )
 
 
+def _forward_total(stage: dict):
+    """Forward seconds of the stage per micro-batch: kernels plus the in-layer communication exposed in forward."""
+    return stage["fwd_math"] + stage["fwd_mem"] + stage["tp"] + stage["ep"] + stage["cp"] - stage[BACKWARD_COMM]
+
+
+def _backward_total(stage: dict):
+    """Backward (+ recomputation) seconds of the stage per micro-batch, with the communication exposed in them."""
+    return stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"] + stage[BACKWARD_COMM]
+
+
+def _pipeline_p2p(st: StrategyArrays, ctx, stage: dict, regather, nbytes):
+    """Exposed pipeline send/recv per micro-batch [s].
+
+    A micro-batch crosses v chunk boundaries in forward and v in backward:
+    2v transfers of b s h e / (cp t) bytes (Megatron-LM's scatter-gather
+    optimisation: each TP rank sends 1/t of the activation), each followed,
+    without sequence parallelism, by a TP all-gather (``regather``).
+    Without pp_overlap all of it is exposed. With pp_overlap (interleaved
+    schedule, Megatron-LM --overlap-p2p-communication) a transfer runs while
+    the next chunk computes: exposed = v (max(0, t_sr - T_f/v) + max(0, t_sr
+    - T_b/v)) + 2 v t_regather, T_f and T_b the stage's forward and backward
+    time per micro-batch (Narayanan et al. 2021, Sec. 2.2; docs/model.md).
+    """
+    v = st.interleave
+    send = coll.send_recv_time(nbytes, ctx.dims, ctx.spans["pp"])
+    hidden = v * (np.maximum(send - _forward_total(stage) / v, 0.0) + np.maximum(send - _backward_total(stage) / v, 0.0))
+    overlapped = st.pp_overlap & (v > 1)
+    return np.where(st.pp > 1, np.where(overlapped, hidden, 2.0 * v * send) + 2.0 * v * regather, 0.0)
+
+
 def _joint(a: list, b: list) -> list:
     """Spans of two orthogonal groups taken together (CP and DP reduce gradients jointly)."""
     return [x * y for x, y in zip(a, b)]
@@ -179,11 +209,19 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     Gradients of the shared (non-expert) weights are reduced over the DP and CP
     ranks together; expert gradients over the expert-data-parallel group
     (dp/ep ranks) and CP. ZeRO 0: all-reduce of the gradients; ZeRO 1/2:
-    reduce-scatter of the gradients + all-gather of the 16-bit weights (same
-    volume). With overlap, the reduction hides behind the backward pass of the
-    last micro-batch, its kernels and the in-layer communication exposed
-    during it (bucketed, as PyTorch DDP / Megatron-LM overlap_grad_reduce);
-    otherwise it is fully exposed. ZeRO 3 gathers weights
+    reduce-scatter of the gradients, then all-gather of the updated 16-bit
+    weights. With overlap (bucketed, as PyTorch DDP and Megatron-LM
+    --overlap-grad-reduce / --overlap-param-gather), the gradient reduction
+    hides behind the backward work that follows the moment each chunk's
+    gradients are final, and the weight all-gather behind the next step's
+    forward work before each chunk's weights are needed:
+        window_b = T_b/v ((v-1) p + 1),  window_f = T_f/v ((v-1) p + 1)
+    (with v = 1 the last micro-batch's backward, resp. the first one's
+    forward; with v virtual chunks the last micro-batch's backward visits
+    chunk j about j p chunk-steps before the end of the cool-down, so chunk
+    j's reduction has the rest of the cool-down to hide behind). Exposed:
+    max(0, reduce - window_b) + max(0, gather - window_f); without overlap
+    all of it. ZeRO 3 gathers weights
     before forward and backward and reduce-scatters gradients every
     micro-batch, prefetched behind that micro-batch's compute. Tied embeddings
     with p > 1 add an all-reduce of the embedding gradient between the first
@@ -191,17 +229,18 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     """
     dims, spans = ctx.dims, ctx.spans
     groups = ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
-    reduce = per_mb = 0.0
+    reduce = gather = per_mb = 0.0
+    sharded = st.zero >= Zero.OPTIMIZER
     for count, group in groups:
         grads, weights = count * gbytes, count * 2.0
-        reduce = reduce + np.where(
-            st.zero >= Zero.OPTIMIZER,
-            coll.reduce_scatter_time(grads, dims, group) + coll.all_gather_time(weights, dims, group),
-            coll.all_reduce_time(grads, dims, group))
+        reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, group),
+                                   coll.all_reduce_time(grads, dims, group))
+        gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, group), 0.0)
         per_mb = per_mb + 2.0 * coll.all_gather_time(weights, dims, group) + coll.reduce_scatter_time(grads, dims, group)
-    backward_window = (stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"]
-                       + stage[BACKWARD_COMM])
-    step_level = np.where(st.dp_overlap, np.maximum(reduce - backward_window, 0.0), reduce)
+    chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
+    hidden = (np.maximum(reduce - _backward_total(stage) * chunk_steps, 0.0)
+              + np.maximum(gather - _forward_total(stage) * chunk_steps, 0.0))
+    step_level = np.where(st.dp_overlap, hidden, reduce + gather)
     compute_mb = _total(stage) - stage["tp"] - stage["ep"] - stage["cp"]
     zero3 = m * np.maximum(per_mb - compute_mb, 0.0)
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level), 0.0)
