@@ -187,7 +187,7 @@ def _space_from(args):
 
 
 # Broken rules that make a command-line estimate an input error rather than a result.
-SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp"}
+SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel"}
 
 
 def cmd_estimate(args) -> int:

@@ -99,6 +99,17 @@ class PipelineSplit(Choice):
     --account-for-loss-in-pipeline-split; Llama 3 405B: 126 + 2 = 16 stages x 8 chunks)."""
 
 
+class AttentionKernel(Choice):
+    """Which fused attention kernel runs with flash attention (its rates: the accelerator's attention_efficiency)."""
+
+    FA2 = "fa2"
+    """FlashAttention-2 (Dao 2023, arXiv:2307.08691); Ampere and Hopper."""
+    FA3 = "fa3"
+    """FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608); Hopper only."""
+    CUDNN = "cudnn"
+    """cuDNN fused flash attention, as Transformer Engine runs it (NeMo, Megatron-Core)."""
+
+
 class Zero(int, Enum):
     """ZeRO stage over the data-parallel group (Rajbhandari et al. 2020); ordered, code = stage."""
 
@@ -291,6 +302,10 @@ class Strategy:
                         line=2, short="dtype")
     flash_attention: bool = knob(False, "fused attention that never stores the s x s scores", microbatch=True,
                                  label=lambda v: "flash attention" if v else "no flash attention", short="flash")
+    attention_kernel: AttentionKernel = knob(
+        AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3 or cudnn "
+        "(its rates from the accelerator's attention_efficiency)", microbatch=True,
+        applies=lambda s: s.flash_attention, label=lambda v: f"{v.value} kernel", short="kernel")
     tp_overlap: bool = knob(False, "pipeline each TP collective in chunks with the GEMM next to it "
                             "(Megatron-Core --tp-comm-overlap)", microbatch=True, applies=lambda s: s.tp > 1,
                             label=lambda v: "TP comm pipelined with GEMMs" if v else "TP comm not pipelined",

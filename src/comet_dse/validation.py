@@ -148,11 +148,13 @@ def h100_strategy(row: dict) -> Strategy:
     """The settings a row of h100_public.csv states, as a Strategy.
 
     MLPerf GPT-3 (NeMo/Megatron-Core): distributed optimizer (ZeRO 1), TP
-    communication overlap, fused attention, gradient reduction overlapped, and
+    communication overlap, fused attention (Transformer Engine: cuDNN's
+    kernel), gradient reduction overlapped, and
     pipeline send/recv overlapped (overlap_p2p_comm: True in the submission's
     conf/custom.yaml, mlcommons/training_results_v3.1).
     Llama 3 (Dubey et al. 2024, Sec. 3.3.2): ZeRO 2 over DP, parameters not
-    resharded, K/V all-gathered for CP, flash attention, and the embedding and
+    resharded, K/V all-gathered for CP, flash attention (FlashAttention-2: the
+    paper names no kernel; FA3 postdates the run), and the embedding and
     the output/loss each alone in a pipeline chunk (126 + 2 = 16 x 8).
     """
     extra = row["extra_settings"].lower()
@@ -165,6 +167,7 @@ def h100_strategy(row: dict) -> Strategy:
         flash_attention=row["flash_attention"].lower() == "true", dtype=row["dtype"],
         tp_overlap="tp-comm-overlap" in extra, cp_algorithm="all-gather" if "all-gather" in extra else "ring",
         pp_overlap=mlperf, pipeline_split="balanced" if mlperf else "embedding-loss",
+        attention_kernel="cudnn" if mlperf else "fa2",
     )
 
 

@@ -22,7 +22,10 @@ class Device:
     the largest matmul tile (for wave/tile quantisation); pipeline_overhead:
     non-overlapped main-loop iterations per tile; sram_cap, sram_bw:
     on-chip memory; hbm_bw: achievable off-chip bandwidth; vector: FLOP/s of
-    the vector units; overhead: seconds per kernel.
+    the vector units; overhead: seconds per kernel; peak16: 16-bit matrix
+    FLOP/s (what kernels outside fp8 run at in fp8 training: attention, LM
+    head); attn_fwd, attn_bwd: long-sequence fraction of peak16 the fused
+    attention kernel sustains in forward and backward.
     """
 
     peak: object
@@ -37,6 +40,15 @@ class Device:
     hbm_bw: object
     vector: object
     overhead: object
+    peak16: object = None
+    attn_fwd: object = None
+    attn_bwd: object = None
+
+    def sixteen_bit(self) -> "Device":
+        """The same device with the 16-bit peak as its matrix rate (GEMMs that fp8 training leaves in bf16)."""
+        from dataclasses import replace
+
+        return replace(self, peak=self.peak16)
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,30 @@ def matmul_rate(batch, m, n, k, dev: Device):
     """Achievable FLOP/s of a batch x (m x n) output reduced over k:
     peak * matmul_eff * quantisation_efficiency * pipeline_efficiency."""
     return dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev) * pipeline_efficiency(k, dev)
+
+
+ATTENTION_BLOCK = 128   # query and key block of FlashAttention-2/3 and cuDNN for head dim <= 128 (Dao 2023; Shah et al. 2024)
+
+
+def attention_rate(batch, s_q, s_k, d, efficiency, dev: Device, causal: bool = True):
+    """FLOP/s of a fused (flash) attention kernel over batch x (s_q queries, s_k keys) at head dim d.
+
+        rate = peak16 * efficiency * quantisation_efficiency(batch, s_q, d) * loop * mask
+        loop = k / (k + c)      k = key blocks a query block visits (n, or (n + 1)/2 when causal),
+                                n = ceil(s_k / 128), c = the device's non-overlapped iterations per tile
+        mask = n / (n + 1)      causal only: the diagonal blocks are computed whole and half used
+    ``efficiency`` is the main-loop fraction of peak a long sequence sustains
+    (the accelerator's attention_efficiency, read off published kernel
+    benchmarks at 16k tokens and divided by loop * mask there). With these
+    two terms, FlashAttention-3's causal forward at 512 tokens comes out at
+    0.46 of its 16k rate; the paper measures 0.47 (Shah et al. 2024, Fig. 5).
+    Counted FLOPs: 4 b a s_q s_k d, halved when causal (the kernels' own convention).
+    """
+    n = np.maximum(np.ceil(s_k / ATTENTION_BLOCK), 1.0)
+    visits = (n + 1.0) / 2.0 if causal else n
+    loop = visits / (visits + dev.pipeline_overhead)
+    mask = n / (n + 1.0) if causal else 1.0
+    return dev.peak16 * efficiency * quantisation_efficiency(batch, s_q, d, dev) * loop * mask
 
 
 def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:

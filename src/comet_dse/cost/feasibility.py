@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from comet_dse.cost.microbatch import device_of
 from comet_dse.cost.params import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -28,6 +29,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     hbm = cluster.accelerator.hbm.capacity
     exp = cluster.accelerator.expansion
     has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
+    kernel_rate = device_of(cluster, st).attn_fwd
     cp, ep = st.cp, st.ep
     slots = L + 2.0 * embedding_slots(st)      # layer slots of the pipeline split (cost/params.py)
     experts = model.moe.experts if model.moe else 1
@@ -60,6 +62,9 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
                     f"ep={ep[i]:.0f} must divide the {experts} experts and dp={d[i]:.0f}")),
         ("cp_seq", ~_divides(cp, s),
          lambda i: f"cp={cp[i]:.0f} does not divide the sequence length {s}"),
+        ("attention_kernel", st.flash_attention & ~np.isfinite(kernel_rate),
+         lambda i: f"{cluster.accelerator.name} has no rate for the {KNOB['attention_kernel'].decode(st.attention_kernel[i]).value} "
+                   f"attention kernel; it has {', '.join(sorted(cluster.accelerator.attention_efficiency))}"),
         ("dtype", ~has_rate,
          lambda i: f"{cluster.accelerator.name} has no {KNOB['dtype'].decode(st.dtype[i]).value} rate"),
         ("memory", ~step.fits,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost.compute import (
-    Device, KernelTime, elementwise_time, gemm_time, matmul_rate, roofline, zero_time,
+    Device, KernelTime, attention_rate, elementwise_time, gemm_time, roofline, zero_time,
 )
 from comet_dse.model.spec import PositionEmbedding, Transformer
 
@@ -155,7 +155,10 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     gradient is made contiguous again in backward (Megatron-LM CoreAttention).
     Flash attention (Dao et al. 2022): one fused kernel, causal blocks skipped
     (half the FLOPs), scores never stored; backward recomputes the scores
-    (2.5x the forward FLOPs).
+    (2.5x the forward FLOPs). It runs at the fused kernel's own rate
+    (compute.attention_rate: the accelerator's attention_efficiency for the
+    chosen kernel, forward and backward apart), in 16-bit also in fp8
+    training (Transformer Engine's fp8 recipe covers the linear layers).
     Returns (forward, backward, saved score bytes).
     """
     att = model.attention
@@ -164,8 +167,9 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     batch = shape.b * att.heads / shape.t
     scores = batch * s_q * s_k
     dropout = model.dropout
-    qk = gemm_time(batch, s_q, s_k, dk, shape.gemm_e, dev)
-    av = gemm_time(batch, s_q, dv, s_k, shape.gemm_e, dev)
+    dev16 = dev.sixteen_bit()     # the score GEMMs stay 16-bit in fp8 training
+    qk = gemm_time(batch, s_q, s_k, dk, e, dev16)
+    av = gemm_time(batch, s_q, dv, s_k, e, dev16)
     soft_f, soft_b = _pointwise(scores, 2 * e, 3 * e, FLOPS_SOFTMAX, dev)
     drop_f, drop_b = _pointwise(scores, 2 * e + MASK_BYTES, 2 * e + MASK_BYTES, FLOPS_DROPOUT, dev)
     if not dropout:
@@ -177,10 +181,12 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     # Flash attention: QK^T and PV fused, causal => half the blocks: b*(a/t)*s_q*s_k*(d_qk + d_v) FLOPs;
     # off-chip bytes: Q, K, V read and O written once per head.
     flash_flops = scores * (dk + dv)
-    flash_rate = matmul_rate(batch, s_q, dv, s_k, dev)
     flash_bytes = batch * (s_q + s_k) * (dk + dv) * e
-    flash_f = roofline(flash_flops, flash_rate, flash_bytes, dev.hbm_bw, dev.overhead)
-    flash_b = flash_f.scale(2.5)
+    flash_f = roofline(flash_flops, attention_rate(batch, s_q, s_k, dv, dev.attn_fwd, dev), flash_bytes,
+                       dev.hbm_bw, dev.overhead)
+    # Backward: 2.5x the FLOPs; reads Q, K, V, O, dO and writes dQ, dK, dV: twice the forward's bytes.
+    flash_b = roofline(2.5 * flash_flops, attention_rate(batch, s_q, s_k, dv, dev.attn_bwd, dev), 2.0 * flash_bytes,
+                       dev.hbm_bw, dev.overhead)
     flash = shape.flash
     fwd = KernelTime(np.where(flash, flash_f.math, std_fwd.math), np.where(flash, flash_f.memory, std_fwd.memory))
     bwd = KernelTime(np.where(flash, flash_b.math, std_bwd.math), np.where(flash, flash_b.memory, std_bwd.memory))

@@ -18,7 +18,7 @@ from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_ti
 from comet_dse.cost.layer import FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import MICROBATCH_KNOBS, CpAlgorithm, Recompute, StrategyArrays
+from comet_dse.strategy import MICROBATCH_KNOBS, AttentionKernel, CpAlgorithm, Recompute, StrategyArrays
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
@@ -32,14 +32,25 @@ STAGE_KEYS = WORK_KEYS + (BACKWARD_COMM,)
 
 
 def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
-    """Cost-model view of the accelerator for the dtypes of ``st``."""
+    """Cost-model view of the accelerator for the dtypes and attention kernels of ``st``.
+
+    A kernel the accelerator has no attention_efficiency for is NaN (the
+    attention_kernel validity rule); an accelerator without any runs every
+    kernel at matmul_efficiency.
+    """
     acc = cluster.accelerator
+    peaks = acc.peak_flops
+    bf16 = peaks.get("bf16", peaks.get("fp16", np.nan))
+    sixteen = st.dtype_table({"bf16": bf16, "fp16": peaks.get("fp16", bf16), "fp8": bf16})
+    rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
+    table = np.array([rates.get(k.value, (np.nan, np.nan)) for k in AttentionKernel], dtype=float)
     return Device(
         peak=st.dtype_table(acc.peak_flops), matmul_eff=acc.matmul_efficiency, units=acc.compute_units,
         tile_m=acc.matmul_tile[0], tile_n=acc.matmul_tile[1], tile_k=acc.matmul_tile[2],
         pipeline_overhead=acc.matmul_pipeline_overhead,
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
+        peak16=sixteen, attn_fwd=table[st.attention_kernel, 0], attn_bwd=table[st.attention_kernel, 1],
     )
 
 
@@ -180,7 +191,7 @@ def embedding_and_head(model: Transformer, ctx: Context):
 
     Embedding: row gather + position add + dropout over b*s*h, vocabulary-parallel
     with an all-reduce (reduce-scatter with SP) of b*s*h*e across TP.
-    Head: final norm, GEMM [b*s, h] x [h, V/t], vocabulary-parallel cross
+    Head: final norm, GEMM [b*s, h] x [h, V/t] (16-bit also in fp8 training), vocabulary-parallel cross
     entropy in fp32 over b*s*V/t logits as Megatron-LM computes it, one pass
     per operation: forward casts the 16-bit logits to fp32 (read e, write 4),
     takes the row maximum (read 4), subtracts it (read 4, write 4),
@@ -199,8 +210,9 @@ def embedding_and_head(model: Transformer, ctx: Context):
     norm_f = elementwise_time(shape.norm_tokens * h, 2 * e, 8, dev)
     norm_b = elementwise_time(shape.norm_tokens * h, NORM_BWD_ELEMENTS * e, 16, dev)
     vocab = model.vocab / t
-    gemm_f = gemm_time(1, tok, vocab, h, shape.gemm_e, dev)
-    gemm_b = gemm_time(1, tok, h, vocab, shape.gemm_e, dev) + gemm_time(1, h, vocab, tok, shape.gemm_e, dev)
+    dev16 = dev.sixteen_bit()   # the output layer is not an fp8 (Transformer Engine) module: 16-bit GEMMs
+    gemm_f = gemm_time(1, tok, vocab, h, e, dev16)
+    gemm_b = gemm_time(1, tok, h, vocab, e, dev16) + gemm_time(1, h, vocab, tok, e, dev16)
     loss_f = elementwise_time(tok * vocab, e + 9 * FP32, 5, dev)
     loss_b = elementwise_time(tok * vocab, 3 * FP32 + e, 2, dev)
     # Input of the column-parallel head: gathered (SP) or all-reduced in backward (no SP).

@@ -16,7 +16,7 @@ from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOB, KNOBS, StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
-         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "dtype", "memory")
+         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory")
 RULE_TEXT = {
     "devices": "tp*pp*dp differs from the device count",
     "tp_heads": "tp does not divide the attention heads",
@@ -29,6 +29,7 @@ RULE_TEXT = {
     "sp_seq": "sequence parallelism needs tp to divide the tokens per device",
     "ep_experts": "ep must divide the experts and dp (and needs a MoE model)",
     "cp_seq": "cp does not divide the sequence length",
+    "attention_kernel": "the device has no rate for the attention kernel",
     "dtype": "the device has no rate for the dtype",
     "memory": "does not fit in device memory",
 }

@@ -19,6 +19,8 @@ MAX_EXPANSION = 256 * TiB
 MAX_MEM_BW = 1e15         # 1 PB/s
 MAX_LINK_BW = 1e13        # 10 TB/s per link
 MAX_LATENCY = 1.0
+MAX_PRICE_USD = 1e8       # per device
+MAX_POWER_W = 1e5         # per device
 
 
 def tier_from(fields: Fields, name: str, max_capacity: float, with_latency: bool = False) -> MemoryTier:
@@ -62,10 +64,28 @@ def accelerator_from(fields: Fields) -> Accelerator:
         expansion=expansion,
         vector_flops=fields.quantity("vector_flops", KIND_FLOPS, high=MAX_FLOPS),
         kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True),
+        attention_efficiency=_attention_efficiency(fields),
     )
     memory.reject_unknown(("source",))
     fields.reject_unknown(("source",))
     return accelerator
+
+
+def _attention_efficiency(fields: Fields) -> dict:
+    """`attention_efficiency: {fa2: {forward: 0.35, backward: 0.33}, ...}` -> {kernel: (forward, backward)}."""
+    from comet_dse.strategy import AttentionKernel
+
+    if not fields.has("attention_efficiency"):
+        return {}
+    kernels = fields.sub("attention_efficiency")
+    out = {}
+    for kernel in AttentionKernel:
+        if kernels.has(kernel.value):
+            rates = kernels.sub(kernel.value)
+            out[kernel.value] = (rates.fraction("forward"), rates.fraction("backward"))
+            rates.reject_unknown(("source",))
+    kernels.reject_unknown(("source",))
+    return out
 
 
 def network_dim_from(fields: Fields, outermost: bool) -> NetworkDim:
@@ -103,8 +123,8 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         devices_per_node=fields.integer("devices_per_node"),
         network=network,
         max_devices=fields.integer("max_devices", None),
-        device_price_usd=fields.quantity("device_price_usd", KIND_COUNT, None, high=1e8),
-        device_power_w=fields.quantity("device_power_w", KIND_COUNT, None, high=1e5),
+        device_price_usd=fields.quantity("device_price_usd", KIND_COUNT, None, high=MAX_PRICE_USD),
+        device_power_w=fields.quantity("device_power_w", KIND_COUNT, None, high=MAX_POWER_W),
         source=fields.text("source", ""),
         description=fields.text("description", ""),
     )

@@ -12,6 +12,7 @@ from enum import Enum
 from comet_dse.errors import InputError
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+MAX_DEVICES = 10_000_000   # devices in one job: about 10x beyond the largest cluster built by 2026
 
 
 class Topology(str, Enum):
@@ -63,6 +64,10 @@ class Accelerator:
       prologue and epilogue per output tile.
     vector_flops: FLOP/s of the non-matrix units (for element-wise work).
     kernel_overhead: seconds of fixed cost per launched kernel.
+    attention_efficiency: fused attention kernel -> (forward, backward) fraction
+      of the 16-bit peak its long-sequence main loop sustains (published kernel
+      benchmarks; cost/compute.py: attention_rate). Empty: every kernel runs at
+      matmul_efficiency.
     """
 
     name: str
@@ -76,6 +81,7 @@ class Accelerator:
     expansion: MemoryTier | None = None
     vector_flops: float = 0.0
     kernel_overhead: float = 0.0
+    attention_efficiency: dict = field(default_factory=dict)
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; an error names the dtypes the device has."""
@@ -130,8 +136,9 @@ class Cluster:
         Dimensions fill innermost first; the outermost unbounded one (size None)
         takes what is left. Raises InputError when ``devices`` cannot be laid out.
         """
-        if devices <= 0:
-            raise InputError("devices", f"must be a positive integer, got {devices}")
+        if not 0 < devices <= MAX_DEVICES:
+            shown = devices if abs(devices) < 10**30 else "a huge number"
+            raise InputError("devices", f"must be an integer in [1, {MAX_DEVICES:,}], got {shown}")
         if self.max_devices is not None and devices > self.max_devices:
             raise InputError("devices", f"{self.name} has at most {self.max_devices} devices, asked for {devices}")
         sizes, left, inner = [], devices, 1
