@@ -333,6 +333,12 @@ class Strategy:
                             applies=lambda s: (s.pp > 1) & (s.interleave > 1),
                             label=lambda v: "pipeline send/recv overlapped" if v else "pipeline send/recv exposed",
                             short="ppo")
+    reshard_after_forward: bool = knob(
+        True, "ZeRO 3 / FSDP: free each layer's gathered weights after forward and gather them again in "
+        "backward (FSDP FULL_SHARD); off keeps them until backward (SHARD_GRAD_OP)",
+        applies=lambda s: (s.zero >= Zero.PARAMETERS) & (s.dp * s.cp > 1),
+        label=lambda v: "weights resharded after forward" if v else "weights kept gathered until backward",
+        short="reshard")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",

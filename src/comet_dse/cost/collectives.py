@@ -73,37 +73,43 @@ def effective_bandwidth(dim: Dim, n):
     return dim.bandwidth * np.maximum(n - 1, 1) / peers
 
 
-def latency_steps(dim: Dim, n):
+def latency_steps(dim: Dim, n, tree: bool = False):
     """Message steps of one reduce-scatter or all-gather phase.
 
-    Rings, tori and meshes: n-1 (ring algorithm). Switches and fully connected
-    dimensions: the ring's n-1 for small groups, 2*ceil(log2 n) (a tree) once
-    that is fewer, as NCCL switches from rings to trees at scale.
+    Reduce-scatter and all-gather are rings in NCCL: n-1 steps. An all-reduce
+    (tree=True) on a switch or fully connected dimension takes the ring's n-1
+    per phase for small groups and 2*ceil(log2 n) (a tree) once that is fewer,
+    as NCCL switches from rings to trees at scale; on rings, tori and meshes n-1.
     """
-    if dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
+    if tree and dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED):
         return np.minimum(n - 1, 2.0 * np.ceil(np.log2(np.maximum(n, 1))))
     return n - 1
 
 
-def reduce_scatter_time(nbytes, dims: tuple, group_spans: list):
-    """Hierarchical reduce-scatter of ``nbytes`` per device over the spanned dimensions [s]."""
+def _phase_time(nbytes, dims: tuple, group_spans: list, tree: bool):
+    """One hierarchical reduce-scatter (or all-gather) phase over the spanned dimensions [s]."""
     total = np.zeros(np.broadcast(nbytes, *group_spans).shape)
     data = nbytes * 1.0
     for dim, n in zip(dims, group_spans):
-        t = (n - 1) / n * data / effective_bandwidth(dim, n) + latency_steps(dim, n) * dim.latency
+        t = (n - 1) / n * data / effective_bandwidth(dim, n) + latency_steps(dim, n, tree) * dim.latency
         total = total + np.where(n > 1, t, 0.0)
         data = data / n
-    return total
+    return np.where(np.asarray(nbytes) > 0, total, 0.0)     # nothing to send: no collective runs
+
+
+def reduce_scatter_time(nbytes, dims: tuple, group_spans: list):
+    """Hierarchical ring reduce-scatter of ``nbytes`` per device over the spanned dimensions [s]."""
+    return _phase_time(nbytes, dims, group_spans, tree=False)
 
 
 def all_gather_time(nbytes, dims: tuple, group_spans: list):
-    """All-gather whose result is ``nbytes`` per device: same cost as the reduce-scatter [s]."""
-    return reduce_scatter_time(nbytes, dims, group_spans)
+    """Ring all-gather whose result is ``nbytes`` per device: same cost as the reduce-scatter [s]."""
+    return _phase_time(nbytes, dims, group_spans, tree=False)
 
 
 def all_reduce_time(nbytes, dims: tuple, group_spans: list):
-    """Bandwidth-optimal all-reduce = reduce-scatter + all-gather [s]."""
-    return 2.0 * reduce_scatter_time(nbytes, dims, group_spans)
+    """Bandwidth-optimal all-reduce = two phases, each with tree latency where NCCL would use one [s]."""
+    return 2.0 * _phase_time(nbytes, dims, group_spans, tree=True)
 
 
 def outermost(group_spans: list) -> list:

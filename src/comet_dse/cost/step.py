@@ -127,7 +127,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     stage_mb = _total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    dp_exposed = _data_parallel(model, st, ctx, stage, params, gbytes, m)
+    dp_exposed = _data_parallel(model, st, ctx, stage, params, gbytes, m, np.maximum(stage_layers, 1.0))
     sharded = st.zero >= Zero.OPTIMIZER
     opt_params = params.shared / np.where(sharded, d, 1) + params.expert / np.where(sharded, d / st.ep, 1)
     optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
@@ -203,7 +203,45 @@ def _joint(a: list, b: list) -> list:
     return [x * y for x, y in zip(a, b)]
 
 
-def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, params: StageParams, gbytes, m):
+def _dp_groups(params: StageParams, spans: dict) -> tuple:
+    """(parameters, group spans) whose gradients are reduced together: shared over DP x CP, experts over EDP x CP."""
+    return ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
+
+
+def _sharded_layers(st: StrategyArrays, ctx, stage: dict, params: StageParams, gbytes, units):
+    """ZeRO 3 / FSDP: exposed seconds per micro-batch of gathering weights and reducing gradients layer by layer.
+
+    The stage's parameters are sharded over the DP group in ``units`` equal
+    units (one per layer, as FSDP wraps each transformer block and ZeRO 3
+    fetches each module's parameters). Per unit and micro-batch: forward
+    all-gathers its 16-bit weights, t_ag = AG(2 P/u); backward gathers them
+    again when they were freed after forward (reshard_after_forward: FSDP
+    FULL_SHARD, ZeRO 3; SHARD_GRAD_OP keeps them) and reduce-scatters the
+    gradients, t_rs = RS(g P/u); ring collectives with a latency per step
+    (cost/collectives.py), gathers and reduce-scatters in one queue on the
+    same links. Each unit's collectives are prefetched behind the previous
+    unit's compute (prefetch depth 1); the first unit's gather and the last
+    unit's reduce-scatter have nothing to hide behind:
+        forward  = t_ag + (u - 1) max(0, t_ag - T_f/u)
+        backward = t_re + t_rs + (u - 1) max(0, t_re + t_rs - T_b/u),   t_re = t_ag if resharded else 0
+    T_f, T_b: the stage's forward and backward (+ recomputation, whose
+    forward reuses the weights backward gathers) time per micro-batch,
+    including exposed in-layer communication (it uses other links).
+    Sources: Rajbhandari et al. 2020 (ZeRO, Sec. 7); Zhao et al. 2023
+    (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2-3.3, 4.1); docs/model.md.
+    """
+    dims = ctx.dims
+    ag = rs = 0.0
+    for count, group in _dp_groups(params, ctx.spans):
+        ag = ag + coll.all_gather_time(2.0 * count / units, dims, group)
+        rs = rs + coll.reduce_scatter_time(gbytes * count / units, dims, group)
+    regather = np.where(st.reshard_after_forward, ag, 0.0)
+    forward = ag + (units - 1.0) * np.maximum(ag - _forward_total(stage) / units, 0.0)
+    backward = regather + rs + (units - 1.0) * np.maximum(regather + rs - _backward_total(stage) / units, 0.0)
+    return forward + backward
+
+
+def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, params: StageParams, gbytes, m, units):
     """Exposed data-parallel communication per step [s].
 
     Gradients of the shared (non-expert) weights are reduced over the DP and CP
@@ -221,28 +259,23 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     chunk j about j p chunk-steps before the end of the cool-down, so chunk
     j's reduction has the rest of the cool-down to hide behind). Exposed:
     max(0, reduce - window_b) + max(0, gather - window_f); without overlap
-    all of it. ZeRO 3 gathers weights
-    before forward and backward and reduce-scatters gradients every
-    micro-batch, prefetched behind that micro-batch's compute. Tied embeddings
-    with p > 1 add an all-reduce of the embedding gradient between the first
-    and last stage.
+    all of it. ZeRO 3 works layer by layer every micro-batch instead
+    (``_sharded_layers``). Tied embeddings with p > 1 add an all-reduce of the
+    embedding gradient between the first and last stage.
     """
     dims, spans = ctx.dims, ctx.spans
-    groups = ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
-    reduce = gather = per_mb = 0.0
+    reduce = gather = 0.0
     sharded = st.zero >= Zero.OPTIMIZER
-    for count, group in groups:
+    for count, group in _dp_groups(params, spans):
         grads, weights = count * gbytes, count * 2.0
         reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, group),
                                    coll.all_reduce_time(grads, dims, group))
         gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, group), 0.0)
-        per_mb = per_mb + 2.0 * coll.all_gather_time(weights, dims, group) + coll.reduce_scatter_time(grads, dims, group)
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
     hidden = (np.maximum(reduce - _backward_total(stage) * chunk_steps, 0.0)
               + np.maximum(gather - _forward_total(stage) * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, reduce + gather)
-    compute_mb = _total(stage) - stage["tp"] - stage["ep"] - stage["cp"]
-    zero3 = m * np.maximum(per_mb - compute_mb, 0.0)
+    zero3 = m * _sharded_layers(st, ctx, stage, params, gbytes, units)
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level), 0.0)
     tied = model.tied_embeddings & (st.pp > 1)
     emb_bytes = model.vocab * model.hidden / st.tp * gbytes
@@ -273,12 +306,18 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: lis
 
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
-    logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES), 0.0)
+    capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
+    logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES + capped), 0.0)
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
     for params, n_dense, n_moe in candidates:
-        shared = model_state_bytes(params.shared, st.dp, st.zero, gbytes, gathered=2.0 * layer)
-        expert = model_state_bytes(params.expert, st.dp / st.ep, st.zero, gbytes, gathered=0.0)
+        # ZeRO 3 holds the current and the prefetched layer gathered; without resharding after
+        # forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
+        keep = st.reshard_after_forward
+        shared = model_state_bytes(params.shared, st.dp, st.zero, gbytes,
+                                   gathered=np.where(keep, 2.0 * layer, params.shared))
+        expert = model_state_bytes(params.expert, st.dp / st.ep, st.zero, gbytes,
+                                   gathered=np.where(keep, 0.0, params.expert))
         layers = n_dense + n_moe
         per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
         inflight = inflight_layer_microbatches(layers, p, st.interleave, m)
@@ -328,6 +367,8 @@ def _flops(model: Transformer, st: StrategyArrays):
     the attention scores). For GPT, d_qk = d_v = d gives Eq. 3's 12 L s a d.
     Hardware FLOPs add the recomputed forward: full 2 * P_layers + 2 * L * s *
     a * (d_qk + d_v), selective 2 * L * s * a * d_qk (the scores).
+    With a sliding window w, L s becomes the sum over layers of the keys each
+    query attends to, min(s, w) on windowed layers (Transformer.keys_per_query).
     """
     att = model.attention
     h, L, V, s = model.hidden, model.layers, model.vocab, model.seq_len
@@ -339,9 +380,10 @@ def _flops(model: Transformer, st: StrategyArrays):
         moe = model.moe
         moe_layer = attn + h * moe.experts + mats * h * (moe.top_k * moe.ffn + moe.shared_ffn)
     layers = model.dense_layers * dense_layer + model.moe_layers * moe_layer
-    scores = L * s * att.heads * (att.qk_dim + att.v_dim)
+    keys = L * model.keys_per_query()     # L s, or per layer min(s, w) with a sliding window
+    scores = keys * att.heads * (att.qk_dim + att.v_dim)
     tokens = st.global_batch * s
     model_flops = tokens * (6.0 * (layers + V * h) + 6.0 * scores)
     extra = np.where(st.uses(Recompute.FULL), 2.0 * layers + 2.0 * scores,
-                     np.where(st.uses(Recompute.SELECTIVE), 2.0 * L * s * att.heads * att.qk_dim, 0.0))
+                     np.where(st.uses(Recompute.SELECTIVE), 2.0 * keys * att.heads * att.qk_dim, 0.0))
     return model_flops, model_flops + tokens * extra
