@@ -5,7 +5,7 @@ Bounds from the project issue "Core: an accurate model of one training step".
 import pytest
 
 from comet_dse.presets import load_cluster
-from comet_dse.validation import TABLE1, TABLE4, TABLE5, all_comparisons, summary, validation_dir
+from comet_dse.validation import H100, TABLE1, TABLE4, TABLE5, all_comparisons, summary, validation_dir
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +45,26 @@ def test_korthikanti_table4_layer(results):
     for comp in comparisons:
         if comp.dataset == TABLE4:
             assert abs(comp.error) <= 0.10, comp.label
+
+
+def test_h100_public(results):
+    """h100_public.csv (MLPerf GPT-3 175B fp8, Llama 3 405B bf16) with the dgx-h100 preset as shipped.
+
+    The issue's target is mean <= 10 %, max <= 20 %; the model reaches about 21 % / 31 %, every
+    row predicted too fast (docs/validation.md: what is left). These bounds guard what is reached.
+    """
+    comparisons, stats = results
+    rows = [c for c in comparisons if c.dataset == H100]
+    assert stats[H100]["rows"] == 10
+    assert stats[H100]["mean_abs_error"] <= 0.22
+    assert stats[H100]["max_abs_error"] <= 0.33
+    assert all(c.error < 0 for c in rows)
+
+
+def test_long_context_is_no_worse_than_short_context(results):
+    """Llama 3 405B at 131K tokens (CP 16) and at 8K: with the attention kernel at its own published
+    rate the long-context row is off by about as much as the short ones (it was -47 % against -22 %)."""
+    comparisons, _ = results
+    errors = {c.label: c.error for c in comparisons if c.dataset == H100}
+    short = (errors["llama3-405b-8k-8192"] + errors["llama3-405b-8k-16384"]) / 2
+    assert abs(errors["llama3-405b-128k-16384"] - short) <= 0.05
