@@ -145,9 +145,14 @@ def test_llama_defaults_without_kv_heads(tmp_path):
 
 
 def test_llama_gelu_activation_and_explicit_head_dim(tmp_path):
+    # LlamaMLP is gated whatever the activation: GELU there is GeGLU (three GEMMs)
     m = transformer_from_hf_config(write_config(tmp_path, {**LLAMA3_8B, "hidden_act": "gelu", "head_dim": 256}))
-    assert m.mlp.kind is MLPKind.GELU
+    assert m.mlp.kind is MLPKind.GEGLU
+    assert m.mlp_params() == 3 * 4096 * 14336
     assert m.attention.head_dim == 256
+    # without a model_type the activation decides, as before: GELU is the two-GEMM MLP
+    plain = {k: v for k, v in LLAMA3_8B.items() if k != "model_type"}
+    assert transformer_from_hf_config(write_config(tmp_path, {**plain, "hidden_act": "gelu"})).mlp.kind is MLPKind.GELU
 
 
 # --- through presets.load_model and the CLI ---------------------------------------------------

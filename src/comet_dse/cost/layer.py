@@ -22,7 +22,7 @@ import numpy as np
 from comet_dse.cost.compute import (
     Device, KernelTime, attention_rate, elementwise_time, gemm_time, roofline, zero_time,
 )
-from comet_dse.model.spec import PositionEmbedding, Transformer
+from comet_dse.model.spec import MLPKind, PositionEmbedding, Transformer
 
 MASK_BYTES = 1.0  # dropout masks are stored as uint8 (PyTorch/Megatron)
 FP32 = 4.0
@@ -35,6 +35,10 @@ NORM_BWD_ELEMENTS = 5
 # Vector FLOPs per element of the element-wise kernels (operation counts of the
 # usual implementations; they matter only on devices with weak vector units).
 FLOPS_NORM, FLOPS_SOFTMAX, FLOPS_DROPOUT, FLOPS_GELU, FLOPS_SWIGLU, FLOPS_ADD, FLOPS_ROPE = 8, 5, 3, 10, 6, 1, 6
+FLOPS_GEGLU = FLOPS_GELU + 1   # GELU(gate) * up
+# Soft-capping c tanh(x / c): divide, tanh as 1 - 2 / (exp(2y) + 1) (multiply, exp, add, divide,
+# subtract), multiply.
+FLOPS_SOFTCAP = 7
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,14 @@ class LayerCost:
     saved_bytes: np.ndarray         # activations kept for backward (no recomputation)
     attention_core_bytes: np.ndarray  # part of saved_bytes that selective recomputation drops
     input_bytes: np.ndarray         # the layer input (all that full recomputation keeps)
-    tp_messages: int                # TP collectives per pass (2: after attention and after MLP)
+    tp_messages: object             # TP all-reduces in forward (2: after attention and after MLP)
     tp_message_bytes: np.ndarray    # bytes of each full (unsharded) TP message
     moe: bool = False               # a MoE layer: dispatch and combine all-to-alls in every pass
     a2a_bytes: object = 0.0         # bytes each device sends in one all-to-all
     cp_kv_bytes: object = 0.0       # K and V bytes passed to the next CP rank at each ring step
     tp_gemm_forward: object = 0.0   # forward time of the GEMMs next to the TP collectives (_Block)
     tp_gemm_backward: object = 0.0  # their backward (input- and weight-gradient) time
+    tp_messages_backward: object = 2.0  # TP all-reduces in backward (Transformer.tp_operators)
 
 
 def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
@@ -110,10 +115,10 @@ def _bias_grad(rows, n_out, shape: LayerShape, dev: Device, batch=1) -> KernelTi
     return elementwise_time(batch * rows * n_out, shape.e, 1, dev).scale(np.where(rows > 0, 1.0, 0.0))
 
 
-def _bias_rows(model: Transformer, shape: LayerShape, shard: str):
-    """Rows a projection's bias is added to: 0 without biases; the SP-sharded
+def _bias_rows(biased: bool, shape: LayerShape, shard: str):
+    """Rows a projection's bias is added to: 0 without a bias; the SP-sharded
     token count for row-parallel layers (bias added after the reduction), else all tokens."""
-    if not model.bias:
+    if not biased:
         return 0.0
     return shape.norm_tokens if shard == "in" else shape.tokens
 
@@ -141,8 +146,11 @@ def _pointwise(elements, fwd_bytes, bwd_bytes, flops, dev: Device):
             elementwise_time(elements, bwd_bytes, 2 * flops, dev))
 
 
-def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
+def _attention_core(model: Transformer, shape: LayerShape, dev: Device, flash_keys=None):
     """Scores, softmax, dropout and attention-over-V for the a/t local heads.
+
+    ``flash_keys``: keys per query a causal flash kernel visits, as a full-row
+    equivalent (``causal_window_keys`` for a sliding window; None: s_k).
 
     Each device holds s_q = s/cp queries and attends to all s_k = s keys (with
     context parallelism the keys arrive chunk by chunk over the ring).
@@ -180,7 +188,7 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     std_saved = scores * (e + (MASK_BYTES + e if dropout else 0.0))
     # Flash attention: QK^T and PV fused, causal => half the blocks: b*(a/t)*s_q*s_k*(d_qk + d_v) FLOPs;
     # off-chip bytes: Q, K, V read and O written once per head.
-    flash_flops = scores * (dk + dv)
+    flash_flops = batch * s_q * (s_k if flash_keys is None else flash_keys) * (dk + dv)
     flash_bytes = batch * (s_q + s_k) * (dk + dv) * e
     flash_f = roofline(flash_flops, attention_rate(batch, s_q, s_k, dv, dev.attn_fwd, dev), flash_bytes,
                        dev.hbm_bw, dev.overhead)
@@ -194,6 +202,74 @@ def _attention_core(model: Transformer, shape: LayerShape, dev: Device):
     return fwd, bwd, saved
 
 
+def causal_window_keys(s, w):
+    """Keys per query, as a full-row equivalent, that a causal kernel visits with a sliding window w [tokens].
+
+    Query i attends to min(i + 1, w) keys: s w - w^2 / 2 scores for w <= s
+    (continuous form) against s^2 / 2 without a window. A causal kernel that
+    computes s_q k / 2 scores per head therefore has k = w (2 - w/s); k = s
+    when w >= s. FlashAttention skips the key blocks outside the window
+    (window_size, since 2.3), so its FLOPs scale with k.
+    """
+    w = np.minimum(w, s)
+    return w * (2.0 - w / s)
+
+
+def _softcap_scores(model: Transformer, shape: LayerShape, dev: Device, flash_keys=None):
+    """Attention logit soft-capping c tanh(x / c) on the scores (Gemma 2's attn_logit_softcapping).
+
+    Standard attention: one fused element-wise pass over the b (a/t) s_q s_k
+    materialised scores (read and write e; backward reads the gradient and the
+    capped scores and writes the gradient, 3e), which keeps the capped scores
+    (e per score) for backward; eager PyTorch runs it as three kernels
+    (divide, tanh, multiply), XLA and torch.compile fuse them.
+    Flash attention applies it inside the kernel (FlashAttention >= 2.6,
+    ``softcap``) to the b (a/t) s_q k / 2 scores it computes (k =
+    ``flash_keys`` or s): FLOPS_SOFTCAP vector FLOPs per score in forward and
+    twice that in backward (the scores are recomputed and the tanh
+    differentiated), assumed not to overlap the kernel's matrix work; no bytes.
+    Zero without soft-capping. Returns (forward, backward, saved bytes).
+    """
+    att = model.attention
+    batch = shape.b * att.heads / shape.t
+    s_q, e = shape.s / shape.cp, shape.e
+    scores = batch * s_q * shape.s
+    if not model.attn_logit_softcap:
+        return zero_time(np.shape(scores)), zero_time(np.shape(scores)), np.zeros(np.shape(scores))
+    std_f, std_b = _pointwise(scores, 2 * e, 3 * e, FLOPS_SOFTCAP, dev)
+    computed = batch * s_q * (shape.s if flash_keys is None else flash_keys) / 2.0
+    flash_math = computed * FLOPS_SOFTCAP / dev.vector
+    flash, zero = shape.flash, np.zeros(np.shape(scores))
+    fwd = KernelTime(np.where(flash, flash_math, std_f.math), np.where(flash, zero, std_f.memory))
+    bwd = KernelTime(np.where(flash, 2.0 * flash_math, std_b.math), np.where(flash, zero, std_b.memory))
+    return fwd, bwd, np.where(flash, zero, scores * e)
+
+
+def _attention_core_layers(model: Transformer, shape: LayerShape, dev: Device):
+    """The attention core (with soft-capping) of the average layer [s, s, bytes].
+
+    Layers with a sliding window (share f_w = ``window_fraction``) run the core
+    with k = ``causal_window_keys(s, w)``, the others with k = s:
+        X = (1 - f_w) X(s) + f_w X(k)   for forward, backward and saved bytes.
+    A stage sums its layers, so this is exact when its share of windowed layers
+    is the model's (Gemma 2 alternates: within one layer per stage). Only flash
+    attention skips keys outside the window; standard attention computes and
+    masks every score (Megatron-LM CoreAttention, Hugging Face eager attention).
+    """
+    def core(keys):
+        f, b, saved = _attention_core(model, shape, dev, keys)
+        cap_f, cap_b, cap_saved = _softcap_scores(model, shape, dev, keys)
+        return f + cap_f, b + cap_b, saved + cap_saved
+
+    full = core(None)
+    f_w = model.window_fraction
+    if not f_w:
+        return full
+    local = core(causal_window_keys(shape.s, model.sliding_window))
+    return (full[0].scale(1.0 - f_w) + local[0].scale(f_w), full[1].scale(1.0 - f_w) + local[1].scale(f_w),
+            (1.0 - f_w) * full[2] + f_w * local[2])
+
+
 def _attention(model: Transformer, shape: LayerShape, dev: Device):
     """Attention projections (as Projection list), RoPE and the core.
 
@@ -203,30 +279,35 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
     Q, K and V views back into the fused QKV output (a concatenation: read and
     write 2e per Q/K/V element). The TP-adjacent GEMMs are the projections
     split over TP (QKV or MLA's up projections, and the output projection).
+    Each rank holds a/t query heads and kv = ``kv_heads_per_rank(t)`` K and V
+    heads (max(k/t, 1): multi-query attention replicates its one KV head).
     Returns (_Block, core forward time, core saved bytes, K/V bytes per CP step).
     """
     h, t, e, tok = model.hidden, shape.t, shape.e, shape.tokens
     att = model.attention
+    kv = att.kv_heads_per_rank(t)
     fwd, bwd = zero_time(np.shape(tok)), zero_time(np.shape(tok))
     saved = tp_f = tp_b = 0.0
     for proj in att.projections(h):
-        n_in = proj.n_in / t if proj.shard == "in" else proj.n_in
-        n_out = proj.n_out / t if proj.shard == "out" else proj.n_out
+        share = att.tp_share(proj, t)
+        n_in = proj.n_in * share if proj.shard == "in" else proj.n_in
+        n_out = proj.n_out * share if proj.shard == "out" else proj.n_out
         f, b = _linear(tok, n_in, n_out, shape, dev)
-        fwd, bwd = fwd + f, bwd + b + _bias_grad(_bias_rows(model, shape, proj.shard), n_out, shape, dev)
+        rows = _bias_rows(model.projection_bias(proj), shape, proj.shard)
+        fwd, bwd = fwd + f, bwd + b + _bias_grad(rows, n_out, shape, dev)
         if proj.shard in ("in", "out"):
             tp_f, tp_b = tp_f + f.total, tp_b + b.total
         if proj.shard == "in" or proj.n_in != h:
             saved = saved + tok * n_in * e        # MLA up projections and the output projection's input
-    core_f, core_b, core_saved = _attention_core(model, shape, dev)
+    core_f, core_b, core_saved = _attention_core_layers(model, shape, dev)
     qkv = tok * att.heads / t * (2 * att.qk_dim + att.v_dim) if att.latent else \
-        tok * (att.heads + 2 * att.kv_heads) * att.head_dim / t
+        tok * (att.heads / t + 2 * kv) * att.head_dim
     bwd = bwd + elementwise_time(qkv, 2 * e, 0, dev)
     if model.position is PositionEmbedding.ROPE:
         rope_dim = att.latent.qk_rope_head_dim if att.latent else att.head_dim
-        rope_f, rope_b = _pointwise(tok * (att.heads + att.kv_heads) * rope_dim / t, 2 * e, 2 * e, FLOPS_ROPE, dev)
+        rope_f, rope_b = _pointwise(tok * (att.heads / t + kv) * rope_dim, 2 * e, 2 * e, FLOPS_ROPE, dev)
         fwd, bwd = fwd + rope_f, bwd + rope_b
-    kv_bytes = tok * att.kv_heads / t * (att.qk_dim + att.v_dim) * e
+    kv_bytes = tok * kv * (att.qk_dim + att.v_dim) * e
     block = _Block(fwd + core_f, bwd + core_b, saved + qkv * e + core_saved, tp_f, tp_b)
     return block, core_f, core_saved, kv_bytes
 
@@ -242,11 +323,11 @@ def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, expert
     """
     h, t, e = model.hidden, shape.t, shape.e
     up_cols = (2 * ffn if model.mlp.gated else ffn) / t
-    up_rows, down_rows = _bias_rows(model, shape, "out"), _bias_rows(model, shape, "in")
+    up_rows, down_rows = _bias_rows(model.mlp_biased, shape, "out"), _bias_rows(model.mlp_biased, shape, "in")
     if routed:
-        up_rows = down_rows = tokens if model.bias else 0.0
+        up_rows = down_rows = tokens if model.mlp_biased else 0.0
     up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts)
-    act_flops = FLOPS_SWIGLU if model.mlp.gated else FLOPS_GELU
+    act_flops = {MLPKind.SWIGLU: FLOPS_SWIGLU, MLPKind.GEGLU: FLOPS_GEGLU}.get(model.mlp.kind, FLOPS_GELU)
     act_in = 2 if model.mlp.gated else 1
     act_f, act_b = _pointwise(experts * tokens * ffn / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
     down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts)
@@ -283,8 +364,29 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     return block, tok / t * moe.top_k * shape.imbalance * h * e
 
 
+def _tp_messages(model: Transformer, shape: LayerShape):
+    """TP all-reduces of b s h e bytes per layer in forward and in backward (all-reduce equivalents).
+
+    From Megatron-LM's f and g operators (``Transformer.tp_operators``): without
+    SP, forward all-reduces at each g and backward at each f; with SP each f is
+    an all-gather (forward) / reduce-scatter (backward) and each g a
+    reduce-scatter / all-gather, half an all-reduce each, so both passes move
+    (f + g) / 2. Sequential blocks: 2 and 2; parallel residual with one norm:
+    1 and 1; with a norm per branch (GPT-NeoX): 1 and 2 (1.5 and 1.5 with SP).
+    """
+    f_ops, g_ops = model.tp_operators
+    sp_pass = (f_ops + g_ops) / 2.0
+    return np.where(shape.sp, sp_pass, float(g_ops)), np.where(shape.sp, sp_pass, float(f_ops))
+
+
 def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bool = False) -> LayerCost:
-    """Decompose one layer (dense, or MoE when ``moe_layer``); see the module docstring."""
+    """Decompose one layer (dense, or MoE when ``moe_layer``); see the module docstring.
+
+    norms_per_layer norms run in each pass. Saved for backward: the input of
+    every norm (with parallel residual all norms read the layer input, kept
+    once) and the inputs of the attention and MLP blocks (one tensor when a
+    parallel layer's single norm feeds both).
+    """
     h, e, tok = model.hidden, shape.e, shape.tokens
     ntok = shape.norm_tokens
     dropout = model.dropout
@@ -297,18 +399,22 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
         mlp, a2a = _moe(model, shape, dev)
     else:
         mlp, a2a = _ffn(tok, model.mlp.ffn, model, shape, dev), 0.0
-    forward = norm_f.scale(2) + att.forward + resid_f.scale(2) + mlp.forward
-    backward = norm_b.scale(2) + att.backward + resid_b.scale(2) + mlp.backward
+    norms = model.norms_per_layer
+    forward = norm_f.scale(norms) + att.forward + resid_f.scale(2) + mlp.forward
+    backward = norm_b.scale(norms) + att.backward + resid_b.scale(2) + mlp.backward
 
     # Saved activations (bytes), Korthikanti et al. 2022 Sec. 4.1 accounting:
-    norm_in = 2 * ntok * h * e                              # inputs of the two norms
-    gemm_in = 2 * ntok * h * e                              # attention and MLP inputs (SP: sharded, re-gathered)
+    norm_inputs = 1 if model.parallel_residual else norms
+    block_inputs = 1 if model.parallel_residual and norms == 1 else 2
+    norm_in = norm_inputs * ntok * h * e                    # inputs of the norms (two pre-norms: 2)
+    gemm_in = block_inputs * ntok * h * e                   # attention and MLP inputs (SP: sharded, re-gathered)
     masks = 2 * ntok * h * MASK_BYTES if dropout else 0.0   # two residual dropout masks
     saved = norm_in + gemm_in + att.saved + masks + mlp.saved
+    tp_fwd, tp_bwd = _tp_messages(model, shape)
     return LayerCost(
         forward=forward, backward=backward, attention_core=core_f,
         saved_bytes=saved, attention_core_bytes=np.where(shape.flash, 0.0, core_saved),
-        input_bytes=ntok * h * e, tp_messages=2, tp_message_bytes=tok * h * e,
+        input_bytes=ntok * h * e, tp_messages=tp_fwd, tp_messages_backward=tp_bwd, tp_message_bytes=tok * h * e,
         moe=bool(moe_layer and model.moe), a2a_bytes=a2a, cp_kv_bytes=kv_bytes,
         tp_gemm_forward=att.tp_gemm_forward + mlp.tp_gemm_forward,
         tp_gemm_backward=att.tp_gemm_backward + mlp.tp_gemm_backward,

@@ -15,7 +15,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_time
-from comet_dse.cost.layer import FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
+from comet_dse.cost.layer import FLOPS_SOFTCAP, FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import MICROBATCH_KNOBS, AttentionKernel, CpAlgorithm, Recompute, StrategyArrays
@@ -91,7 +91,8 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     """One layer, one micro-batch: kernel times by phase plus exposed in-layer communication.
 
     TP: 2 all-reduces in forward and 2 in backward (Megatron f/g operators); with
-    SP each is an all-gather plus a reduce-scatter of the same volume. With
+    SP each is an all-gather plus a reduce-scatter of the same volume. A
+    parallel-residual layer has fewer (LayerCost.tp_messages, tp_messages_backward). With
     tp_overlap each collective is cut into t chunks pipelined with the GEMMs
     next to it: per pass, exposed = max(T_comm - T_gemm, T_comm / t), the
     first (or last) chunk having nothing to hide behind.
@@ -110,9 +111,10 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     dims, spans = ctx.dims, ctx.spans
     full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
     all_gather = st.uses(CpAlgorithm.ALL_GATHER)
-    tp_pass = layer.tp_messages * coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
+    tp_message = coll.all_reduce_time(layer.tp_message_bytes, dims, spans["tp"])
+    tp_pass, tp_back = layer.tp_messages * tp_message, layer.tp_messages_backward * tp_message
     tp_fwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_forward, st.tp), tp_pass)
-    tp_bwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_backward, st.tp), tp_pass)
+    tp_bwd = np.where(st.tp_overlap, _pipelined(tp_back, layer.tp_gemm_backward, st.tp), tp_back)
     ep_pass = expert_exchange_time(model, layer, ctx, st) if layer.moe else 0.0
     ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
     ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
@@ -198,6 +200,8 @@ def embedding_and_head(model: Transformer, ctx: Context):
     exponentiates (8), sums (4) and divides by the sum (8), keeping the
     softmax for backward: e + 36 bytes per logit; backward scales the softmax
     by the loss gradient (8) and casts it to 16 bits (read 4, write e): 12 + e.
+    Final logit soft-capping (Gemma 2): one fused element-wise pass c tanh(z/c)
+    over the logits before the loss, 2e bytes per logit forward and 3e backward.
     """
     shape, dev, dims, tp_spans = ctx.shape, ctx.dev, ctx.dims, ctx.spans["tp"]
     tok, h, e, t = shape.tokens, model.hidden, shape.e, shape.t
@@ -215,6 +219,9 @@ def embedding_and_head(model: Transformer, ctx: Context):
     gemm_b = gemm_time(1, tok, h, vocab, e, dev16) + gemm_time(1, h, vocab, tok, e, dev16)
     loss_f = elementwise_time(tok * vocab, e + 9 * FP32, 5, dev)
     loss_b = elementwise_time(tok * vocab, 3 * FP32 + e, 2, dev)
+    if model.final_logit_softcap:     # c tanh(z / c) on the 16-bit logits, one fused pass (docs/model.md)
+        loss_f = loss_f + elementwise_time(tok * vocab, 2 * e, FLOPS_SOFTCAP, dev)
+        loss_b = loss_b + elementwise_time(tok * vocab, 3 * e, 2 * FLOPS_SOFTCAP, dev)
     # Input of the column-parallel head: gathered (SP) or all-reduced in backward (no SP).
     head_input_bwd = np.where(shape.sp, coll.all_gather_time(tok * h * e, dims, tp_spans),
                               coll.all_reduce_time(tok * h * e, dims, tp_spans))

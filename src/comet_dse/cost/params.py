@@ -37,11 +37,11 @@ class StageParams:
 
 def attention_params_per_device(model: Transformer, t):
     """Attention weights on one TP rank: split projections / t, replicated ones (MLA down projections) whole,
-    plus MLA's latent norms (replicated)."""
+    plus MLA's latent norms (replicated); a QKV projection with fewer KV heads than ranks keeps a whole
+    K and V head on each (Attention.tp_share)."""
     total = 0.0
     for proj in model.attention.projections(model.hidden):
-        size = proj.params(model.bias)
-        total = total + (size / t if proj.shard != "none" else size)
+        total = total + model.projection_params(proj) * model.attention.tp_share(proj, t)
     return total + model.attention.latent_norm_params()
 
 
@@ -103,7 +103,7 @@ def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
     and p > 1.
     """
     t, p, ep = st.tp, st.pp, st.ep
-    norms = 2 * model.norm_params()
+    norms = model.layer_norm_params()
     attn = attention_params_per_device(model, t)
     dense_layer = attn + model.mlp_params() / t + norms
     moe_shared = moe_expert = 0.0

@@ -5,13 +5,16 @@ mixture-of-experts MLPs, latent attention — are new part types rather than a
 reshaped spec.
 
 Symbols used across the cost model (see docs/model.md):
-    L layers, h hidden size, a attention heads, k KV heads, d = h/a head dim,
-    f FFN size, V vocabulary, s sequence length.
+    L layers, h hidden size, a attention heads, k KV heads, d = h/a head dim
+    (unless given), f FFN size, V vocabulary, s sequence length, w sliding
+    window (tokens).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+
+import numpy as np
 
 from comet_dse.errors import InputError
 
@@ -23,6 +26,8 @@ class MLPKind(str, Enum):
     """Two GEMMs, h -> f -> h, with a GELU between (GPT, Megatron)."""
     SWIGLU = "swiglu"
     """Gated: three GEMMs (gate and up h -> f, down f -> h), SiLU(gate) * up (Llama)."""
+    GEGLU = "geglu"
+    """Gated like SwiGLU, with GELU(gate) * up (Gemma, Gemma 2: GemmaMLP)."""
 
 
 class Norm(str, Enum):
@@ -98,6 +103,30 @@ class Attention:
         """Per-head dimension of values (and of the attention output)."""
         return self.latent.v_head_dim if self.latent else self.head_dim
 
+    def kv_heads_per_rank(self, t):
+        """KV heads one of t tensor-parallel ranks holds: k/t, or one whole (replicated) head when k < t.
+
+        With fewer KV heads than ranks (multi-query attention: k = 1) each rank
+        keeps a copy of the K and V head its query heads read, as vLLM's
+        QKVParallelLinear does (num_kv_head_replicas = t/k); Megatron-Core
+        instead requires t to divide k. Works on arrays of t.
+        """
+        return np.maximum(self.kv_heads / np.asarray(t, dtype=float), 1.0)
+
+    def tp_share(self, proj: "Projection", t):
+        """Fraction of a projection's weights and outputs one of t TP ranks holds [-].
+
+        1/t for a split projection, 1 for a replicated one; the fused QKV
+        projection holds a/t query heads and ``kv_heads_per_rank`` K and V heads:
+        (a/t + 2 max(k/t, 1)) / (a + 2k), which is 1/t when t divides k.
+        """
+        if proj.shard == "none":
+            return 1.0
+        if proj.name == "qkv":
+            a, k = self.heads, self.kv_heads
+            return (a / np.asarray(t, dtype=float) + 2.0 * self.kv_heads_per_rank(t)) / (a + 2 * k)
+        return 1.0 / np.asarray(t, dtype=float)
+
     def latent_norm_params(self) -> int:
         """MLA's norms on the compressed query and KV (q_lora_rank + kv_lora_rank; 0 without MLA)."""
         lat = self.latent
@@ -132,7 +161,8 @@ class MLP:
 
     @property
     def gated(self) -> bool:
-        return self.kind is MLPKind.SWIGLU
+        """Three GEMMs (gate, up, down) instead of two."""
+        return self.kind in (MLPKind.SWIGLU, MLPKind.GEGLU)
 
 
 @dataclass(frozen=True)
@@ -165,7 +195,22 @@ class MoE:
 
 @dataclass(frozen=True)
 class Transformer:
-    """A decoder-only transformer (pre-LayerNorm), sizes in elements."""
+    """A decoder-only transformer (pre-LayerNorm), sizes in elements.
+
+    Architecture variants (docs/model.md, "Architecture variants"):
+    parallel_residual: attention and MLP read the same normalised input and
+      their outputs are summed (GPT-J, GPT-NeoX, Falcon);
+    norms_per_layer: 2 (pre-norms); 4 adds a norm on each block's output
+      (Gemma 2); with parallel_residual 1 (one shared norm) or 2 (one per
+      branch, both on the layer input: GPT-NeoX);
+    qkv_bias, mlp_bias: biases of the Q/K/V projections and of the MLP
+      (None: as ``bias``, which also sets the output projection's);
+    sliding_window, window_layers: attention of the listed layers (0-based;
+      None: every layer) looks back at most sliding_window tokens;
+    attn_logit_softcap, final_logit_softcap: c tanh(x / c) on the attention
+      scores and on the output logits (Gemma 2);
+    unmodelled: config keys that were read but are not modelled (the CLI notes them).
+    """
 
     name: str
     layers: int
@@ -180,6 +225,15 @@ class Transformer:
     bias: bool = True
     norm: Norm = Norm.LAYERNORM
     moe: MoE | None = None
+    parallel_residual: bool = False
+    norms_per_layer: int = 2
+    qkv_bias: bool | None = None
+    mlp_bias: bool | None = None
+    sliding_window: int | None = None
+    window_layers: tuple | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    unmodelled: tuple = field(default=(), compare=False, hash=False)
     source: str = ""
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
@@ -207,19 +261,98 @@ class Transformer:
             if not 1 <= self.moe.groups_per_token <= groups:
                 raise InputError("model.moe.groups_per_token",
                                  f"must be in [1, expert_groups={groups}], got {self.moe.groups_per_token}")
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        """Norm count, window and soft-cap values that the cost model can read."""
+        allowed = (1, 2) if self.parallel_residual else (2, 4)
+        if self.norms_per_layer not in allowed:
+            kind = "with parallel_residual" if self.parallel_residual else "without parallel_residual"
+            raise InputError("model.norms_per_layer",
+                             f"must be {' or '.join(map(str, allowed))} {kind}, got {self.norms_per_layer!r}")
+        if self.sliding_window is not None:
+            _require_positive("model.sliding_window", self.sliding_window)
+        if self.window_layers is not None:
+            if self.sliding_window is None:
+                raise InputError("model.window_layers", "needs sliding_window")
+            layers = self.window_layers
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers for i in layers) \
+                    or list(layers) != sorted(set(layers)):
+                raise InputError("model.window_layers",
+                                 f"must be increasing layer indices in [0, {self.layers}), got {list(layers)!r}")
+        for name in ("attn_logit_softcap", "final_logit_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+                raise InputError(f"model.{name}", f"must be a positive number, got {cap!r}")
+
+    # --- architecture variants ------------------------------------------------------
+    @property
+    def qkv_biased(self) -> bool:
+        """Biases on the projections that produce Q, K and V (Qwen2: only these)."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def mlp_biased(self) -> bool:
+        """Biases on the MLP (and expert) linear layers."""
+        return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    def projection_bias(self, proj: Projection) -> bool:
+        """Whether an attention projection has a bias: the output projection follows ``bias``, the others ``qkv_biased``."""
+        return self.bias if proj.name == "out" else self.qkv_biased
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers whose attention is limited to the sliding window (0 without one)."""
+        if self.sliding_window is None:
+            return 0
+        return self.layers if self.window_layers is None else len(self.window_layers)
+
+    @property
+    def window_fraction(self) -> float:
+        """Share of the layers with a sliding window [-] (0 without a window, 1 when every layer has it)."""
+        return self.windowed_layers / self.layers
+
+    def keys_per_query(self) -> float:
+        """Keys each query attends to, averaged over the layers, causality ignored [tokens]:
+        (1 - f_w) s + f_w min(s, w), f_w = ``window_fraction``. Equal to s without a window."""
+        if not self.windowed_layers:
+            return float(self.seq_len)
+        f_w = self.window_fraction
+        return (1.0 - f_w) * self.seq_len + f_w * min(self.seq_len, self.sliding_window)
+
+    @property
+    def tp_operators(self) -> tuple:
+        """Megatron-LM's tensor-parallel operators per layer: (f, g).
+
+        f (identity forward, all-reduce backward) sits before each column-parallel
+        input, g (all-reduce forward, identity backward) after each row-parallel
+        output (Shoeybi et al. 2019, Fig. 3). Sequential blocks: f = g = 2.
+        Parallel residual: one g for the summed branch outputs (GPT-NeoX's
+        row-parallel layers with parallel_output, mesh-transformer-jax's g_psum);
+        f = 1 with one shared norm (mesh-transformer-jax's f_psum ahead of it),
+        f = 2 with a norm per branch (GPT-NeoX: each column-parallel layer's
+        copy_to_model_parallel_region).
+        """
+        if not self.parallel_residual:
+            return 2, 2
+        return (1, 1) if self.norms_per_layer == 1 else (2, 1)
 
     # --- parameter counts (elements), formulas in docs/model.md -------------------
+    def projection_params(self, proj: Projection) -> int:
+        """One attention projection: weights n_in * n_out plus n_out biases when it has them (``projection_bias``)."""
+        return proj.params(self.projection_bias(proj))
+
     def attention_params(self) -> int:
         """Attention projections (MHA/GQA: h*(a+2k)*d + a*d*h), biases when used, MLA's two norms."""
         projections = self.attention.projections(self.hidden)
-        return sum(p.params(self.bias) for p in projections) + self.attention.latent_norm_params()
+        return sum(self.projection_params(p) for p in projections) + self.attention.latent_norm_params()
 
     def ffn_params(self, ffn: int) -> int:
         """One feed-forward block of size f. GELU: 2*h*f (+ f + h biases); SwiGLU: 3*h*f (+ 2f + h)."""
         h = self.hidden
         if self.mlp.gated:
-            return 3 * h * ffn + (2 * ffn + h if self.bias else 0)
-        return 2 * h * ffn + (ffn + h if self.bias else 0)
+            return 3 * h * ffn + (2 * ffn + h if self.mlp_biased else 0)
+        return 2 * h * ffn + (ffn + h if self.mlp_biased else 0)
 
     def mlp_params(self) -> int:
         """The dense MLP of a non-MoE layer."""
@@ -236,6 +369,10 @@ class Transformer:
         """One norm layer: 2h for LayerNorm (scale, bias), h for RMSNorm."""
         return (2 if self.norm is Norm.LAYERNORM else 1) * self.hidden
 
+    def layer_norm_params(self) -> int:
+        """The norms of one layer: norms_per_layer x ``norm_params``."""
+        return self.norms_per_layer * self.norm_params()
+
     @property
     def moe_layers(self) -> int:
         """Layers with a MoE block (0 for a dense model)."""
@@ -246,12 +383,12 @@ class Transformer:
         return self.layers - self.moe_layers
 
     def layer_params(self) -> int:
-        """One dense transformer layer: attention + MLP + two norms."""
-        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+        """One dense transformer layer: attention + MLP + its norms."""
+        return self.attention_params() + self.mlp_params() + self.layer_norm_params()
 
     def moe_layer_params(self, active: bool = False) -> int:
-        """One MoE transformer layer: attention + MoE block + two norms."""
-        return self.attention_params() + self.moe_params(active) + 2 * self.norm_params()
+        """One MoE transformer layer: attention + MoE block + its norms."""
+        return self.attention_params() + self.moe_params(active) + self.layer_norm_params()
 
     def embedding_params(self) -> int:
         """Token table V*h, plus a learned position table s*h when used."""
