@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="re-predict published measurements and report the error")
     val.add_argument("--data", default=None, help="folder with the validation CSVs (default: ../shared/validation or packaged copy)")
-    val.add_argument("--cluster", default="dgx-a100-80gb", help="cluster preset used for every row (default dgx-a100-80gb)")
+    val.add_argument("--cluster", default="dgx-a100-80gb",
+                     help="cluster preset for the A100 datasets (default dgx-a100-80gb); h100_public uses dgx-h100")
     val.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -190,12 +191,22 @@ def _space_from(args):
 SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel"}
 
 
+def _note_unmodelled(model) -> None:
+    """One stderr line naming the config.json keys that were read but are not modelled (model/load.py)."""
+    from comet_dse.model.load import unmodelled_note
+
+    note = unmodelled_note(model)
+    if note:
+        print(note, file=sys.stderr)
+
+
 def cmd_estimate(args) -> int:
     from comet_dse.estimate import estimate
     from comet_dse.presets import load_cluster, load_model
     from comet_dse.report_text import render_estimate
 
     model = load_model(args.model)
+    _note_unmodelled(model)
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
     cluster = load_cluster(args.cluster)
@@ -224,6 +235,7 @@ def cmd_search(args) -> int:
     from comet_dse.report_text import render_estimate, render_search
 
     model = load_model(args.model)
+    _note_unmodelled(model)
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
     cluster = load_cluster(args.cluster)
