@@ -99,6 +99,16 @@ class PipelineSplit(Choice):
     --account-for-loss-in-pipeline-split; Llama 3 405B: 126 + 2 = 16 stages x 8 chunks)."""
 
 
+class PipelineEngine(Choice):
+    """Which pipeline engine moves activations between stages."""
+
+    MEGATRON = "megatron"
+    """Megatron-LM: each TP rank sends 1/t of the activation and the next stage all-gathers it over TP
+    (scatter-gather optimisation, Narayanan et al. 2021, Sec. 4.1); with SP the slices are what it needs."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed's pipeline engine: every TP rank sends the whole activation (Smith et al. 2022, MT-NLG)."""
+
+
 class AttentionKernel(Choice):
     """Which fused attention kernel runs with flash attention (its rates: the accelerator's attention_efficiency)."""
 
@@ -328,6 +338,10 @@ class Strategy:
         PipelineSplit.BALANCED, "how layers are split over pipeline stages: balanced, or embedding-loss (the "
         "embedding and the loss each take a layer's slot, as Megatron-LM's account-for-embedding/loss)",
         applies=lambda s: s.pp > 1, label=lambda v: f"pipeline split {v.value}", short="split")
+    pipeline_engine: PipelineEngine = knob(
+        PipelineEngine.MEGATRON, "what moves activations between pipeline stages: megatron (each TP rank "
+        "sends 1/t, then a TP all-gather) or deepspeed (every TP rank sends the whole activation)",
+        applies=lambda s: s.pp > 1, label=lambda v: f"{v.value} pipeline engine", short="engine")
     pp_overlap: bool = knob(False, "overlap pipeline send/recv with the next chunk's compute (interleaved "
                             "schedule; Megatron-LM --overlap-p2p-communication)",
                             applies=lambda s: (s.pp > 1) & (s.interleave > 1),

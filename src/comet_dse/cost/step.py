@@ -29,7 +29,7 @@ from comet_dse.cost.params import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import Dtype, GradAccumulation, Recompute, StrategyArrays, Zero
+from comet_dse.strategy import Dtype, GradAccumulation, PipelineEngine, Recompute, StrategyArrays, Zero
 
 FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
 
@@ -122,7 +122,9 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), dev)
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, accumulate.total)
 
-    p2p = _pipeline_p2p(st, ctx, stage, terms["regather"], b * s / st.cp * h * e / t)
+    whole = st.uses(PipelineEngine.DEEPSPEED)   # every TP rank sends the whole activation, nothing to gather
+    p2p = _pipeline_p2p(st, ctx, stage, np.where(whole, 0.0, terms["regather"]),
+                        b * s / st.cp * h * e / np.where(whole, 1.0, t))
 
     stage_mb = _total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
@@ -184,7 +186,8 @@ def _pipeline_p2p(st: StrategyArrays, ctx, stage: dict, regather, nbytes):
     A micro-batch crosses v chunk boundaries in forward and v in backward:
     2v transfers of b s h e / (cp t) bytes (Megatron-LM's scatter-gather
     optimisation: each TP rank sends 1/t of the activation), each followed,
-    without sequence parallelism, by a TP all-gather (``regather``).
+    without sequence parallelism, by a TP all-gather (``regather``); with
+    DeepSpeed's pipeline engine b s h e / cp bytes and no all-gather.
     Without pp_overlap all of it is exposed. With pp_overlap (interleaved
     schedule, Megatron-LM --overlap-p2p-communication) a transfer runs while
     the next chunk computes: exposed = v (max(0, t_sr - T_f/v) + max(0, t_sr
