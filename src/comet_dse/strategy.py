@@ -349,7 +349,7 @@ class Strategy:
                             short="ppo")
     reshard_after_forward: bool = knob(
         True, "ZeRO 3 / FSDP: free each layer's gathered weights after forward and gather them again in "
-        "backward (FSDP FULL_SHARD); off keeps them until backward (SHARD_GRAD_OP)",
+        "backward (FSDP FULL_SHARD); off keeps them until backward (SHARD_GRAD_OP)", search=(True, False),
         applies=lambda s: (s.zero >= Zero.PARAMETERS) & (s.dp * s.cp > 1),
         label=lambda v: "weights resharded after forward" if v else "weights kept gathered until backward",
         short="reshard")
