@@ -120,3 +120,30 @@ def test_a_strategy_that_breaks_a_rule_has_no_step_time_in_json():
     big = estimate(load_model("gpt3-175b"), h100, 8, Strategy(tp=8, global_batch=8))
     assert big.broken_rules == ["memory"] and big.to_dict()["step_time_s"] > 0
     assert estimate(model, h100, 8, Strategy(tp=8, global_batch=8)).to_dict()["mfu"] > 0
+
+
+def test_matmul_efficiency_per_dtype(tmp_path):
+    """A preset may give the GEMM efficiency per dtype: fp8 GEMMs then run at their own figure."""
+    from comet_dse.errors import InputError
+    from comet_dse.hardware.load import cluster_from
+    import yaml
+
+    h100 = load_cluster("dgx-h100")
+    assert h100.accelerator.matmul_efficiencies()["fp8"] == pytest.approx(0.779)
+    assert h100.accelerator.matmul_efficiencies()["bf16"] == pytest.approx(0.801)
+    model = load_model("gpt3-175b")
+    st = Strategy(tp=8, pp=8, dp=1, global_batch=64, dtype="fp8", recompute=Recompute.FULL)
+    same = dc.replace(h100, accelerator=dc.replace(h100.accelerator, matmul_efficiency_by_dtype={}))
+    slower_fp8 = estimate(model, h100, 64, st).breakdown_s["compute"]
+    assert slower_fp8 > estimate(model, same, 64, st).breakdown_s["compute"]
+    bf16 = Strategy(tp=8, pp=8, dp=1, global_batch=64, recompute=Recompute.FULL)
+    assert estimate(model, h100, 64, bf16).step_time_s == estimate(model, same, 64, bf16).step_time_s
+    from importlib import resources
+
+    data = yaml.safe_load(resources.files("comet_dse").joinpath("presets", "clusters", "dgx-h100.yaml").read_text())
+    data["accelerator"]["matmul_efficiency"] = {"fp8": 0.7}
+    with pytest.raises(InputError, match="matmul_efficiency: needs a bf16 or fp16 figure"):
+        cluster_from(data)
+    data["accelerator"]["matmul_efficiency"] = {"bf16": 0.8, "fp9": 0.7}
+    with pytest.raises(InputError, match="fp9: unknown field"):
+        cluster_from(data)

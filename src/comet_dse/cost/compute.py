@@ -22,9 +22,9 @@ class Device:
     the largest matmul tile (for wave/tile quantisation); pipeline_overhead:
     non-overlapped main-loop iterations per tile; sram_cap, sram_bw:
     on-chip memory; hbm_bw: achievable off-chip bandwidth; vector: FLOP/s of
-    the vector units; overhead: seconds per kernel; peak16: 16-bit matrix
-    FLOP/s (what kernels outside fp8 run at in fp8 training: attention, LM
-    head); attn_fwd, attn_bwd: long-sequence fraction of peak16 the fused
+    the vector units; overhead: seconds per kernel; peak16, matmul_eff16:
+    16-bit matrix FLOP/s and its GEMM efficiency (what kernels outside fp8 run
+    at in fp8 training: attention, LM head); attn_fwd, attn_bwd: long-sequence fraction of peak16 the fused
     attention kernel sustains in forward and backward.
     """
 
@@ -41,6 +41,7 @@ class Device:
     vector: object
     overhead: object
     peak16: object = None
+    matmul_eff16: object = None
     attn_fwd: object = None
     attn_bwd: object = None
 
@@ -48,7 +49,7 @@ class Device:
         """The same device with the 16-bit peak as its matrix rate (GEMMs that fp8 training leaves in bf16)."""
         from dataclasses import replace
 
-        return replace(self, peak=self.peak16)
+        return replace(self, peak=self.peak16, matmul_eff=self.matmul_eff16)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
     rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
     table = np.array([rates.get(k.value, (np.nan, np.nan)) for k in AttentionKernel], dtype=float)
     return Device(
-        peak=st.dtype_table(acc.peak_flops), matmul_eff=acc.matmul_efficiency, units=acc.compute_units,
+        peak=st.dtype_table(acc.peak_flops), matmul_eff=st.dtype_table(acc.matmul_efficiencies()),
+        matmul_eff16=acc.matmul_efficiency, units=acc.compute_units,
         tile_m=acc.matmul_tile[0], tile_n=acc.matmul_tile[1], tile_k=acc.matmul_tile[2],
         pipeline_overhead=acc.matmul_pipeline_overhead,
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,

@@ -55,7 +55,8 @@ def accelerator_from(fields: Fields) -> Accelerator:
     accelerator = Accelerator(
         name=fields.text("name"),
         peak_flops=peak_flops,
-        matmul_efficiency=fields.fraction("matmul_efficiency"),
+        matmul_efficiency=_matmul_efficiency(fields, peak_flops)[0],
+        matmul_efficiency_by_dtype=_matmul_efficiency(fields, peak_flops)[1],
         compute_units=fields.integer("compute_units"),
         matmul_tile=tuple(tile),
         matmul_pipeline_overhead=float(overhead),
@@ -69,6 +70,22 @@ def accelerator_from(fields: Fields) -> Accelerator:
     memory.reject_unknown(("source",))
     fields.reject_unknown(("source",))
     return accelerator
+
+
+def _matmul_efficiency(fields: Fields, peak_flops: dict) -> tuple:
+    """`matmul_efficiency: 0.8` or `{bf16: 0.801, fp8: 0.779}` -> (16-bit figure, {dtype: figure})."""
+    if not isinstance(fields.raw("matmul_efficiency"), dict):
+        return fields.fraction("matmul_efficiency"), {}
+    per = fields.sub("matmul_efficiency")
+    out = {dtype: per.fraction(dtype) for dtype in DTYPES if per.has(dtype)}
+    per.reject_unknown(("source",))
+    sixteen = out.get("bf16", out.get("fp16"))
+    if sixteen is None:
+        raise InputError(per.prefix, "needs a bf16 or fp16 figure (the default for the other dtypes)")
+    missing = sorted(set(out) - set(peak_flops))
+    if missing:
+        raise InputError(per.name(missing[0]), f"has no peak_flops entry; the device has {', '.join(sorted(peak_flops))}")
+    return sixteen, out
 
 
 def _attention_efficiency(fields: Fields) -> dict:

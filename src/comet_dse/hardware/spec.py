@@ -59,6 +59,7 @@ class Accelerator:
     matmul_efficiency: fraction of peak the GEMM main loop sustains (a published
       microbenchmark; the shape-dependent losses on top of it are modelled in
       cost/compute.py from compute_units, matmul_tile and matmul_pipeline_overhead).
+      The 16-bit figure; matmul_efficiency_by_dtype: other dtypes' where measured.
     matmul_tile: (m, n, k) of the largest GEMM thread-block tile.
     matmul_pipeline_overhead: main-loop iterations' worth of non-overlapped
       prologue and epilogue per output tile.
@@ -82,6 +83,11 @@ class Accelerator:
     vector_flops: float = 0.0
     kernel_overhead: float = 0.0
     attention_efficiency: dict = field(default_factory=dict)
+    matmul_efficiency_by_dtype: dict = field(default_factory=dict)
+
+    def matmul_efficiencies(self) -> dict:
+        """dtype -> GEMM main-loop efficiency: the per-dtype figure where the preset gives one, else matmul_efficiency."""
+        return {dtype: self.matmul_efficiency_by_dtype.get(dtype, self.matmul_efficiency) for dtype in self.peak_flops}
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; an error names the dtypes the device has."""
