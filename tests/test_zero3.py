@@ -92,3 +92,24 @@ def test_zero3_more_flops_never_slower(tp, cp, reshard, rc, overlap, factor):
                   sequence_parallel=tp > 1, tp_overlap=overlap, flash_attention=True, reshard_after_forward=reshard)
     base = estimate(LLAMA8, A100, 64, st).step_time_s
     assert estimate(LLAMA8, _scaled(A100, factor), 64, st).step_time_s <= base * (1 + 1e-12)
+
+
+def test_hybrid_sharding_shards_inside_a_node_and_all_reduces_across_nodes():
+    """FSDP HYBRID_SHARD / ZeRO 1 over 512 H100s (64 nodes of 8), no overlap, by hand:
+    reduce-scatter of the gradients inside the node, all-reduce of each 1/8 shard across the 64 nodes,
+    all-gather of the 16-bit weights inside the node; optimizer state divided by 8, not 512."""
+    h100 = load_cluster("dgx-h100")
+    model = load_model("llama3-8b")
+    st = Strategy(dp=512, zero=1, global_batch=512, recompute=Recompute.FULL, flash_attention=True,
+                  hybrid_shard=True, dp_overlap=False)
+    e = estimate(model, h100, 512, st)
+    flat = estimate(model, h100, 512, dc.replace(st, hybrid_shard=False))
+    params = model.total_params()
+    nvlink, ib = h100.network
+    rs = 7 / 8 * 4.0 * params / nvlink.device_bandwidth + 7 * nvlink.latency
+    ag = 7 / 8 * 2.0 * params / nvlink.device_bandwidth + 7 * nvlink.latency
+    tree = min(63, 2 * 6)                       # NCCL's all-reduce takes the tree's latency at 64 ranks
+    across = 2 * (63 / 64 * 4.0 * params / 8 / ib.device_bandwidth + tree * ib.latency)
+    assert e.breakdown_s["dp_communication"] == pytest.approx(rs + ag + across, rel=1e-9)
+    assert e.memory_bytes["optimizer"] == pytest.approx(12.0 * params / 8, rel=1e-6)
+    assert flat.memory_bytes["optimizer"] == pytest.approx(12.0 * params / 512, rel=1e-6)

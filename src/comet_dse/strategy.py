@@ -353,6 +353,11 @@ class Strategy:
         applies=lambda s: (s.zero >= Zero.PARAMETERS) & (s.dp * s.cp > 1),
         label=lambda v: "weights resharded after forward" if v else "weights kept gathered until backward",
         short="reshard")
+    hybrid_shard: bool = knob(
+        False, "ZeRO sharding only over the data-parallel ranks inside a node, replicated across nodes, whose "
+        "gradients are all-reduced once per step (FSDP HYBRID_SHARD)",
+        applies=lambda s: (s.zero >= Zero.OPTIMIZER) & (s.dp * s.cp > 1),
+        label=lambda v: "sharded inside a node (hybrid)" if v else "sharded over all DP ranks", short="hsdp")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",

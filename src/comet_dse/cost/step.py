@@ -131,10 +131,11 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
 
     dp_exposed = _data_parallel(model, st, ctx, stage, params, gbytes, m, np.maximum(stage_layers, 1.0))
     sharded = st.zero >= Zero.OPTIMIZER
-    opt_params = params.shared / np.where(sharded, d, 1) + params.expert / np.where(sharded, d / st.ep, 1)
+    shards = (_shard_size(st, ctx, "dp"), _shard_size(st, ctx, "edp"))
+    opt_params = params.shared / np.where(sharded, shards[0], 1) + params.expert / np.where(sharded, shards[1], 1)
     optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
 
-    memory, act_per_mb = _memory(model, st, terms, candidates, gbytes, m)
+    memory, act_per_mb = _memory(model, st, terms, candidates, gbytes, m, shards)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.hbm.capacity, exp_cap)
@@ -211,6 +212,22 @@ def _dp_groups(params: StageParams, spans: dict) -> tuple:
     return ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
 
 
+def _split_shard(st: StrategyArrays, group: list) -> tuple:
+    """(shard spans, replica spans) of a DP group: all of it and nothing, or with hybrid_shard the innermost
+    network dimension (inside a node) and the rest (across nodes)."""
+    hybrid = st.hybrid_shard
+    ones = np.ones_like(np.asarray(group[0], dtype=float))
+    shard = [group[0]] + [np.where(hybrid, ones, n) for n in group[1:]]
+    replica = [ones] + [np.where(hybrid, n, ones) for n in group[1:]]
+    return shard, replica
+
+
+def _shard_size(st: StrategyArrays, ctx, group: str):
+    """Devices a ZeRO shard is split over: the group's size, or with hybrid_shard its members inside a node."""
+    size = {"dp": st.dp, "edp": st.dp / st.ep}[group]
+    return np.where(st.hybrid_shard, np.minimum(ctx.spans[group][0], size), size)
+
+
 def _sharded_layers(st: StrategyArrays, ctx, stage: dict, params: StageParams, gbytes, units):
     """ZeRO 3 / FSDP: exposed seconds per micro-batch of gathering weights and reducing gradients layer by layer.
 
@@ -236,8 +253,9 @@ def _sharded_layers(st: StrategyArrays, ctx, stage: dict, params: StageParams, g
     dims = ctx.dims
     ag = rs = 0.0
     for count, group in _dp_groups(params, ctx.spans):
-        ag = ag + coll.all_gather_time(2.0 * count / units, dims, group)
-        rs = rs + coll.reduce_scatter_time(gbytes * count / units, dims, group)
+        shard, _ = _split_shard(st, group)
+        ag = ag + coll.all_gather_time(2.0 * count / units, dims, shard)
+        rs = rs + coll.reduce_scatter_time(gbytes * count / units, dims, shard)
     regather = np.where(st.reshard_after_forward, ag, 0.0)
     forward = ag + (units - 1.0) * np.maximum(ag - _forward_total(stage) / units, 0.0)
     backward = regather + rs + (units - 1.0) * np.maximum(regather + rs - _backward_total(stage) / units, 0.0)
@@ -267,26 +285,35 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     embedding gradient between the first and last stage.
     """
     dims, spans = ctx.dims, ctx.spans
-    reduce = gather = 0.0
+    reduce = gather = across = 0.0
     sharded = st.zero >= Zero.OPTIMIZER
     for count, group in _dp_groups(params, spans):
         grads, weights = count * gbytes, count * 2.0
-        reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, group),
+        shard, replica = _split_shard(st, group)
+        members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
+        # Hybrid sharding: the shard's gradients are all-reduced across the node replicas once per step.
+        across = across + np.where(sharded, coll.all_reduce_time(grads / members, dims, replica), 0.0)
+        reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, shard),
                                    coll.all_reduce_time(grads, dims, group))
-        gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, group), 0.0)
+        gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, shard), 0.0)
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
     hidden = (np.maximum(reduce - _backward_total(stage) * chunk_steps, 0.0)
               + np.maximum(gather - _forward_total(stage) * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, reduce + gather)
+    window = _backward_total(stage) * chunk_steps
+    across_exposed = np.where(st.dp_overlap, np.maximum(across - np.where(st.zero >= Zero.PARAMETERS, window,
+                                                                          np.maximum(window - reduce, 0.0)), 0.0),
+                              across)
     zero3 = m * _sharded_layers(st, ctx, stage, params, gbytes, units)
-    exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level), 0.0)
+    exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
+                       0.0)
     tied = model.tied_embeddings & (st.pp > 1)
     emb_bytes = model.vocab * model.hidden / st.tp * gbytes
     emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
     return exposed + emb_sync
 
 
-def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: list, gbytes, m):
+def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: list, gbytes, m, shards):
     """Bytes per device of the stage that needs the most, by part; and that stage's activations per micro-batch.
 
     Per candidate stage (cost/params.py): model states (shared weights sharded
@@ -317,9 +344,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: lis
         # ZeRO 3 holds the current and the prefetched layer gathered; without resharding after
         # forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
         keep = st.reshard_after_forward
-        shared = model_state_bytes(params.shared, st.dp, st.zero, gbytes,
+        shared = model_state_bytes(params.shared, shards[0], st.zero, gbytes,
                                    gathered=np.where(keep, 2.0 * layer, params.shared))
-        expert = model_state_bytes(params.expert, st.dp / st.ep, st.zero, gbytes,
+        expert = model_state_bytes(params.expert, shards[1], st.zero, gbytes,
                                    gathered=np.where(keep, 0.0, params.expert))
         layers = n_dense + n_moe
         per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
