@@ -47,3 +47,16 @@ def test_flash_attention_stores_no_scores(a100):
     # 5 a s^2 b bytes of scores replaced by a fp32 log-sum-exp per row (4 a s b).
     assert std.saved_bytes[0] - flash.saved_bytes[0] == pytest.approx(5 * a * s * s * b - 4 * a * s * b, rel=1e-12)
     assert flash.forward.total[0] < std.forward.total[0]
+
+
+def test_fp8_keeps_the_linear_layers_inputs_in_one_byte(a100):
+    """Transformer Engine saves the fp8 copies its GEMMs read: per token, the two block inputs (2h), the
+    output projection's input (h) and the down projection's input (4h) shrink from 2 bytes to 1."""
+    h, a, s, b = 6144, 64, 2048, 1
+    model = _gpt(h, a, s)
+    dev = device_of(a100, StrategyArrays.of([Strategy(dtype="bf16")]))
+    bf16 = layer_cost(model, _shape(b, s, 1, False), dev).saved_bytes[0]
+    fp8_shape = LayerShape(b=np.array([1.0]), s=s, t=np.array([1.0]), sp=np.array([False]),
+                           flash=np.array([False]), e=2.0, gemm_e=np.array([1.0]))
+    fp8 = layer_cost(model, fp8_shape, dev).saved_bytes[0]
+    assert bf16 - fp8 == pytest.approx(s * b * (2 * h + h + 4 * h) * 1.0, rel=1e-12)

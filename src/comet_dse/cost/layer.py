@@ -298,7 +298,7 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
         if proj.shard in ("in", "out"):
             tp_f, tp_b = tp_f + f.total, tp_b + b.total
         if proj.shard == "in" or proj.n_in != h:
-            saved = saved + tok * n_in * e        # MLA up projections and the output projection's input
+            saved = saved + tok * n_in * shape.gemm_e   # MLA up projections' and the output projection's input
     core_f, core_b, core_saved = _attention_core_layers(model, shape, dev)
     qkv = tok * att.heads / t * (2 * att.qk_dim + att.v_dim) if att.latent else \
         tok * (att.heads / t + 2 * kv) * att.head_dim
@@ -332,7 +332,7 @@ def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, expert
     act_f, act_b = _pointwise(experts * tokens * ffn / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
     down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts)
     biases = _bias_grad(up_rows, up_cols, shape, dev, experts) + _bias_grad(down_rows, h, shape, dev, experts)
-    saved = experts * tokens * ffn / t * e * (act_in + 1)
+    saved = experts * tokens * ffn / t * (e * act_in + shape.gemm_e)   # activation input; down projection's input
     adjacent = 0.0 if routed else 1.0
     return _Block(up_f + act_f + down_f, up_b + act_b + down_b + biases, saved,
                   adjacent * (up_f.total + down_f.total), adjacent * (up_b.total + down_b.total))
@@ -403,11 +403,14 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     forward = norm_f.scale(norms) + att.forward + resid_f.scale(2) + mlp.forward
     backward = norm_b.scale(norms) + att.backward + resid_b.scale(2) + mlp.backward
 
-    # Saved activations (bytes), Korthikanti et al. 2022 Sec. 4.1 accounting:
+    # Saved activations (bytes), Korthikanti et al. 2022 Sec. 4.1 accounting. In fp8 training the
+    # inputs of the linear layers are kept as the fp8 copies their GEMMs read (gemm_e = 1 byte):
+    # Transformer Engine's Linear, LayerNormLinear and LayerNormMLP save the fp8-cast input for the
+    # weight-gradient GEMM; attention's Q, K, V and the norms' inputs stay 16-bit.
     norm_inputs = 1 if model.parallel_residual else norms
     block_inputs = 1 if model.parallel_residual and norms == 1 else 2
     norm_in = norm_inputs * ntok * h * e                    # inputs of the norms (two pre-norms: 2)
-    gemm_in = block_inputs * ntok * h * e                   # attention and MLP inputs (SP: sharded, re-gathered)
+    gemm_in = block_inputs * ntok * h * shape.gemm_e        # attention and MLP inputs (SP: sharded, re-gathered)
     masks = 2 * ntok * h * MASK_BYTES if dropout else 0.0   # two residual dropout masks
     saved = norm_in + gemm_in + att.saved + masks + mlp.saved
     tp_fwd, tp_bwd = _tp_messages(model, shape)
