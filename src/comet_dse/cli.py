@@ -18,6 +18,9 @@ from comet_dse.errors import InputError
 from comet_dse.strategy import GIVEN, KNOBS
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_MAX_POINTS = 10**9       # sweep and report refuse a larger study unless --max-points says otherwise
+DRY_RUN_POINTS = 10              # design points --dry-run lists
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,6 +39,17 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _point_count(text: str) -> int:
+    """A number of design points: an integer, also written like 1e9 or 2_000_000."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of design points like 1e9, got {text!r}") from None
+    if not 1 <= value < 1e18 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole number of design points in [1, 1e18), got {text!r}")
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,12 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--top", type=_positive_int, default=5, help="strategies kept per cluster variant (default 5)")
     swp.add_argument("--no-progress", action="store_true", help="no progress bar")
     swp.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    swp.add_argument("--max-points", type=_point_count, default=DEFAULT_MAX_POINTS,
+                     help="refuse a study of more design points (default 1e9)")
+    swp.add_argument("--dry-run", action="store_true",
+                     help="print the number of design points and the first ones; evaluate and write nothing")
 
     rep = sub.add_parser("report", help="run a folder of studies and write figures and an HTML report")
     rep.add_argument("studies", nargs="?", default="studies/comet", help="folder of study files (default studies/comet)")
     rep.add_argument("--output", default="out/comet", help="report folder (default out/comet)")
     rep.add_argument("--workers", type=_positive_int, default=1, help="local worker processes (default 1)")
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    rep.add_argument("--max-points", type=_point_count, default=DEFAULT_MAX_POINTS,
+                     help="refuse a study of more design points (default 1e9)")
+    rep.add_argument("--dry-run", action="store_true",
+                     help="print each study's number of design points and first ones; evaluate and write nothing")
 
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
     pre.add_argument("--json", action="store_true", help="print JSON")
@@ -284,43 +306,64 @@ def _row_dict(columns: dict, row: int) -> dict:
 def cmd_sweep(args) -> int:
     import time
 
-    from comet_dse.explore.engine import run_study, summary_path
+    from comet_dse.explore.engine import first_points, run_study, summary_path
     from comet_dse.explore.study import describe, load_study
-    from comet_dse.report_text import render_sweep
+    from comet_dse.report_text import printable, render_dry_run, render_sweep
 
-    study = load_study(Path(args.study))
+    if args.scheduler and args.engine != "dask":
+        raise InputError("scheduler", "needs --engine dask")
+    study = load_study(Path(args.study), None if args.dry_run else args.max_points)
+    if args.dry_run:
+        print(render_dry_run(study, first_points(study, DRY_RUN_POINTS), args.max_points))
+        return 0
     output = args.output or study.output
     if not output:
         raise InputError("output", "the study names no output file; pass --output results.parquet")
-    if args.scheduler and args.engine != "dask":
-        raise InputError("scheduler", "needs --engine dask")
+
+    def announce(points: int, chunks: int, done: int) -> None:
+        resumed = f", {done:,} of them already done" if done else ""
+        sys.stderr.write(printable(f"comet-dse: {study.name}: {points:,} design points in {chunks:,} chunks"
+                                   f"{resumed}\n"))
+
     started = time.perf_counter()
     try:
         ranking = run_study(study, Path(output), engine=args.engine, workers=args.workers, scheduler=args.scheduler,
-                            resume=args.resume, progress=not args.no_progress, top_k=args.top)
+                            resume=args.resume, progress=not args.no_progress, top_k=args.top, on_start=announce)
     except KeyboardInterrupt:
-        sys.stderr.write(f"comet-dse: interrupted; finished chunks are kept in {output}.parts; "
-                         "run the same command with --resume to continue\n")
-        return 130
+        parts = Path(f"{output}.parts")
+        kept = f"finished chunks are kept in {parts}; run the same command with --resume to continue" \
+            if parts.is_dir() else "nothing was written"
+        sys.stderr.write(printable(f"comet-dse: interrupted; {kept}\n"))
+        return EXIT_INTERRUPTED
     elapsed = time.perf_counter() - started
     if args.json:
         print(json.dumps(ranking, indent=2))
         return 0
-    print(describe(study))
+    print(printable(describe(study)))
     print(render_sweep(ranking, elapsed))
     print(f"\nWrote {ranking['points']:,} rows to {output}; ranking in {summary_path(Path(output))}")
     return 0
 
 
 def cmd_report(args) -> int:
-    from comet_dse.report.build import build_report
+    from comet_dse.explore.engine import first_points
+    from comet_dse.report.build import build_report, load_folder
+    from comet_dse.report_text import printable, render_dry_run
+
+    if args.dry_run:
+        _, studies = load_folder(Path(args.studies))
+        print("\n\n".join(render_dry_run(s, first_points(s, DRY_RUN_POINTS), args.max_points) for s in studies))
+        return 0
+
+    def announce(study) -> None:
+        sys.stderr.write(printable(f"comet-dse: {study.name}: {study.points:,} design points\n"))
 
     try:
         page = build_report(Path(args.studies), Path(args.output), workers=args.workers,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, max_points=args.max_points, announce=announce)
     except KeyboardInterrupt:
         sys.stderr.write("comet-dse: interrupted; no report was written\n")
-        return 130
+        return EXIT_INTERRUPTED
     print(f"Wrote {page} (figures in {page.parent / 'figures'}, data in {page.parent / 'data'})")
     return 0
 
@@ -359,6 +402,8 @@ def cmd_presets(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    import csv
+
     from comet_dse.presets import load_cluster
     from comet_dse.report_text import render_table
     from comet_dse.validation import all_comparisons, summary, validation_dir
@@ -366,7 +411,15 @@ def cmd_validate(args) -> int:
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
         raise InputError("data", f"{directory} is not a folder")
-    comparisons = all_comparisons(load_cluster(args.cluster), directory)
+    cluster = load_cluster(args.cluster)
+    try:
+        comparisons = all_comparisons(cluster, directory)
+    except InputError:
+        raise
+    except KeyError as exc:
+        raise InputError("data", f"a CSV in {directory} lacks the column {exc.args[0]!r}") from None
+    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:     # a malformed measurement file
+        raise InputError("data", f"a CSV in {directory} holds a value that is not valid: {exc}") from None
     stats = summary(comparisons)
     if args.json:
         print(json.dumps({
@@ -396,14 +449,28 @@ def main(argv: list | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except InputError as exc:
-        sys.stderr.write(f"comet-dse: error: {exc}\n")
+        _error_line(f"comet-dse: error: {exc}")
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        sys.stderr.write("comet-dse: interrupted\n")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as Unix tools do.
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # the machine, not the input (a full disk, a vanished folder): one line, exit status 1
+        _error_line(f"comet-dse: error: {f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc}")
+        return 1
+
+
+def _error_line(text: str) -> None:
+    """``text`` as one line on stderr, without terminal control characters."""
+    from comet_dse.report_text import printable
+
+    sys.stderr.write(printable(text.replace("\n", " ")) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import yaml
 from comet_dse.errors import InputError
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import Cluster
-from comet_dse.loading import read_yaml
+from comet_dse.loading import read_json, read_yaml
 from comet_dse.model.load import transformer_from, transformer_from_hf_config
 from comet_dse.model.spec import Transformer
 
@@ -41,8 +41,9 @@ def load_model(ref: str) -> Transformer:
     if path.is_dir():
         raise InputError("model", f"{ref} is a folder; give a preset name, a model YAML or a config.json file")
     if ref.endswith(".json"):
-        if not path.is_file():
+        if not path.exists():
             raise InputError("model", f"no such file {ref}")
+        read_json(path, "model")       # a regular file, small, valid JSON, no key twice: then the HF reader
         return transformer_from_hf_config(path)
     if ref.endswith((".yaml", ".yml")):
         return transformer_from(read_yaml(path, "model"), "model")

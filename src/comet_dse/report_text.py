@@ -1,6 +1,8 @@
 """Plain-text rendering of estimates, presets and validation results for the terminal."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from comet_dse.estimate import Estimate
@@ -28,6 +30,30 @@ MEMORY_LABELS = {
 }
 
 
+# C0 and C1 control characters (ESC starts terminal escape sequences) and DEL; newline and tab stay.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` without terminal control characters: a name from a file cannot move the cursor,
+    recolour or retitle the terminal."""
+    return _CONTROL.sub("", str(text))
+
+
+def render_dry_run(study, points: list, limit: int | None) -> str:
+    """What `sweep --dry-run` prints: the study's size and its first design points (engine.first_points)."""
+    counts = sorted({n for v in study.variants for n in v.devices})
+    lines = [f"study {study.name}: {study.points:,} design points: {len(study.models)} model(s) x "
+             f"{len(study.variants)} cluster variant(s) on {', '.join(map(str, counts))} devices x strategies"]
+    if limit is not None and study.points > limit:
+        lines.append(f"above the limit of {limit:,} design points: a run would be refused (--max-points)")
+    lines += ["", f"First {len(points)} design points"]
+    rows = [[i + 1, model, devices, label, compact_text({k.name: getattr(s, k.name) for k in KNOBS})]
+            for i, (model, devices, label, s) in enumerate(points)]
+    lines.append(render_table(["#", "model", "devices", "variant", "strategy"], rows, left=(1, 3, 4)))
+    return printable("\n".join(lines))
+
+
 def _bar(fraction: float, width: int = 24) -> str:
     filled = int(round(max(0.0, min(1.0, fraction)) * width))
     return "#" * filled + "." * (width - filled)
@@ -52,7 +78,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     ]
     if not est.runnable:
         lines += ["Step time        n/a: the strategy breaks a validity rule (below), so it cannot run", ""]
-        return "\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est))
+        return printable("\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est)))
     lines += [
         f"Step time        {format_time(est.step_time_s)}",
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
@@ -66,7 +92,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     lines.append("  by phase (critical stage, bubble excluded): " + ", ".join(
         f"{k} {format_time(v)}" for k, v in est.phases_s.items()))
     lines.append("")
-    return "\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est))
+    return printable("\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est)))
 
 
 def _memory_lines(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> list:
@@ -96,7 +122,7 @@ def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:
         return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+    return printable("\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]))
 
 
 def describe_peak(flops: dict) -> str:
@@ -118,7 +144,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
                 lines.append(f"  {RULE_TEXT[code]:70s} {result.infeasible_by_rule[code]:>10,}")
     if not result.feasible:
         lines.append("No strategy is feasible.")
-        return "\n".join(lines)
+        return printable("\n".join(lines))
     shown = _search_columns(cols)
     rows = []
     for rank, i in enumerate(result.ranked[:top], start=1):
@@ -129,7 +155,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
     headers = ["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
     left = tuple(i + 1 for i, k in enumerate(shown) if issubclass(k.kind, Choice) or k.kind is bool)
     lines.append(render_table(headers, rows, left=left))
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def _search_columns(cols: dict) -> list:
@@ -169,4 +195,4 @@ def render_sweep(ranking: dict, seconds: float) -> str:
             lines.append(render_table(["model", "devices", "cluster variant", unit, "time"],
                                       [[p["model"], p["devices"], p["label"], f"{p[unit]:,.0f}", format_time(p["time_s"])]
                                        for p in front], left=(0, 2)))
-    return "\n".join(lines)
+    return printable("\n".join(lines))

@@ -13,6 +13,7 @@ Prefix rules (see docs/units.md):
 """
 from __future__ import annotations
 
+import math
 import re
 
 from comet_dse.errors import InputError
@@ -65,12 +66,12 @@ def _unit_scale(unit: str, kind: str) -> float | None:
 def parse_quantity(value: object, kind: str, field: str) -> float:
     """Convert ``value`` (a number in SI base units, or a string with a unit) to a float.
 
-    Raises InputError naming ``field`` when the value is not a number of the right kind.
+    Raises InputError naming ``field`` when the value is not a finite number of the right kind.
     """
     if isinstance(value, bool):
         raise InputError(field, f"expected a quantity like {_EXAMPLES.get(kind, 'a number')}, got {value!r}")
     if isinstance(value, (int, float)):
-        return float(value)
+        return _finite(float(value) if abs(value) < 1e300 else math.inf, value, field)
     if not isinstance(value, str):
         raise InputError(field, f"expected a quantity like {_EXAMPLES.get(kind, 'a number')}, got {value!r}")
     match = _QUANTITY.match(value)
@@ -78,11 +79,19 @@ def parse_quantity(value: object, kind: str, field: str) -> float:
         raise InputError(field, f"cannot read {value!r}; write it like {_EXAMPLES.get(kind, 'a number')}")
     number, unit = float(match.group(1)), match.group(2)
     if unit == "":
-        return number
+        return _finite(number, value, field)
     scale = _unit_scale(unit, kind)
     if scale is None:
         raise InputError(field, f"unit {unit!r} is not a {kind} unit; write it like {_EXAMPLES.get(kind, 'a number')}")
-    return number * scale
+    return _finite(number * scale, value, field)
+
+
+def _finite(number: float, given: object, field: str) -> float:
+    """``number`` unless it is infinite or NaN (then an InputError naming ``field``)."""
+    if not math.isfinite(number):
+        shown = given if not isinstance(given, int) or abs(given) < 10**30 else "a huge number"
+        raise InputError(field, f"must be a finite number, got {shown!r}")
+    return number
 
 
 def format_bytes(n: float) -> str:

@@ -10,10 +10,17 @@ same file as an uninterrupted one, and memory stays bounded by a few chunks.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
+import signal
+import socket
 import sys
+import threading
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +29,22 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+try:
+    import fcntl
+except ImportError:          # not POSIX: no lock between runs
+    fcntl = None
+
 from comet_dse.errors import InputError
-from comet_dse.explore.output import output_format, to_arrow
+from comet_dse.explore.output import (check_output_file, output_format, process_alive, remove_stale_temps,
+                                     temp_path, to_arrow)
 from comet_dse.explore.rank import chunk_summary, merge
 from comet_dse.explore.space import enumerate_strategies
 from comet_dse.explore.study import Study
 from comet_dse.explore.table import RULES, evaluate_columns
 
 CHUNK_ROWS = 250_000
+PARENT_POLL_S = 0.5          # how often a worker checks that its parent still runs
+SCHEDULER_TIMEOUT_S = 5      # how long to try to reach a Dask scheduler
 STRUCTURAL = sum(1 << i for i, code in enumerate(RULES) if code != "memory")
 
 
@@ -72,6 +87,24 @@ def plan(study: Study) -> tuple:
     return chunks, strategies
 
 
+def first_points(study: Study, n: int) -> list:
+    """The first ``n`` design points in the order a sweep evaluates them, without evaluating any:
+    [(model name, devices, variant label, Strategy)]."""
+    out, cache = [], {}
+    for mi, model in enumerate(study.models):
+        for variant in study.variants:
+            for devices in variant.devices:
+                key = (mi, devices, variant.global_batch)
+                if key not in cache:
+                    cache[key] = enumerate_strategies(model, devices, variant.global_batch, study.space)
+                st = cache[key]
+                for i in range(min(len(st), n - len(out))):
+                    out.append((model.name, devices, variant.label, st.strategy(i)))
+                if len(out) >= n:
+                    return out
+    return out
+
+
 def run_chunk(study: Study, chunk: Chunk, st) -> pa.Table:
     """Evaluate one chunk (``st``: its slice of the strategies) into an Arrow table; pure."""
     model = study.models[chunk.model_index]
@@ -84,6 +117,10 @@ def run_chunk(study: Study, chunk: Chunk, st) -> pa.Table:
         ids[f"axis_{axis}"] = np.full(n, value) if not isinstance(value, str) else np.full(n, value, dtype=object)
     ids["cost_usd"] = np.full(n, float(chunk.devices * (variant.cluster.device_price_usd or np.nan)))
     ids["power_w"] = np.full(n, float(chunk.devices * (variant.cluster.device_power_w or np.nan)))
+    bad = cols["feasible"] & ~(np.isfinite(cols["step_time_s"]) & (cols["step_time_s"] > 0))
+    if np.any(bad):      # never rank a wrong answer: input validation should make this impossible
+        raise RuntimeError(f"comet-dse bug: a feasible point of {variant.label} has step time "
+                           f"{cols['step_time_s'][np.flatnonzero(bad)[0]]!r}; please report it with the study")
     table = to_arrow({**ids, **cols})
     names = [m.name for m in study.models]
     model_col = pa.DictionaryArray.from_arrays(pa.array(ids["model"].astype(np.int32)), pa.array(names))
@@ -97,47 +134,102 @@ def _task(args):
 
 
 class PartStore:
-    """The folder of finished chunks next to the final output."""
+    """The folder of finished chunks next to the final output, locked by the run that writes it.
 
-    def __init__(self, output: Path, study: Study, total: int, resume: bool):
+    ``<output>.parts/plan.json`` records the digest of every input (Study.inputs);
+    ``--resume`` continues only a folder with the same digests, and keeps only
+    chunks whose rows and summary are complete. Temporaries of dead runs are removed.
+    """
+
+    def __init__(self, output: Path, study: Study, chunks: list, resume: bool):
         self.output = Path(output)
         self.folder = self.output.with_name(self.output.name + ".parts")
         self.plan_file = self.folder / "plan.json"
-        marker = {"fingerprint": study.fingerprint(), "chunks": total}
-        if self.folder.exists():
-            if not resume:
-                raise InputError("output", f"{self.folder} holds an earlier unfinished run; pass --resume to continue it "
-                                 "or delete the folder")
-            try:
-                saved = json.loads(self.plan_file.read_text())
-            except (OSError, json.JSONDecodeError):
-                saved = None
-            if saved != marker:
-                raise InputError("resume", f"{self.folder} belongs to a different study or version; delete it to start over")
+        self.rows = [c.stop - c.start for c in chunks]
+        marker = {"fingerprint": study.fingerprint(), "chunks": len(chunks), "inputs": study.inputs}
+        try:
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir()
+            created = True
+        except FileExistsError:
+            created = False
+        except OSError as exc:
+            raise InputError("output", f"cannot create {self.folder}: {exc.strerror}") from None
+        if not self.folder.is_dir() or self.folder.is_symlink():
+            raise InputError("output", f"{self.folder} exists and is not a folder this tool made; move it away")
+        self.lock = _lock(self.folder, self.output)
+        if created:
+            _write_text(self.plan_file, json.dumps(marker))
         else:
-            self.folder.mkdir(parents=True)
-            self.plan_file.write_text(json.dumps(marker))
+            self._check_resume(marker, resume)
+        for tmp in self.folder.glob(".*.tmp-*"):
+            pid = tmp.name.rsplit("-", 1)[1]
+            if pid.isdigit() and not process_alive(int(pid)) and tmp.is_file():
+                tmp.unlink(missing_ok=True)
+        remove_stale_temps(self.output)
+        remove_stale_temps(summary_path(self.output))
+        self.finished = {i for i in range(len(chunks)) if self._complete(i)}
+
+    def _check_resume(self, marker: dict, resume: bool) -> None:
+        """Continue an earlier run's folder only with --resume and only with the same inputs."""
+        if not resume:
+            self.release()
+            raise InputError("output", f"{self.folder} holds an earlier unfinished run; pass --resume to continue it "
+                             "or delete the folder")
+        try:
+            saved = json.loads(self.plan_file.read_text())
+        except (OSError, ValueError):
+            saved = None
+        if saved != marker:
+            self.release()
+            if not isinstance(saved, dict) or not isinstance(saved.get("inputs"), dict):
+                raise InputError("resume", f"{self.folder} was not started by this version of comet-dse; "
+                                 "delete it to start over")
+            old, new = saved["inputs"], marker["inputs"]
+            changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+            what = ", ".join(changed) or "the number of chunks"
+            raise InputError("resume", f"{self.folder} was started with other inputs (changed: {what}); resuming "
+                             "would mix results; delete the folder to start over")
+
+    def _complete(self, index: int) -> bool:
+        """Whether chunk ``index`` is done: its summary parses and its rows file holds all its rows.
+        A damaged chunk (e.g. truncated by a crash) is removed, to be evaluated again."""
+        rows, summary = self.path(index), self.folder / f"part-{index:06d}.json"
+        if not rows.exists():
+            return False
+        try:
+            json.loads(summary.read_text())
+            if pq.read_metadata(rows).num_rows == self.rows[index]:
+                return True
+        except (OSError, ValueError, pa.ArrowException):
+            pass
+        rows.unlink(missing_ok=True)
+        return False
 
     def path(self, index: int) -> Path:
         return self.folder / f"part-{index:06d}.parquet"
 
     def done(self, index: int) -> bool:
-        return self.path(index).exists()
+        return index in self.finished
 
     def write(self, index: int, table: pa.Table, summary: dict) -> None:
         """Write the chunk's summary, then its rows; a chunk counts as done once its rows exist."""
         _write_text(self.folder / f"part-{index:06d}.json", json.dumps(summary))
         tmp = self.folder / f".part-{index:06d}.tmp-{os.getpid()}"
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, self.path(index))
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, self.path(index))
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.finished.add(index)
 
     def summaries(self, total: int) -> list:
         return [json.loads((self.folder / f"part-{i:06d}.json").read_text()) for i in range(total)]
 
     def assemble(self, total: int) -> None:
         """Stream every part, in chunk order, into the final file; then remove the parts."""
-        fmt = output_format(self.output)
-        tmp = self.output.with_name(f".{self.output.name}.tmp-{os.getpid()}")
+        fmt = check_output_file(self.output)
+        tmp = temp_path(self.output)
         writer = None
         try:
             for index in range(total):
@@ -155,18 +247,49 @@ class PartStore:
                 writer.close()
                 writer = None
             os.replace(tmp, self.output)
+        except OSError as exc:
+            raise InputError("output", f"cannot write {self.output}: {exc.strerror or exc}") from None
         finally:
             if writer is not None:
                 writer.close()
-            if tmp.exists():
-                tmp.unlink()
+            tmp.unlink(missing_ok=True)
         shutil.rmtree(self.folder)
+
+    def release(self) -> None:
+        """Give up the lock (the run is over, or refused)."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def _lock(folder: Path, output: Path):
+    """An exclusive lock on ``folder``/lock, held while the returned file stays open (the kernel
+    drops it when the process dies); an InputError names the run that holds it."""
+    handle = open(folder / "lock", "a+", encoding="utf-8")
+    if fcntl is None:
+        return handle
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise InputError("output", f"another comet-dse run ({owner}) is writing {output}; "
+                         "wait for it to end or choose another --output") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+    handle.flush()
+    return handle
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def summary_path(output: Path) -> Path:
@@ -176,17 +299,29 @@ def summary_path(output: Path) -> Path:
 
 
 def run_study(study: Study, output: Path, *, engine: str = "local", workers: int = 1, scheduler: str | None = None,
-              resume: bool = False, progress: bool = True, on_chunk=None, top_k: int = 5) -> dict:
+              resume: bool = False, progress: bool = True, on_chunk=None, top_k: int = 5, on_start=None) -> dict:
     """Evaluate the whole study into ``output``; returns the ranking (rank.merge) plus run counts.
 
-    The ranking is also written to ``summary_path(output)``.
+    ``on_start(points, chunks, chunks already done)`` is called once the plan is
+    made and the output folder locked, before any evaluation. The ranking is
+    also written to ``summary_path(output)``.
     """
     output = Path(output)
-    output_format(output)
+    check_output_file(output)
     chunks, strategies = plan(study)
-    store = PartStore(output, study, len(chunks), resume)
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(_dask_client(workers, scheduler)) if engine == "dask" else None
+        store = PartStore(output, study, chunks, resume)      # after the scheduler answered: nothing left behind
+        stack.callback(store.release)
+        return _run(study, output, chunks, strategies, store, client, workers, progress, on_chunk, top_k, on_start)
+
+
+def _run(study, output, chunks, strategies, store, client, workers, progress, on_chunk, top_k, on_start) -> dict:
+    """run_study once the output is locked: evaluate the missing chunks, rank, assemble."""
     todo = [c for c in chunks if not store.done(c.index)]
     points = sum(c.stop - c.start for c in chunks)
+    if on_start is not None:
+        on_start(points, len(chunks), len(chunks) - len(todo))
     bar = _progress(points, sum(c.stop - c.start for c in chunks if store.done(c.index)), progress)
 
     def finished(index: int, table: pa.Table) -> None:
@@ -198,11 +333,13 @@ def run_study(study: Study, output: Path, *, engine: str = "local", workers: int
     def payload(c: Chunk):
         variant = study.variants[c.variant_index]
         st = strategies[(c.model_index, c.devices, variant.global_batch)]
-        return study, c, st.take(np.arange(c.start, c.stop))
+        # only what the chunk reads travels to a worker: the models and its variant, not every variant
+        slim = dataclasses.replace(study, variants={c.variant_index: variant}, source_text="", inputs={})
+        return slim, c, st.take(np.arange(c.start, c.stop))
 
     try:
-        if engine == "dask":
-            _run_dask(todo, payload, finished, workers, scheduler)
+        if client is not None:
+            _run_dask(client, todo, payload, finished, workers)
         elif workers > 1:
             _run_processes(todo, payload, finished, workers)
         else:
@@ -225,54 +362,100 @@ def _progress(total: int, done: int, enabled: bool):
                 desc="design points", mininterval=0.5, smoothing=0.1)
 
 
+def worker_setup(parent: int | None = None) -> None:
+    """In a worker process: leave Ctrl-C to the parent (which stops the run and prints one line), and
+    exit as soon as the parent ``parent`` (default: the current parent) is gone, even after kill -9."""
+    parent = os.getppid() if parent is None else parent
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="comet-parent-watch", daemon=True).start()
+
+
+def dask_setup(worker) -> None:
+    """Dask preload hook (``preload=["comet_dse.explore.engine"]``): worker_setup in each local Dask worker."""
+    worker_setup()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
 def _run_processes(todo: list, payload, finished, workers: int) -> None:
-    """A pool of local processes; at most 2 chunks in flight per worker (bounded memory)."""
+    """A pool of local processes; at most 2 chunks in flight per worker (bounded memory).
+
+    Workers ignore Ctrl-C and exit with their parent (worker_setup); on an
+    interruption the queued chunks are cancelled and the running ones finish.
+    """
     import concurrent.futures as cf
     import multiprocessing
 
     context = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        pending, queue = set(), list(todo)
-        while queue or pending:
-            while queue and len(pending) < 2 * workers:
-                pending.add(pool.submit(_task, payload(queue.pop(0))))
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            for future in done:
-                finished(*future.result())
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=worker_setup,
+                                initargs=(os.getpid(),)) as pool:
+        try:
+            pending, queue = set(), list(todo)
+            while queue or pending:
+                while queue and len(pending) < 2 * workers:
+                    pending.add(pool.submit(_task, payload(queue.pop(0))))
+                done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    finished(*future.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
-def _run_dask(todo: list, payload, finished, workers: int, scheduler: str | None) -> None:
-    """Dask distributed: an existing scheduler, or a local cluster of ``workers`` processes.
+@contextlib.contextmanager
+def _dask_client(workers: int, scheduler: str | None):
+    """A Dask client: of the scheduler at ``scheduler`` (an InputError within SCHEDULER_TIMEOUT_S if it
+    does not answer), or of a local cluster of ``workers`` processes (which ignore Ctrl-C and exit with
+    this process: worker_setup)."""
+    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)  # a chunk's strategies
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise InputError("engine", "dask is not installed; pip install 'comet-dse[distributed]'") from None
+    cluster = None
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            raise InputError("scheduler", f"no Dask scheduler answered at {scheduler!r} within "
+                             f"{SCHEDULER_TIMEOUT_S} s") from None
+        except (ValueError, TypeError):
+            raise InputError("scheduler", f"{scheduler!r} is not a scheduler address; give tcp://HOST:PORT") from None
+    else:
+        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                               dashboard_address=":0", silence_logs=40, preload=[__name__])
+        client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _run_dask(client, todo: list, payload, finished, workers: int) -> None:
+    """Run the chunks on Dask, at most 2 per worker in flight.
 
     A task whose worker dies is re-run elsewhere by the scheduler; the driver
     writes each chunk once, when its result arrives, so rows are never lost or
     duplicated.
     """
-    try:
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise InputError("engine", "dask is not installed; pip install 'comet-dse[distributed]'") from None
-    cluster = None
-    if scheduler:
-        client = Client(scheduler)
-    else:
-        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                               dashboard_address=":0", silence_logs=40)
-        client = Client(cluster)
-    try:
-        queue = list(todo)
-        window = 2 * max(1, len(client.scheduler_info().get("workers", {})) or workers)
-        futures = as_completed(loop=client.loop)
-        for _ in range(min(window, len(queue))):
+    from distributed import as_completed
+
+    queue = list(todo)
+    window = 2 * max(1, len(client.scheduler_info().get("workers", {})) or workers)
+    futures = as_completed(loop=client.loop)
+    for _ in range(min(window, len(queue))):
+        c = queue.pop(0)
+        futures.add(client.submit(_task, payload(c), key=f"comet-chunk-{c.index}", retries=3))
+    for future in futures:
+        finished(*future.result())
+        future.release()
+        if queue:
             c = queue.pop(0)
             futures.add(client.submit(_task, payload(c), key=f"comet-chunk-{c.index}", retries=3))
-        for future in futures:
-            finished(*future.result())
-            future.release()
-            if queue:
-                c = queue.pop(0)
-                futures.add(client.submit(_task, payload(c), key=f"comet-chunk-{c.index}", retries=3))
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()

@@ -1,6 +1,12 @@
-"""Writing result columns to Parquet or CSV, never half-written under the final name."""
+"""Writing result columns to Parquet or CSV, never half-written under the final name.
+
+A file is written to a temporary name beside it (``temp_path``: ``.<name>.tmp-<pid>``)
+and renamed into place when complete; a temporary left by a process that no
+longer runs is removed by the next writer (``remove_stale_temps``).
+"""
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
@@ -38,18 +44,72 @@ def output_format(path: Path) -> str:
     raise InputError("output", f"{path} must end in .parquet or .csv")
 
 
+def temp_path(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place: ``.<name>.tmp-<pid>`` beside it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (a process of another user counts)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return pid < 2**31
+    return True
+
+
+def stale_temps(path: Path) -> list:
+    """The temporaries of ``path`` (``temp_path`` names) whose process no longer runs."""
+    path = Path(path)
+    found = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not process_alive(int(pid)) and not tmp.is_symlink():
+            found.append(tmp)
+    return found
+
+
+def remove_stale_temps(path: Path) -> None:
+    """Remove the temporary files of ``path`` left by dead processes (folders are left to their owner)."""
+    for tmp in stale_temps(path):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+
+
+def check_output_file(path: Path) -> str:
+    """The format of ``path`` (parquet or csv); an InputError if it is a folder or not a result file."""
+    path = Path(path)
+    fmt = output_format(path)
+    if path.is_dir():
+        raise InputError("output", f"{path} is a folder; give a file name ending in .{fmt}")
+    if path.exists() and not path.is_file():
+        raise InputError("output", f"{path} exists and is not a regular file")
+    return fmt
+
+
 def write_atomically(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` (.parquet or .csv) via a temporary file and a rename."""
     path = Path(path)
-    fmt = output_format(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fmt = check_output_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError("output", f"cannot create {path.parent}: {exc.strerror}") from None
+    remove_stale_temps(path)
+    tmp = temp_path(path)
     try:
         if fmt == "parquet":
             pq.write_table(table, tmp, compression="zstd")
         else:
             pacsv.write_csv(_plain(table), tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError("output", f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -10,6 +10,7 @@ first value there, and interleaving is tried only with pp > 1.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,8 @@ from comet_dse.model.spec import Transformer
 from comet_dse.strategy import CROSS_RULES, DERIVED, GIVEN, KNOB, KNOBS, StrategyArrays, combinations
 
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
+MAX_INNER = 1_000_000  # combinations of the non-degree knobs' value lists (held in memory per search)
+COUNT_BLOCK_ROWS = 2_000_000   # rows built at a time when counting
 
 
 def divisors(n: int) -> list:
@@ -152,14 +155,8 @@ def _interleaves(layers: int, pp: int, space: SearchSpace) -> list:
 DEGREES = ("tp", "pp", "dp", "micro_batch", "interleave", "cp", "ep")   # the columns of the outer rows
 
 
-def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace) -> StrategyArrays:
-    """Every strategy of ``space`` for ``model`` on ``devices`` devices, as arrays.
-
-    The DERIVED degrees are enumerated with their rules (outer rows); every
-    other knob takes each of its values (inner rows, the product in the
-    declaration order of the knobs). A point where a knob does not apply
-    (``Knob.applies``) is kept only with that knob's first value.
-    """
+def _outer_rows(model: Transformer, devices: int, global_batch: int, space: SearchSpace) -> list:
+    """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep) rows, in enumeration order."""
     outer = []
     for tp, cp, pp, dp in _degree_tuples(model, devices, space):
         for ep in _expert_degrees(model, dp, space):
@@ -170,19 +167,68 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
         given = {n: space.given(n) or "any" for n in ("tp", "cp", "pp", "dp")}
         raise InputError("strategy.tp", f"no allowed tp, cp, pp and dp values multiply to {devices} devices "
                          f"({', '.join(f'{n}: {v}' for n, v in given.items())})")
+    return outer
+
+
+def _inner_codes(space: SearchSpace) -> tuple:
+    """(knobs, {knob: codes}): every combination of the non-degree knobs' values, as code columns."""
     chosen = [k for k in KNOBS if k.search not in (DERIVED, GIVEN)]
+    n = math.prod(len(space.choices(k.name)) for k in chosen)
+    if n > MAX_INNER:
+        listed = ", ".join(f"{k.name} ({len(space.choices(k.name))})" for k in chosen if len(space.choices(k.name)) > 1)
+        raise InputError("strategy", f"the value lists of {listed} combine into {n:,} strategies per degree split; "
+                         f"at most {MAX_INNER:,}: shorten the lists")
     inner = combinations({k.name: space.choices(k.name) for k in chosen})
+    return chosen, {k.name: np.array([k.encode(combo[k.name]) for combo in inner]) for k in chosen}
+
+
+def _block(outer: list, chosen: list, codes: dict, global_batch: int) -> StrategyArrays:
+    """Every outer row (degrees) with every inner combination (``codes``), before dropping repeats."""
     o = np.array(outer, dtype=float)
-    n_inner = len(inner)
+    n_inner = len(next(iter(codes.values()))) if codes else 1
     columns = {name: np.repeat(o[:, i], n_inner) for i, name in enumerate(DEGREES)}
     for k in chosen:
-        codes = np.array([k.encode(combo[k.name]) for combo in inner])
-        columns[k.name] = np.tile(codes, len(o))
+        columns[k.name] = np.tile(codes[k.name], len(o))
     columns["global_batch"] = np.full(len(o) * n_inner, float(global_batch))
-    st = StrategyArrays(columns)
+    return StrategyArrays(columns)
+
+
+def _keep(st: StrategyArrays, chosen: list, space: SearchSpace) -> np.ndarray:
+    """False where a knob that does not apply (``Knob.applies``) takes other than its first value."""
     keep = np.ones(len(st), dtype=bool)
     for k in chosen:
         if k.applies is not None and len(space.choices(k.name)) > 1:
             first = k.encode(space.choices(k.name)[0])
             keep &= np.asarray(k.applies(st) | (getattr(st, k.name) == first), dtype=bool)
+    return keep
+
+
+def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace) -> StrategyArrays:
+    """Every strategy of ``space`` for ``model`` on ``devices`` devices, as arrays.
+
+    The DERIVED degrees are enumerated with their rules (outer rows); every
+    other knob takes each of its values (inner rows, the product in the
+    declaration order of the knobs). A point where a knob does not apply
+    (``Knob.applies``) is kept only with that knob's first value.
+    """
+    outer = _outer_rows(model, devices, global_batch, space)
+    chosen, codes = _inner_codes(space)
+    st = _block(outer, chosen, codes, global_batch)
+    keep = _keep(st, chosen, space)
     return st if keep.all() else st.take(np.flatnonzero(keep))
+
+
+def count_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace,
+                     limit: int | None = None) -> int:
+    """len(enumerate_strategies(...)), computed a block of rows at a time so that memory stays bounded;
+    stops early (with a count above ``limit``) once the count exceeds ``limit``."""
+    outer = _outer_rows(model, devices, global_batch, space)
+    chosen, codes = _inner_codes(space)
+    n_inner = len(next(iter(codes.values()))) if codes else 1
+    step = max(1, COUNT_BLOCK_ROWS // n_inner)
+    total = 0
+    for i in range(0, len(outer), step):
+        total += int(np.count_nonzero(_keep(_block(outer[i:i + step], chosen, codes, global_batch), chosen, space)))
+        if limit is not None and total > limit:
+            break
+    return total

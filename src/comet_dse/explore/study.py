@@ -9,16 +9,21 @@ absolute (``values``, with units) or relative to the base (``scale``).
 from __future__ import annotations
 
 import dataclasses as dc
+import functools
 import hashlib
 import itertools
+import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from comet_dse.errors import InputError
-from comet_dse.explore.space import SearchSpace
-from comet_dse.hardware.load import network_dim_from, tier_from, MAX_EXPANSION
+from comet_dse.explore.space import SearchSpace, count_strategies
+from comet_dse.hardware.load import (MAX_EXPANSION, MAX_FLOPS, MAX_HBM, MAX_LATENCY, MAX_LINK_BW, MAX_MEM_BW,
+                                     MAX_POWER_W, MAX_PRICE_USD, MAX_SRAM, network_dim_from, tier_from)
 from comet_dse.hardware.spec import Cluster, Topology
-from comet_dse.loading import Fields, read_yaml
+from comet_dse.loading import Fields, check_range, parse_yaml, read_text_file
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
@@ -40,6 +45,29 @@ CLUSTER_AXES = {
     "network_latency": KIND_TIME,
 }
 DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": KIND_COUNT, "topology": "text"}
+
+# The value an axis sets -> (highest plausible value in SI units, whether 0 is allowed): the bounds a
+# cluster file's field is checked against (hardware.load), so that no variant holds a value a cluster
+# file could not. Every value is checked as it is applied, absolute or scaled. An expansion capacity
+# of 0 is allowed: the tier is then unused (the baseline of an expansion study).
+AXIS_LIMITS = {
+    "peak_flops": (MAX_FLOPS, False),
+    "hbm_capacity": (MAX_HBM, False),
+    "hbm_bandwidth": (MAX_MEM_BW, False),
+    "sram_capacity": (MAX_SRAM, False),
+    "sram_bandwidth": (MAX_MEM_BW, False),
+    "expansion_capacity": (MAX_EXPANSION, True),
+    "expansion_bandwidth": (MAX_MEM_BW, False),
+    "expansion_latency": (MAX_LATENCY, True),
+    "device_price_usd": (MAX_PRICE_USD, False),
+    "device_power_w": (MAX_POWER_W, False),
+    "link_bandwidth": (MAX_LINK_BW, False),
+    "latency": (MAX_LATENCY, True),
+    "efficiency": (1.0, False),
+}
+
+MAX_VARIANTS = 100_000        # cluster variants of one study (each is built and held in memory)
+MAX_STUDY_INTEGER = 10**9     # devices and global batch
 
 # The scale axes the resource-doubling figure doubles, each from x1 to x2.
 DOUBLED_RESOURCES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "network_bandwidth")
@@ -94,25 +122,55 @@ class Study:
     output: str | None = None
     source_text: str = field(default="", repr=False)
     figures: tuple = ("speedup",)      # figure kinds the report draws (FIGURE_KINDS), in order
+    points: int = 0                    # design points: models x variants x devices x strategies
+    inputs: dict = field(default_factory=dict, repr=False)   # what the results depend on -> its digest
+    files: tuple = ()                  # the study file and every model or cluster file it names
 
     def fingerprint(self) -> str:
-        """Identifies the design space: same study text and package version, same chunks."""
-        from comet_dse import __version__
+        """Identifies the results: the same digest means the same study text, models, clusters and code."""
+        return _digest(json.dumps(self.inputs, sort_keys=True))
 
-        return hashlib.sha256((self.source_text + __version__).encode()).hexdigest()[:16]
+    @property
+    def file_stem(self) -> str:
+        """The name made safe as a file name (no folders, no leading dot): what the report's files are named."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name).strip(".-")[:100] or "study"
 
 
-def load_study(path: Path) -> Study:
-    """Read and validate a study file; every error names the field."""
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """Digest of the package version and of every module of comet_dse (its code decides every result)."""
+    from comet_dse import __version__
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256(__version__.encode())
+    for module in sorted(root.rglob("*.py")):
+        h.update(str(module.relative_to(root)).encode() + b"\0" + module.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_study(path: Path, max_points: int | None = None) -> Study:
+    """Read and validate a study file; every error names the field.
+
+    The design points are counted before any cluster variant is built: a study
+    of more than ``max_points`` (None: no limit) is refused with its count.
+    """
     path = Path(path)
-    data = read_yaml(path, "study")
-    f = Fields(data, "")
-    models = _as_list(f.raw("models"), "models")
+    text = read_text_file(path, "study")
+    f = Fields(parse_yaml(text, path, "study"), "")
+    models = [str(m) for m in _as_list(f.raw("models"), "models")]
     seq_len = f.integer("seq_len", None)
-    loaded = [load_model(str(m)) for m in models]
+    loaded = [load_model(m) for m in models]
     if seq_len:
         loaded = [m.with_seq_len(seq_len) for m in loaded]
     bases = _clusters(f)
+    refs = [str(c) for c in _as_list(f.raw("cluster" if f.has("cluster") else "clusters"), "clusters")]
+    inputs = {"study": _digest(text), "code": code_digest(),
+              **{f"model {m}": _digest(repr(t)) for m, t in zip(models, loaded)},
+              **{f"cluster {c}": _digest(repr(b)) for c, b in zip(refs, bases)}}
     devices = _per_cluster(f, "devices", bases, many=True)
     batches = _per_cluster(f, "global_batch", bases, many=False)
     if f.has("expansion"):
@@ -120,17 +178,55 @@ def load_study(path: Path) -> Study:
         bases = [dc.replace(b, accelerator=dc.replace(b.accelerator, expansion=tier)) for b in bases]
     networks = _networks(f, bases[0])
     axes = _axes(f, bases, networks)
+    space = _space(f)
+    per_base = math.prod(len(values) for values in axes.values())
+    points, exact = _count_points(loaded, bases, devices, batches, per_base, space, max_points)
+    if max_points is not None and points > max_points:
+        raise InputError("max-points", f"the study has {'' if exact else 'more than '}{points:,} design points, "
+                         f"above the limit of {max_points:,}; narrow its axes or strategy lists, or raise "
+                         "--max-points")
+    if len(bases) * per_base > MAX_VARIANTS:
+        raise InputError("axes", f"the clusters and axes make {len(bases) * per_base:,} cluster variants; "
+                         f"at most {MAX_VARIANTS:,}")
     variants = _variants(bases, devices, batches, axes, networks)
     baseline = _baseline(f, axes, variants, len(bases) > 1)
     kinds = _figures(f, axes)
-    space = _space(f)
     budget = f.quantity("token_budget", KIND_COUNT, None, high=1e18)
+    files = tuple(Path(r) for r in [str(path)] + models + refs if r.endswith((".yaml", ".yml", ".json")))
     study = Study(name=f.text("name", path.stem), description=f.text("description", ""), models=loaded,
                   variants=variants, baseline=baseline,
-                  space=space, token_budget=budget, output=f.text("output", "") or None,
-                  source_text=path.read_text(encoding="utf-8"), figures=kinds)
+                  space=space, token_budget=budget, output=_output(f),
+                  source_text=text, figures=kinds, points=points, inputs=inputs, files=files)
     f.reject_unknown()
     return study
+
+
+def _count_points(models: list, bases: list, devices: dict, batches: dict, per_base: int, space: SearchSpace,
+                  limit: int | None) -> tuple:
+    """(design points, exact): for each base cluster, its variants x models x device counts x strategies.
+    Not exact (a lower bound above ``limit``) when one model and device count alone exceeds ``limit``."""
+    total, exact, counts = 0, True, {}
+    for base in bases:
+        for model in models:
+            for n in devices[base.name]:
+                key = (id(model), n, batches[base.name])
+                if key not in counts:
+                    counts[key] = count_strategies(model, n, batches[base.name], space, limit)
+                    exact = exact and (limit is None or counts[key] <= limit)
+                total += per_base * counts[key]
+    return total, exact
+
+
+def _output(f: Fields) -> str | None:
+    """The study's default result file: a relative path that stays inside the current folder."""
+    text = f.text("output", "")
+    if not text:
+        return None
+    path = Path(text)
+    if path.is_absolute() or ".." in path.parts or path.name.startswith("."):
+        raise InputError("output", f"{text!r} must be a relative path inside the current folder (no '..'); "
+                         "pass --output to write elsewhere")
+    return text
 
 
 def _as_list(value, field_name: str) -> list:
@@ -141,8 +237,9 @@ def _as_list(value, field_name: str) -> list:
 
 
 def _positive_int(value, field_name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(field_name, f"must hold positive integers, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STUDY_INTEGER:
+        shown = value if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
+        raise InputError(field_name, f"must hold positive integers up to {MAX_STUDY_INTEGER:,}, got {shown!r}")
     return value
 
 
@@ -225,18 +322,17 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
         if mode == "scale":
             if kind == "text":
                 raise InputError(where, f"{name} takes named values, not multipliers")
-            if isinstance(item, bool) or not isinstance(item, (int, float)) or item <= 0:
-                raise InputError(where, f"multipliers must be positive numbers, got {item!r}")
-            out.append((f"x{item:g}", ("scale", float(item))))
+            number = parse_quantity(item, KIND_COUNT, where)          # finite
+            if number <= 0:
+                raise InputError(where, f"multipliers must be positive finite numbers, got {item!r}")
+            out.append((f"x{number:g}", ("scale", number)))
         elif kind == "text":
             valid = networks if name == "network" else [t.value for t in Topology]
             if str(item) not in valid:
                 raise InputError(where, f"unknown {name} {item!r}; valid: {', '.join(valid)}")
             out.append((str(item), ("value", str(item))))
         else:
-            number = parse_quantity(item, kind, where)
-            if number <= 0 and not (name.endswith("latency") or name == "expansion_capacity"):
-                raise InputError(where, f"must be positive, got {item!r}")
+            number = parse_quantity(item, kind, where)      # finite; the range is checked as it is applied
             out.append((str(item), ("value", number)))
     return out
 
@@ -268,15 +364,20 @@ def _axes(f: Fields, bases: list, networks: dict) -> dict:
     return axes
 
 
-def _apply(cluster: Cluster, name: str, setting: tuple, networks: dict) -> Cluster:
+def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: dict) -> Cluster:
+    """``cluster`` with axis ``name`` set to ``setting``; every value it sets is checked against AXIS_LIMITS."""
     mode, x = setting
     acc = cluster.accelerator
 
-    def scaled(base_value):
-        return base_value * x if mode == "scale" else x
+    def scaled(base_value, limit: str = name):
+        value = base_value * x if mode == "scale" else x
+        high, zero = AXIS_LIMITS[limit]
+        shown = f"{label} of {cluster.name}'s {base_value:g}" if mode == "scale" else label
+        where = f"axes.{name}.{'scale' if mode == 'scale' else 'values'}"
+        return check_range(where, value, high, zero, f"{shown} = {value:g}" if mode == "scale" else shown)
 
     if name == "peak_flops":
-        peaks = {k: (v * x if mode == "scale" else x) for k, v in acc.peak_flops.items()}
+        peaks = {k: scaled(v) for k, v in acc.peak_flops.items()}
         return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
     if name in ("hbm_capacity", "hbm_bandwidth", "sram_capacity", "sram_bandwidth",
                 "expansion_capacity", "expansion_bandwidth", "expansion_latency"):
@@ -293,13 +394,13 @@ def _apply(cluster: Cluster, name: str, setting: tuple, networks: dict) -> Clust
         return dc.replace(cluster, network=networks[x])
     if name in ("network_bandwidth", "network_latency"):
         attr = "link_bandwidth" if name == "network_bandwidth" else "latency"
-        dims = tuple(dc.replace(d, **{attr: scaled(getattr(d, attr))}) for d in cluster.network)
+        dims = tuple(dc.replace(d, **{attr: scaled(getattr(d, attr), attr)}) for d in cluster.network)
         return dc.replace(cluster, network=dims)
     _, dim_name, attr = name.split(".")
     dims = []
     for dim in cluster.network:
         if dim.name == dim_name:
-            value = Topology(x) if attr == "topology" else scaled(getattr(dim, attr))
+            value = Topology(x) if attr == "topology" else scaled(getattr(dim, attr), attr)
             dim = dc.replace(dim, **{attr: value})
         dims.append(dim)
     return dc.replace(cluster, network=tuple(dims))
@@ -315,7 +416,7 @@ def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: d
             values = {"cluster": base.name} if len(bases) > 1 else {}
             labels = dict(values)
             for name, (label, setting) in zip(names, combo):
-                cluster = _apply(cluster, name, setting, networks)
+                cluster = _apply(cluster, name, label, setting, networks)
                 values[name] = setting[1]
                 labels[name] = label
             variants.append(Variant(index=len(variants), labels=labels, values=values,

@@ -2,7 +2,9 @@
 
 Everything is written into a temporary folder beside the output and renamed
 into place at the end, so a failed or interrupted run never leaves a partial
-report under the final name.
+report under the final name. Only a folder this tool wrote (it holds MARKER)
+or an empty one is ever replaced, never one that holds the studies or a file
+they name; temporaries of dead runs are removed.
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.explore.engine import run_study
+from comet_dse.explore.output import stale_temps, temp_path
 from comet_dse.explore.study import DOUBLED_RESOURCES, Study, load_study
 from comet_dse.loading import Fields, read_yaml
 from comet_dse.report import analysis, figures
 from comet_dse.report.html import write_html
 
 REPORT_FILE = "report.yaml"       # the folder's report title and introduction, not a study
+MARKER = ".comet-dse-report"      # written into every report folder: what makes it safe to replace
+REPORT_ENTRIES = {"report.html", "figures", "data", MARKER}   # what a report folder holds
 
 
 @dataclass
@@ -35,27 +40,46 @@ class Section:
     findings: list = field(default_factory=list)
 
 
-def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool = True) -> Path:
-    """Run the studies of ``study_dir`` and write ``output``/report.html with figures and data."""
-    study_dir, output = Path(study_dir), Path(output)
+def load_folder(study_dir: Path, max_points: int | None = None) -> tuple:
+    """(ReportText, [Study]): every input of a report, checked before anything is written."""
+    study_dir = Path(study_dir)
     if not study_dir.is_dir():
         raise InputError("studies", f"{study_dir} is not a folder")
     paths = sorted(p for p in study_dir.glob("*.yaml") if p.name != REPORT_FILE)
     if not paths:
         raise InputError("studies", f"{study_dir} holds no study files (*.yaml)")
-    text = load_report_text(study_dir)                # every input error surfaces before anything is written
-    studies = [load_study(p) for p in paths]
+    text = load_report_text(study_dir)
+    studies = [load_study(p, max_points) for p in paths]
     _check_clashes(studies)
+    return text, studies
+
+
+def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool = True,
+                 max_points: int | None = None, announce=None) -> Path:
+    """Run the studies of ``study_dir`` and write ``output``/report.html with figures and data.
+
+    A study of more than ``max_points`` design points is refused; ``announce(study)``
+    is called for each study before the first one runs.
+    """
+    study_dir, output = Path(study_dir), Path(os.path.abspath(output))
+    text, studies = load_folder(study_dir, max_points)   # every input error surfaces before anything is written
+    _check_output(output, [study_dir, *(f for s in studies for f in s.files)])
+    for study in studies:
+        if announce is not None:
+            announce(study)
     started = time.perf_counter()
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    _remove_stale(output)
+    tmp = temp_path(output)
     try:
-        (tmp / "data").mkdir(parents=True)
+        try:
+            (tmp / "data").mkdir(parents=True)
+        except OSError as exc:
+            raise InputError("output", f"cannot write in {output.parent}: {exc.strerror}") from None
+        (tmp / MARKER).write_text("written by comet-dse report; the folder is replaced by the next report\n")
         (tmp / "figures").mkdir()
         sections = []
         for study in studies:
-            result = tmp / "data" / f"{study.name}.parquet"
+            result = tmp / "data" / f"{study.file_stem}.parquet"
             ranking = run_study(study, result, workers=workers, progress=progress)
             section = Section(study, analysis.load(result), ranking)
             _draw(section, tmp / "figures")
@@ -64,7 +88,7 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
                    introduction=text.introduction)
         _replace(tmp, output)
     finally:
-        if tmp.exists():
+        if tmp.exists() and (tmp / MARKER).exists():
             shutil.rmtree(tmp)
     return output / "report.html"
 
@@ -94,9 +118,10 @@ def _check_clashes(studies: list) -> None:
     kind but speedup (its files have fixed names, its figure the study's name)."""
     names, kinds = set(), {}
     for study in studies:
-        if study.name in names:
-            raise InputError("name", f"two studies are named {study.name!r}; their result files would clash")
-        names.add(study.name)
+        if study.file_stem in names:
+            raise InputError("name", f"two studies are named {study.file_stem!r} (as file names); their result "
+                             "files would clash")
+        names.add(study.file_stem)
         for kind in study.figures:
             if kind != "speedup" and kind in kinds:
                 raise InputError("figures", f"studies {kinds[kind]} and {study.name} both ask for {kind!r}, whose "
@@ -104,12 +129,42 @@ def _check_clashes(studies: list) -> None:
             kinds[kind] = study.name
 
 
+def _ours(folder: Path) -> bool:
+    """Whether ``folder`` is a report this tool wrote: it holds MARKER, or (an earlier version's report)
+    report.html with nothing beside it but figures/ and data/."""
+    entries = {p.name for p in folder.iterdir()}
+    return MARKER in entries or ("report.html" in entries and entries <= REPORT_ENTRIES)
+
+
+def _check_output(output: Path, inputs: list) -> None:
+    """Refuse an --output that is a file or a link, holds an input, or is a folder this tool did not write."""
+    for path in inputs:
+        path = Path(os.path.abspath(path))
+        if path == output or output in path.parents:
+            raise InputError("output", f"{output} holds the report's input {path}; choose another folder")
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise InputError("output", f"{output} is a file or a link; give a folder for the report")
+    if output.is_dir() and any(output.iterdir()) and not _ours(output):
+        raise InputError("output", f"{output} is a folder comet-dse did not write (no {MARKER}) and is not "
+                         "empty; choose another folder")
+
+
+def _remove_stale(output: Path) -> None:
+    """Remove the temporary report folders of ``output`` whose process no longer runs (they hold MARKER)."""
+    for tmp in stale_temps(output):
+        if tmp.is_dir() and (tmp / MARKER).exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _replace(tmp: Path, output: Path) -> None:
+    """Move the finished report ``tmp`` to ``output``; an earlier report there is replaced."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    old = output.with_name(f".{output.name}.old-{os.getpid()}")
-    if output.exists():
+    old = output.with_name(f".{output.name}.tmp-old-{os.getpid()}")
+    if output.exists() and any(output.iterdir()):
+        if not _ours(output):                   # checked before the run; checked again before moving it
+            raise InputError("output", f"{output} is no longer a report folder; the report is not written")
         os.replace(output, old)
-    os.replace(tmp, output)
+    os.replace(tmp, output)                     # an empty folder is replaced
     if old.exists():
         shutil.rmtree(old)
 
@@ -145,7 +200,7 @@ def _speedup(section: Section, out: Path) -> None:
     labels = {v.index: v.label for v in section.study.variants}
     section.figures.append(figures.speedup_bars(
         {"best strategy": {labels[k]: v for k, v in _speedups(section).items() if v}},
-        f"{name}: speedup over the baseline", "speedup (x)", f"{name}-speedup",
+        f"{name}: speedup over the baseline", "speedup (x)", f"{section.study.file_stem}-speedup",
         "Best feasible step time of the baseline variant divided by each variant's.", out))
 
 
