@@ -111,7 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--cluster", default="dgx-a100-80gb",
                      help="cluster preset for the A100 datasets (default dgx-a100-80gb); h100_public uses dgx-h100")
     val.add_argument("--json", action="store_true", help="print JSON")
+
+    cal = sub.add_parser("calibrate", help="fit a cluster's physical parameters to measured runs (docs/calibration.md)")
+    cal.add_argument("runs", help="CSV of measured runs (docs/calibration.md)")
+    cal.add_argument("--cluster", required=True, help="the preset or cluster YAML to start from")
+    cal.add_argument("--fit", type=_name_list, default=None,
+                     help="parameters to fit, comma-separated (default: gemm, memory, the outermost network "
+                          "dimension's efficiency, microbatch_overhead; see docs/calibration.md)")
+    cal.add_argument("--holdout", type=_name_list, default=None,
+                     help="run ids (the `id` column) left out of the fit and reported as held out")
+    cal.add_argument("--output", default=None, help="write the calibrated cluster YAML here")
+    cal.add_argument("--no-cv", action="store_true", help="skip the leave-one-out cross-validation")
+    cal.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _name_list(text: str) -> tuple:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
 
 
 def _add_knob_options(parser: argparse.ArgumentParser, many: bool) -> None:
@@ -440,8 +459,14 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from comet_dse.calibrate_cli import run_calibrate
+
+    return run_calibrate(args)
+
+
 COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, "report": cmd_report,
-            "presets": cmd_presets, "validate": cmd_validate}
+            "presets": cmd_presets, "validate": cmd_validate, "calibrate": cmd_calibrate}
 
 
 def main(argv: list | None = None) -> int:

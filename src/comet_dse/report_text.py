@@ -20,6 +20,7 @@ BREAKDOWN_LABELS = {
     "dp_communication": "data-parallel comm (exposed)",
     "optimizer": "optimizer step",
     "offload": "expansion-tier traffic",
+    "overhead": "fixed framework overhead",
 }
 MEMORY_LABELS = {
     "weights": "weights",

@@ -488,9 +488,17 @@ class StrategyArrays:
         return getattr(self, name) == choice.code
 
     def dtype_table(self, values: dict, missing: float = float("nan")):
-        """Per point, ``values[dtype name]`` (``missing`` where absent), by table lookup."""
-        table = np.array([values.get(d.value, missing) for d in Dtype], dtype=float)
-        return table[self.dtype]
+        """Per point, ``values[dtype name]`` (``missing`` where absent): a table lookup, or a
+        per-point selection when a value is itself an array over the points (calibration)."""
+        return self.select(self.dtype, [values.get(d.value, missing) for d in Dtype])
+
+    @staticmethod
+    def select(codes, per_code: list):
+        """Per point, ``per_code[code]``; each entry a number or an array over the points."""
+        if all(np.ndim(x) == 0 for x in per_code):
+            return np.array(per_code, dtype=float)[codes]
+        return np.select([codes == i for i in range(len(per_code))],
+                         [np.broadcast_to(np.asarray(x, dtype=float), np.shape(codes)) for x in per_code], np.nan)
 
     def strides(self) -> dict:
         """Device-number stride of each parallel group under each point's placement.

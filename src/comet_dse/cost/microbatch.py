@@ -43,7 +43,7 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
     bf16 = peaks.get("bf16", peaks.get("fp16", np.nan))
     sixteen = st.dtype_table({"bf16": bf16, "fp16": peaks.get("fp16", bf16), "fp8": bf16})
     rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
-    table = np.array([rates.get(k.value, (np.nan, np.nan)) for k in AttentionKernel], dtype=float)
+    per_kernel = [rates.get(k.value, (np.nan, np.nan)) for k in AttentionKernel]
     return Device(
         peak=st.dtype_table(acc.peak_flops), matmul_eff=st.dtype_table(acc.matmul_efficiencies()),
         matmul_eff16=acc.matmul_efficiency, units=acc.compute_units,
@@ -51,7 +51,8 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
         pipeline_overhead=acc.matmul_pipeline_overhead,
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
-        peak16=sixteen, attn_fwd=table[st.attention_kernel, 0], attn_bwd=table[st.attention_kernel, 1],
+        peak16=sixteen, attn_fwd=st.select(st.attention_kernel, [r[0] for r in per_kernel]),
+        attn_bwd=st.select(st.attention_kernel, [r[1] for r in per_kernel]),
     )
 
 

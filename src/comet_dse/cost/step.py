@@ -5,7 +5,7 @@ it with a batch of one, sweeps with millions. Every term is explained in
 docs/model.md; the schedule is Megatron-LM's 1F1B with optional
 interleaving (Narayanan et al. 2021, Sec. 2.2):
 
-    T_step = (m + (p-1)/v) * (t_stage + t_p2p) + T_dp,exposed + T_optimizer + T_offload
+    T_step = (m + (p-1)/v) * (t_stage + t_p2p) + T_dp,exposed + T_optimizer + T_offload + T_overhead
 
 where t_stage is the slowest pipeline stage's forward + backward (+
 recompute) time for one micro-batch, including its exposed TP, EP and CP
@@ -152,6 +152,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         "dp_communication": dp_exposed,
         "optimizer": optimizer,
         "offload": offload,
+        "overhead": cluster.step_overhead + m * cluster.microbatch_overhead + np.zeros_like(optimizer),
     }
     phases = {
         "forward": m * (stage["fwd_math"] + stage["fwd_mem"]),

@@ -144,6 +144,20 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         device_power_w=fields.quantity("device_power_w", KIND_COUNT, None, high=MAX_POWER_W),
         source=fields.text("source", ""),
         description=fields.text("description", ""),
+        step_overhead=fields.quantity("step_overhead", KIND_TIME, 0.0, high=MAX_OVERHEAD, allow_zero=True),
+        microbatch_overhead=fields.quantity("microbatch_overhead", KIND_TIME, 0.0, high=MAX_OVERHEAD, allow_zero=True),
+        calibration=_calibration(fields),
     )
     fields.reject_unknown()
     return cluster
+
+
+MAX_OVERHEAD = 600.0      # seconds: a fixed per-step or per-micro-batch cost beyond ten minutes is a typo
+
+
+def _calibration(fields: Fields):
+    """The provenance block a calibrated cluster file carries (free-form mapping, kept as read)."""
+    raw = fields.raw("calibration", None)
+    if raw is not None and not isinstance(raw, dict):
+        raise InputError(fields.name("calibration"), "must be a mapping (written by comet-dse calibrate)")
+    return raw

@@ -135,6 +135,9 @@ class Cluster:
     source: str = ""
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    step_overhead: float = 0.0         # seconds per step the framework adds (0 in presets; calibration may fit it)
+    microbatch_overhead: float = 0.0   # seconds per micro-batch the framework adds (likewise)
+    calibration: dict | None = field(default=None, compare=False, hash=False)  # provenance (comet-dse calibrate)
 
     def dim_sizes(self, devices: int) -> tuple:
         """Sizes of each network dimension when the cluster holds ``devices`` devices.

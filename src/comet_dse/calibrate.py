@@ -1,0 +1,456 @@
+"""`comet-dse calibrate`: fit named physical parameters of a cluster to measured runs.
+
+A runs file is a CSV, one measured run per row (docs/calibration.md):
+``model`` (a preset name, or a model YAML / Hugging Face config.json path
+relative to the CSV) or the architecture columns of the validation files
+(``model_style`` gpt or llama, ``layers``, ``hidden``, ``heads``, ``ffn``,
+``vocab``, ``seq_len``, ...); ``gpus``; any strategy knob as a column named
+like the knob (``tp``, ``pp``, ``recompute``, ``flash_attention``, ...);
+``metric`` (``iter_s``, ``tokens_per_s`` or ``mfu``) and ``measured``.
+
+The fit moves named parameters of the cluster (``PARAMETERS``), each inside
+physical bounds, to minimise the squared relative error of the predicted step
+times (scipy.optimize.least_squares, trust-region reflective). Parameters the
+runs cannot move (sensitivity below ``MIN_SENSITIVITY``) stay at the preset's
+value and are named. Every run is also predicted by a fit that did not see it
+(leave-one-out). The batched cost model evaluates one run at every parameter
+vector a Jacobian needs in one call, so a fit of 20 runs and 6 parameters
+takes seconds.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses as dc
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from comet_dse.errors import InputError
+from comet_dse.hardware.spec import Cluster
+from comet_dse.loading import read_text_file
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import GIVEN, KNOB, KNOBS, Strategy, StrategyArrays
+
+METRICS = ("iter_s", "tokens_per_s", "mfu")
+MIN_SENSITIVITY = 1e-3     # RMS change of the relative errors when a parameter crosses 10 % of its range
+RUNS_PER_PARAMETER = 3
+STEP = 1e-4                # finite-difference step, as a fraction of a parameter's range
+MAX_BATCH = 63             # points per evaluation: below the size at which micro-batch terms are de-duplicated
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: what ran, and its measured step time [s]."""
+
+    label: str
+    model: Transformer
+    devices: int
+    strategy: Strategy
+    metric: str
+    measured: float
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A fittable physical parameter: name, bounds (SI units), unit text and meaning."""
+
+    name: str
+    low: float
+    high: float
+    unit: str
+    meaning: str
+
+    def get(self, cluster: Cluster) -> float:
+        return float(_get(cluster, self.name))
+
+    def put(self, cluster: Cluster, value) -> Cluster:
+        """The cluster with this parameter at ``value`` (a number or an array over evaluation points)."""
+        return _put(cluster, self.name, value)
+
+
+def parameters(cluster: Cluster) -> dict:
+    """name -> Parameter for ``cluster``: its compute, memory and overhead parameters and, per network
+    dimension, ``network.<dim>.efficiency`` and ``network.<dim>.latency``."""
+    out = {
+        "gemm": Parameter("gemm", 0.2, 1.0, "fraction", "16-bit GEMM main-loop efficiency (matmul_efficiency)"),
+        "gemm_fp8": Parameter("gemm_fp8", 0.2, 1.0, "fraction", "fp8 GEMM main-loop efficiency"),
+        "memory": Parameter("memory", 0.2, 1.0, "fraction", "achievable fraction of HBM bandwidth"),
+        "attention": Parameter("attention", 0.25, _attention_ceiling(cluster), "x",
+                               "multiplier on the fused attention kernels' efficiencies"),
+        "kernel_overhead": Parameter("kernel_overhead", 0.0, 50e-6, "s", "fixed cost per kernel launch"),
+        "step_overhead": Parameter("step_overhead", 0.0, 60.0, "s", "fixed framework cost per step"),
+        "microbatch_overhead": Parameter("microbatch_overhead", 0.0, 1.0, "s", "fixed framework cost per micro-batch"),
+    }
+    for dim in cluster.network:
+        out[f"network.{dim.name}.efficiency"] = Parameter(
+            f"network.{dim.name}.efficiency", 0.05, 1.0, "fraction", f"fraction of {dim.name} link bandwidth reached")
+        out[f"network.{dim.name}.latency"] = Parameter(
+            f"network.{dim.name}.latency", 0.0, 100e-6, "s", f"latency per {dim.name} message step")
+    return out
+
+
+def default_fit(cluster: Cluster) -> list:
+    """GEMM and memory efficiency, the outermost network dimension's efficiency, a per-micro-batch overhead."""
+    return ["gemm", "memory", f"network.{cluster.network[-1].name}.efficiency", "microbatch_overhead"]
+
+
+def _attention_ceiling(cluster: Cluster) -> float:
+    rates = cluster.accelerator.attention_efficiency
+    top = max((max(r) for r in rates.values()), default=cluster.accelerator.matmul_efficiency)
+    return max(1.0 / top, 0.26)
+
+
+def _get(cluster: Cluster, name: str):
+    acc = cluster.accelerator
+    if name == "gemm":
+        return acc.matmul_efficiency
+    if name == "gemm_fp8":
+        return acc.matmul_efficiencies().get("fp8", acc.matmul_efficiency)
+    if name == "memory":
+        return acc.hbm.efficiency
+    if name == "attention":
+        return 1.0
+    if name == "kernel_overhead":
+        return acc.kernel_overhead
+    if name in ("step_overhead", "microbatch_overhead"):
+        return getattr(cluster, name)
+    _, dim_name, attr = name.split(".")
+    return getattr(next(d for d in cluster.network if d.name == dim_name), attr)
+
+
+def _put(cluster: Cluster, name: str, value) -> Cluster:
+    acc = cluster.accelerator
+    if name == "gemm":
+        by_dtype = {k: (value if k in ("bf16", "fp16") else v) for k, v in acc.matmul_efficiency_by_dtype.items()}
+        return dc.replace(cluster, accelerator=dc.replace(acc, matmul_efficiency=value,
+                                                          matmul_efficiency_by_dtype=by_dtype))
+    if name == "gemm_fp8":
+        by_dtype = {**acc.matmul_efficiency_by_dtype, "fp8": value}
+        return dc.replace(cluster, accelerator=dc.replace(acc, matmul_efficiency_by_dtype=by_dtype))
+    if name == "memory":
+        return dc.replace(cluster, accelerator=dc.replace(acc, hbm=dc.replace(acc.hbm, efficiency=value)))
+    if name == "attention":
+        from comet_dse.strategy import AttentionKernel
+
+        rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
+        scaled = {k: (f * value, b * value) for k, (f, b) in rates.items()}
+        return dc.replace(cluster, accelerator=dc.replace(acc, attention_efficiency=scaled))
+    if name == "kernel_overhead":
+        return dc.replace(cluster, accelerator=dc.replace(acc, kernel_overhead=value))
+    if name in ("step_overhead", "microbatch_overhead"):
+        return dc.replace(cluster, **{name: value})
+    _, dim_name, attr = name.split(".")
+    network = tuple(dc.replace(d, **{attr: value}) if d.name == dim_name else d for d in cluster.network)
+    return dc.replace(cluster, network=network)
+
+
+# --- reading runs -------------------------------------------------------------------------
+
+
+def read_runs(path: Path) -> list:
+    """The runs of a CSV file; every error names the row and column."""
+    from comet_dse.presets import load_model
+
+    path = Path(path)
+    text = read_text_file(path, "runs")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows:
+        raise InputError("runs", f"{path} holds no runs (a header line and one row per run)")
+    for column in ("gpus", "metric", "measured"):
+        if column not in rows[0]:
+            raise InputError(f"runs.{column}", f"is missing from {path}; columns: {', '.join(rows[0])}")
+    if "model" not in rows[0] and "model_style" not in rows[0]:
+        raise InputError("runs.model", "is missing: give a `model` column (preset or file) or `model_style` "
+                         "with the architecture columns of the validation files")
+    unknown = sorted(set(rows[0]) - set(KNOB) - _OTHER_COLUMNS)
+    if unknown:
+        raise InputError(f"runs.{unknown[0]}", f"unknown column; known: model or model_style and the architecture "
+                         f"columns, gpus, metric, measured, id, and the strategy knobs ({', '.join(KNOB)})")
+    runs = []
+    for i, row in enumerate(rows, start=2):
+        where = f"runs line {i}"
+        label = row.get("id") or row.get("label") or f"line {i}"
+        try:
+            runs.append(_run(row, label, path.parent, load_model))
+        except InputError as exc:
+            raise InputError(f"{where}: {exc.field}", exc.message) from None
+    return runs
+
+
+_ARCHITECTURE = {"model_style", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "dropout"}
+_OTHER_COLUMNS = _ARCHITECTURE | {"model", "gpus", "metric", "measured", "id", "label", "source", "note", "params_b"}
+
+
+def _run(row: dict, label: str, folder: Path, load_model) -> Run:
+    from comet_dse.validation import _gpt, _llama
+
+    if row.get("model"):
+        ref = row["model"]
+        local = folder / ref
+        model = load_model(str(local) if local.suffix in (".json", ".yaml", ".yml") else ref)
+        if row.get("seq_len"):
+            model = model.with_seq_len(_positive_int(row["seq_len"], "seq_len"))
+    else:
+        style = row.get("model_style")
+        if style not in ("gpt", "llama"):
+            raise InputError("model_style", f"must be gpt or llama, got {style!r}")
+        try:
+            model = (_gpt if style == "gpt" else _llama)(row, label)
+        except (KeyError, ValueError) as exc:
+            raise InputError("model_style", f"needs the architecture columns (layers, hidden, heads, ffn, vocab, "
+                             f"seq_len): {exc}") from None
+    devices = _positive_int(row["gpus"], "gpus")
+    knobs = {}
+    for knob in KNOBS:
+        text = row.get(knob.name)
+        if text not in (None, ""):
+            try:
+                knobs[knob.name] = knob.coerce(text)
+            except ValueError as exc:
+                raise InputError(knob.name, str(exc)) from None
+    inner = knobs.get("tp", 1) * knobs.get("cp", 1) * knobs.get("pp", 1)
+    knobs.setdefault("dp", max(devices // inner, 1))
+    if "global_batch" not in knobs:
+        raise InputError("global_batch", "is missing (sequences per iteration)")
+    strategy = Strategy(**knobs)
+    if strategy.devices != devices:
+        raise InputError("gpus", f"{devices} differs from tp*cp*pp*dp = {strategy.devices}")
+    metric = row["metric"]
+    if metric not in METRICS:
+        raise InputError("metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
+    try:
+        measured = float(row["measured"])
+    except ValueError:
+        raise InputError("measured", f"must be a positive number, got {row['measured']!r}") from None
+    if not np.isfinite(measured) or measured <= 0 or (metric == "mfu" and measured > 1):
+        raise InputError("measured", f"must be a positive number{' at most 1' if metric == 'mfu' else ''}, "
+                         f"got {row['measured']!r}")
+    return Run(label=label, model=model, devices=devices, strategy=strategy, metric=metric, measured=measured)
+
+
+def _positive_int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise InputError(name, f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise InputError(name, f"must be a positive integer, got {text!r}")
+    return value
+
+
+# --- evaluating runs at many parameter vectors ----------------------------------------------
+
+
+def step_errors(run: Run, cluster: Cluster, fitted: list, values: np.ndarray) -> np.ndarray:
+    """Relative error of the predicted step time of ``run`` at each row of ``values`` (K x P) [-].
+
+    The cluster takes each fitted parameter as an array over the K points, and
+    the strategy is repeated K times: one call of the batched cost model.
+    Measured tokens/s and MFU are turned into step times (MFU with the
+    model's own FLOP count, as validation does).
+    """
+    from comet_dse.cost.step import evaluate
+
+    out = []
+    for start in range(0, len(values), MAX_BATCH):
+        chunk = values[start:start + MAX_BATCH]
+        variant = cluster
+        for j, param in enumerate(fitted):
+            variant = param.put(variant, chunk[:, j])
+        st = StrategyArrays.of([run.strategy] * len(chunk))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = evaluate(run.model, variant, run.devices, st)
+        out.append(step.step_time / _measured_time(run, cluster, step) - 1.0)
+    return np.concatenate(out)
+
+
+def _measured_time(run: Run, cluster: Cluster, step) -> np.ndarray:
+    if run.metric == "iter_s":
+        return np.full(np.shape(step.step_time), run.measured)
+    if run.metric == "tokens_per_s":
+        return np.full(np.shape(step.step_time), run.strategy.global_batch * run.model.seq_len / run.measured)
+    peak = cluster.accelerator.flops(run.strategy.dtype.value)
+    return step.model_flops / (run.devices * peak * run.measured)
+
+
+# --- the fit ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Fit:
+    """Fitted values (SI), their 1-sigma uncertainty, and the errors before and after."""
+
+    names: list
+    values: np.ndarray
+    sigma: np.ndarray
+    before: np.ndarray        # per run, relative error with the preset
+    after: np.ndarray         # per run, relative error with the fitted values
+    unidentifiable: list      # parameters left at the preset's value (too little sensitivity)
+    sensitivity: dict         # name -> RMS change of the errors over 10 % of its range
+
+
+def fit(runs: list, cluster: Cluster, names: list, start: np.ndarray | None = None) -> Fit:
+    """Least-squares fit of ``names`` on ``runs`` (relative step-time errors), inside each parameter's bounds."""
+    from scipy.optimize import least_squares
+
+    catalogue = parameters(cluster)
+    params = [catalogue[n] for n in names]
+    low = np.array([p.low for p in params])
+    span = np.array([p.high - p.low for p in params])
+    preset = np.clip(np.array([p.get(cluster) for p in params]), low, low + span)
+    before = np.array([step_errors(r, cluster, params, preset[None, :])[0] for r in runs])
+    sensitivity = _sensitivity(runs, cluster, params, preset, span)
+    keep = [i for i, p in enumerate(params) if sensitivity[p.name] >= MIN_SENSITIVITY]
+    names_kept = [params[i].name for i in keep]
+    x = preset.copy()
+    sigma = np.full(len(params), np.nan)
+    if keep:
+        k_params = [params[i] for i in keep]
+        k_low, k_span = low[keep], span[keep]
+        u0 = ((start[keep] if start is not None else preset[keep]) - k_low) / k_span
+
+        def residuals_and_jacobian(u):
+            return _residuals_jacobian(runs, cluster, k_params, k_low + np.clip(u, 0, 1) * k_span, k_span)
+
+        cache = {}
+
+        def fun(u):
+            key = u.tobytes()
+            if key not in cache:
+                cache.clear()
+                cache[key] = residuals_and_jacobian(u)
+            return cache[key][0]
+
+        def jac(u):
+            fun(u)
+            return cache[u.tobytes()][1]
+
+        result = least_squares(fun, np.clip(u0, 0, 1), jac=jac, bounds=(0.0, 1.0), method="trf", xtol=1e-10,
+                               ftol=1e-12, gtol=1e-12, max_nfev=200)
+        x[keep] = k_low + result.x * k_span
+        sigma[keep] = _uncertainty(result.fun, result.jac) * k_span
+    after = np.array([step_errors(r, cluster, params, x[None, :])[0] for r in runs])
+    unidentifiable = [p.name for p in params if p.name not in names_kept]
+    return Fit(names=list(names), values=x, sigma=sigma, before=before, after=after,
+               unidentifiable=unidentifiable, sensitivity=sensitivity)
+
+
+def _residuals_jacobian(runs, cluster, params, x, span):
+    """Relative errors at ``x`` and their forward-difference Jacobian in range-normalised coordinates."""
+    n = len(params)
+    points = np.repeat(x[None, :], n + 1, axis=0)
+    steps = STEP * span * np.where(x + STEP * span <= np.array([p.high for p in params]), 1.0, -1.0)
+    points[1:][np.arange(n), np.arange(n)] += steps
+    errors = np.array([step_errors(r, cluster, params, points) for r in runs])      # runs x (n + 1)
+    jac = (errors[:, 1:] - errors[:, :1]) / (steps / span)[None, :]
+    return errors[:, 0], jac
+
+
+def _sensitivity(runs, cluster, params, x, span) -> dict:
+    """name -> RMS over the runs of the change in relative error when the parameter moves by 10 % of its range."""
+    _, jac = _residuals_jacobian(runs, cluster, params, x, span)
+    return {p.name: float(np.sqrt(np.mean((0.1 * jac[:, j]) ** 2))) for j, p in enumerate(params)}
+
+
+def _uncertainty(residuals, jac) -> np.ndarray:
+    """1-sigma of each fitted coordinate: sqrt(diag((J^T J)^-1) * SSR / (n - p)) (NaN when n <= p)."""
+    n, p = jac.shape
+    if n <= p:
+        return np.full(p, np.nan)
+    scale = float(residuals @ residuals) / (n - p)
+    cov = np.linalg.pinv(jac.T @ jac) * scale
+    return np.sqrt(np.maximum(np.diag(cov), 0.0))
+
+
+def check_support(runs: list, names: list) -> None:
+    """Refuse to fit more parameters than the runs support (RUNS_PER_PARAMETER runs each)."""
+    needed = RUNS_PER_PARAMETER * len(names)
+    if len(runs) < needed:
+        raise InputError("fit", f"{len(names)} parameters need at least {needed} runs ({RUNS_PER_PARAMETER} per "
+                         f"parameter), the file has {len(runs)}; fit fewer with --fit "
+                         f"(e.g. --fit {','.join(names[:max(1, len(runs) // RUNS_PER_PARAMETER)])})")
+
+
+def leave_one_out(runs: list, cluster: Cluster, names: list, full: Fit, progress: bool = False) -> np.ndarray:
+    """Per run, its relative error predicted by a fit on all the other runs (started from the full fit)."""
+    catalogue = parameters(cluster)
+    params = [catalogue[n] for n in names]
+    out = np.empty(len(runs))
+    indices = range(len(runs))
+    if progress:
+        from tqdm import tqdm
+
+        indices = tqdm(indices, desc="leave-one-out", unit="fit", leave=False, disable=None)
+    for i in indices:
+        others = runs[:i] + runs[i + 1:]
+        sub = fit(others, cluster, names, start=full.values)
+        out[i] = step_errors(runs[i], cluster, params, sub.values[None, :])[0]
+    return out
+
+
+# --- the calibrated cluster file --------------------------------------------------------------
+
+
+def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: Path, loo: np.ndarray | None,
+                    holdout: dict | None = None) -> dict:
+    """The base cluster's mapping with the fitted values written in and a `calibration:` provenance block."""
+    import copy
+
+    data = copy.deepcopy(base_data)
+    fitted = {}
+    for name, value, sigma in zip(result.names, result.values, result.sigma):
+        if name in result.unidentifiable:
+            continue
+        _write(data, cluster, name, float(value))
+        fitted[name] = {"value": float(value), "sigma": None if np.isnan(sigma) else float(sigma),
+                        "preset": float(_get(cluster, name)), "unit": parameters(cluster)[name].unit}
+    data["name"] = f"{cluster.name}-calibrated"
+    data["description"] = f"{cluster.description} (calibrated to {runs_path.name})".strip()
+    summary = lambda e: {"mean_abs_error": float(np.mean(np.abs(e))), "max_abs_error": float(np.max(np.abs(e)))}
+    data["calibration"] = {
+        "base": cluster.name,
+        "runs_file": runs_path.name,
+        "runs_sha256": hashlib.sha256(Path(runs_path).read_bytes()).hexdigest(),
+        "runs": int(len(result.before)),
+        "fitted": fitted,
+        "left_at_preset": list(result.unidentifiable),
+        "error_before": summary(result.before),
+        "error_in_sample": summary(result.after),
+        **({"error_leave_one_out": summary(loo)} if loo is not None else {}),
+        **({"error_held_out": holdout} if holdout else {}),
+    }
+    return data
+
+
+def _write(data: dict, cluster: Cluster, name: str, value: float) -> None:
+    acc = data["accelerator"]
+    if name == "gemm":
+        if isinstance(acc.get("matmul_efficiency"), dict):
+            for key in ("bf16", "fp16"):
+                if key in acc["matmul_efficiency"]:
+                    acc["matmul_efficiency"][key] = round(value, 4)
+        else:
+            acc["matmul_efficiency"] = round(value, 4)
+    elif name == "gemm_fp8":
+        current = acc.get("matmul_efficiency")
+        table = dict(current) if isinstance(current, dict) else {"bf16": current}
+        table["fp8"] = round(value, 4)
+        acc["matmul_efficiency"] = table
+    elif name == "memory":
+        acc["memory"]["hbm"]["efficiency"] = round(value, 4)
+    elif name == "attention":
+        rates = cluster.accelerator.attention_efficiency or {
+            k: (cluster.accelerator.matmul_efficiency,) * 2 for k in ("fa2", "fa3", "cudnn")}
+        acc["attention_efficiency"] = {k: {"forward": round(min(f * value, 1.0), 4),
+                                           "backward": round(min(b * value, 1.0), 4)} for k, (f, b) in rates.items()}
+    elif name == "kernel_overhead":
+        acc["kernel_overhead"] = f"{value * 1e6:.4g} us"
+    elif name in ("step_overhead", "microbatch_overhead"):
+        data[name] = f"{value * 1e3:.6g} ms"
+    else:
+        _, dim_name, attr = name.split(".")
+        dim = next(d for d in data["network"] if d["name"] == dim_name)
+        dim[attr] = f"{value * 1e6:.4g} us" if attr == "latency" else round(value, 4)

@@ -1,0 +1,160 @@
+"""The `comet-dse calibrate` command: read runs, fit, cross-validate, print, write a calibrated cluster file."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from comet_dse.calibrate import (
+    Fit, calibrated_data, check_support, default_fit, fit, leave_one_out, parameters, read_runs, step_errors,
+)
+from comet_dse.errors import InputError
+from comet_dse.hardware.spec import Cluster
+
+
+def run_calibrate(args) -> int:
+    try:
+        import scipy.optimize  # noqa: F401 - only to check it is installed
+    except ImportError:
+        raise InputError("calibrate", "needs scipy: pip install 'comet-dse[calibrate]'") from None
+    cluster, base_data = _base_cluster(args.cluster)
+    runs_path = Path(args.runs)
+    runs = read_runs(runs_path)
+    for run in runs:
+        try:
+            cluster.dim_sizes(run.devices)
+        except InputError as exc:
+            raise InputError(f"runs {run.label}: gpus", exc.message) from None
+    catalogue = parameters(cluster)
+    names = list(args.fit or default_fit(cluster))
+    unknown = [n for n in names if n not in catalogue]
+    if unknown:
+        raise InputError("fit", f"unknown parameter {unknown[0]!r}; parameters of {cluster.name}: {', '.join(catalogue)}")
+    train, held = _split(runs, args.holdout)
+    check_support(train, names)
+    result = fit(train, cluster, names)
+    loo = None if args.no_cv else leave_one_out(train, cluster, names, result, progress=not args.json)
+    params = [catalogue[n] for n in names]
+    held_before = np.array([step_errors(r, cluster, params, _preset(cluster, params)[None, :])[0] for r in held])
+    held_after = np.array([step_errors(r, cluster, params, result.values[None, :])[0] for r in held])
+    holdout = _summary(held_after) if len(held) else None
+    if args.output:
+        data = calibrated_data(base_data, cluster, result, runs_path, loo, holdout)
+        _write_yaml(data, Path(args.output))
+    if args.json:
+        print(json.dumps(_as_json(cluster, train, held, result, loo, held_before, held_after, args.output), indent=2))
+        return 0
+    print(_as_text(cluster, train, held, result, loo, held_before, held_after, args.output))
+    return 0
+
+
+def _base_cluster(ref: str) -> tuple:
+    """(Cluster, its raw mapping) from a preset name or a cluster YAML."""
+    from comet_dse.hardware.load import cluster_from
+    from comet_dse.loading import read_yaml
+    from comet_dse.presets import preset_data
+
+    data = read_yaml(Path(ref), "cluster") if ref.endswith((".yaml", ".yml")) else preset_data("clusters", ref)
+    return cluster_from(data, "cluster"), data
+
+
+def _split(runs: list, holdout) -> tuple:
+    if not holdout:
+        return runs, []
+    labels = {r.label for r in runs}
+    missing = [h for h in holdout if h not in labels]
+    if missing:
+        raise InputError("holdout", f"no run with id {missing[0]!r}; ids: {', '.join(r.label for r in runs)}")
+    return [r for r in runs if r.label not in holdout], [r for r in runs if r.label in holdout]
+
+
+def _preset(cluster: Cluster, params: list) -> np.ndarray:
+    return np.clip(np.array([p.get(cluster) for p in params]), [p.low for p in params], [p.high for p in params])
+
+
+def _summary(errors: np.ndarray) -> dict:
+    return {"mean_abs_error": float(np.mean(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
+
+
+def _write_yaml(data: dict, path: Path) -> None:
+    """Write atomically, then load it back as a cluster (a calibrated file is a normal cluster file)."""
+    from comet_dse.hardware.load import cluster_from
+
+    text = ("# Calibrated by comet-dse calibrate: a separate, labelled file. The values that are not in\n"
+            "# `calibration.fitted` are the base preset's; see that preset for their sources.\n"
+            + yaml.safe_dump(data, sort_keys=False))
+    cluster_from(yaml.safe_load(text), "cluster")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _value_text(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value * 1e6:.3g} us" if value < 1e-3 else f"{value * 1e3:.4g} ms"
+    return f"{value:.4g}"
+
+
+def _as_text(cluster, train, held, result: Fit, loo, held_before, held_after, output) -> str:
+    from comet_dse.report_text import render_table
+
+    catalogue = parameters(cluster)
+    lines = [f"Calibrating {cluster.name} on {len(train)} runs"
+             + (f" ({len(held)} held out)" if held else ""), ""]
+    rows = []
+    for name, value, sigma in zip(result.names, result.values, result.sigma):
+        p = catalogue[name]
+        left = name in result.unidentifiable
+        rows.append([name, _value_text(p.get(cluster), p.unit),
+                     "(left at preset)" if left else _value_text(value, p.unit),
+                     "-" if left or np.isnan(sigma) else "+/- " + _value_text(sigma, p.unit),
+                     f"{result.sensitivity[name]:.2g}", f"[{_value_text(p.low, p.unit)}, {_value_text(p.high, p.unit)}]"])
+    lines.append(render_table(["parameter", "preset", "fitted", "1 sigma", "sensitivity", "bounds"], rows, left=(0,)))
+    if result.unidentifiable:
+        lines += ["", "The runs cannot identify: " + ", ".join(result.unidentifiable)
+                  + " (sensitivity below 0.001); they keep the preset's value."]
+    rows = []
+    for i, run in enumerate(train):
+        rows.append([run.label, f"{result.before[i] * 100:+.1f}%", f"{result.after[i] * 100:+.1f}%",
+                     f"{loo[i] * 100:+.1f}%" if loo is not None else "-"])
+    for i, run in enumerate(held):
+        rows.append([f"{run.label} (held out)", f"{held_before[i] * 100:+.1f}%", f"{held_after[i] * 100:+.1f}%", "-"])
+    lines += ["", render_table(["run", "error, preset", "error, fitted", "leave-one-out"], rows, left=(0,)), ""]
+    stats = [("preset", result.before), ("fitted (in sample)", result.after)]
+    if loo is not None:
+        stats.append(("leave-one-out", loo))
+    if held:
+        stats.append(("held out", held_after))
+    for label, errors in stats:
+        s = _summary(errors)
+        lines.append(f"  {label:20s} mean |error| {s['mean_abs_error'] * 100:5.1f}%   max {s['max_abs_error'] * 100:5.1f}%")
+    if output:
+        lines += ["", f"Wrote {output} (cluster {cluster.name}-calibrated)"]
+    return "\n".join(lines)
+
+
+def _as_json(cluster, train, held, result: Fit, loo, held_before, held_after, output) -> dict:
+    catalogue = parameters(cluster)
+    return {
+        "cluster": cluster.name,
+        "parameters": [{"name": n, "preset": catalogue[n].get(cluster), "fitted": float(v),
+                        "sigma": None if np.isnan(s) else float(s), "unit": catalogue[n].unit,
+                        "identifiable": n not in result.unidentifiable, "sensitivity": result.sensitivity[n]}
+                       for n, v, s in zip(result.names, result.values, result.sigma)],
+        "runs": [{"id": r.label, "error_preset": float(result.before[i]), "error_fitted": float(result.after[i]),
+                  "error_leave_one_out": None if loo is None else float(loo[i])} for i, r in enumerate(train)],
+        "held_out": [{"id": r.label, "error_preset": float(held_before[i]), "error_fitted": float(held_after[i])}
+                     for i, r in enumerate(held)],
+        "summary": {"preset": _summary(result.before), "fitted": _summary(result.after),
+                    "leave_one_out": None if loo is None else _summary(loo),
+                    "held_out": _summary(held_after) if len(held) else None},
+        "output": output,
+    }
