@@ -114,8 +114,9 @@ def read_yaml(path: Path, what: str) -> dict:
 
 def parse_yaml(text: str, path: Path, what: str) -> dict:
     """The YAML mapping in ``text`` (read from ``path``), with read_yaml's checks."""
-    loader = _StrictLoader(text)
+    loader = None
     try:
+        loader = _StrictLoader(text)           # refuses control characters YAML does not allow
         node = loader.get_single_node()
         if node is not None and _count_nodes(node) > MAX_NODES:
             raise InputError(what, f"{path} holds more than {MAX_NODES:,} values (counting YAML aliases)")
@@ -129,7 +130,8 @@ def parse_yaml(text: str, path: Path, what: str) -> dict:
     except _TooDeep:
         raise InputError(what, f"{path} nests lists or mappings more than {MAX_DEPTH} deep") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise InputError(what, f"{path} must hold a mapping of fields, got {type(data).__name__}")
     return data

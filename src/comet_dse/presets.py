@@ -5,6 +5,8 @@ path, or, for models, a Hugging Face ``config.json`` path.
 """
 from __future__ import annotations
 
+import errno
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -29,7 +31,7 @@ def preset_names(kind: str) -> list:
 
 def preset_data(kind: str, name: str) -> dict:
     path = _preset_dir(kind).joinpath(f"{name}.yaml")
-    if not path.is_file():
+    if name not in preset_names(kind):            # never a path: "../x" or "/tmp/x" is not a preset
         field = "model" if kind == "models" else "cluster"
         raise InputError(field, f"unknown preset {name!r}; built-in {kind}: {', '.join(preset_names(kind))}")
     return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -37,6 +39,7 @@ def preset_data(kind: str, name: str) -> dict:
 
 def load_model(ref: str) -> Transformer:
     """A model from a preset name, a YAML file, or a Hugging Face config.json."""
+    _check_reference(ref, "model")
     path = Path(ref)
     if path.is_dir():
         raise InputError("model", f"{ref} is a folder; give a preset name, a model YAML or a config.json file")
@@ -52,6 +55,19 @@ def load_model(ref: str) -> Transformer:
 
 def load_cluster(ref: str) -> Cluster:
     """A cluster from a preset name or a YAML file."""
+    _check_reference(ref, "cluster")
     if ref.endswith((".yaml", ".yml")):
         return cluster_from(read_yaml(Path(ref), "cluster"), "cluster")
     return cluster_from(preset_data("clusters", ref), "cluster")
+
+
+def _check_reference(ref: str, field: str) -> None:
+    """Refuse a reference the file system cannot even look up (a NUL character, a name too long)."""
+    try:
+        os.stat(ref)
+    except ValueError:
+        raise InputError(field, f"{ref[:60]!r} holds a NUL character; give a preset name or a file") from None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise InputError(field, f"{ref[:60]!r}... is too long for a file name; give a preset name or a file"
+                             ) from None

@@ -209,8 +209,10 @@ def _joint(a: list, b: list) -> list:
 
 
 def _dp_groups(params: StageParams, spans: dict) -> tuple:
-    """(parameters, group spans) whose gradients are reduced together: shared over DP x CP, experts over EDP x CP."""
-    return ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
+    """(parameters, group spans) whose gradients are reduced together: shared over DP x CP, experts over EDP x CP.
+    A group with no parameters at any point (the experts of a dense model) is left out: it sends nothing."""
+    groups = ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
+    return tuple((count, group) for count, group in groups if np.any(count))
 
 
 def _split_shard(st: StrategyArrays, group: list) -> tuple:
@@ -218,6 +220,8 @@ def _split_shard(st: StrategyArrays, group: list) -> tuple:
     network dimension (inside a node) and the rest (across nodes)."""
     hybrid = st.hybrid_shard
     ones = np.ones_like(np.asarray(group[0], dtype=float))
+    if not np.any(hybrid):
+        return group, [ones] * len(group)
     shard = [group[0]] + [np.where(hybrid, ones, n) for n in group[1:]]
     replica = [ones] + [np.where(hybrid, n, ones) for n in group[1:]]
     return shard, replica
@@ -291,9 +295,10 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     for count, group in _dp_groups(params, spans):
         grads, weights = count * gbytes, count * 2.0
         shard, replica = _split_shard(st, group)
-        members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
-        # Hybrid sharding: the shard's gradients are all-reduced across the node replicas once per step.
-        across = across + np.where(sharded, coll.all_reduce_time(grads / members, dims, replica), 0.0)
+        if np.any(st.hybrid_shard):
+            # Hybrid sharding: the shard's gradients are all-reduced across the node replicas once per step.
+            members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
+            across = across + np.where(sharded, coll.all_reduce_time(grads / members, dims, replica), 0.0)
         reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, shard),
                                    coll.all_reduce_time(grads, dims, group))
         gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, shard), 0.0)
@@ -305,7 +310,7 @@ def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, par
     across_exposed = np.where(st.dp_overlap, np.maximum(across - np.where(st.zero >= Zero.PARAMETERS, window,
                                                                           np.maximum(window - reduce, 0.0)), 0.0),
                               across)
-    zero3 = m * _sharded_layers(st, ctx, stage, params, gbytes, units)
+    zero3 = m * _sharded_layers(st, ctx, stage, params, gbytes, units) if np.any(st.zero >= Zero.PARAMETERS) else 0.0
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
                        0.0)
     tied = model.tied_embeddings & (st.pp > 1)

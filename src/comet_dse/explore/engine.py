@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -149,6 +150,9 @@ class PartStore:
         marker = {"fingerprint": study.fingerprint(), "chunks": len(chunks), "inputs": study.inputs}
         try:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError("output", f"cannot create {self.folder.parent}: {exc.strerror}") from None
+        try:
             self.folder.mkdir()
             created = True
         except FileExistsError:
@@ -411,31 +415,67 @@ def _run_processes(todo: list, payload, finished, workers: int) -> None:
 def _dask_client(workers: int, scheduler: str | None):
     """A Dask client: of the scheduler at ``scheduler`` (an InputError within SCHEDULER_TIMEOUT_S if it
     does not answer), or of a local cluster of ``workers`` processes (which ignore Ctrl-C and exit with
-    this process: worker_setup)."""
+    this process: worker_setup). The local cluster logs nothing: a failed task reaches the driver as its
+    exception, and an interruption's closing connections are not errors to show."""
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)  # a chunk's strategies
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise InputError("engine", "dask is not installed; pip install 'comet-dse[distributed]'") from None
-    cluster = None
-    if scheduler:
-        try:
-            client = Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)
-        except (OSError, TimeoutError):
-            raise InputError("scheduler", f"no Dask scheduler answered at {scheduler!r} within "
-                             f"{SCHEDULER_TIMEOUT_S} s") from None
-        except (ValueError, TypeError):
-            raise InputError("scheduler", f"{scheduler!r} is not a scheduler address; give tcp://HOST:PORT") from None
-    else:
-        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                               dashboard_address=":0", silence_logs=40, preload=[__name__])
-        client = Client(cluster)
+    cluster = client = None
     try:
+        if scheduler:
+            client = _connect(Client, scheduler)
+        else:
+            with _starting_workers():
+                cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                                       dashboard_address=":0", silence_logs=logging.CRITICAL, preload=[__name__])
+            client = Client(cluster)
         yield client
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _connect(client_type, scheduler: str):
+    """A client of the scheduler at ``scheduler``, or an InputError within SCHEDULER_TIMEOUT_S."""
+    try:
+        return client_type(scheduler, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        raise InputError("scheduler", f"no Dask scheduler answered at {scheduler!r} within "
+                         f"{SCHEDULER_TIMEOUT_S} s") from None
+    except (ValueError, TypeError):
+        raise InputError("scheduler", f"{scheduler!r} is not a scheduler address; give tcp://HOST:PORT") from None
+
+
+@contextlib.contextmanager
+def _starting_workers():
+    """While a local cluster starts: a Ctrl-C in the main thread is held (not raised inside a half-started
+    cluster) and raised as KeyboardInterrupt at the end, also if it made the start fail; the processes
+    started meanwhile inherit a stderr that goes nowhere (one that Ctrl-C reaches before worker_setup
+    ignores it would print a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    except Exception:
+        if not pressed:
+            raise
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def _run_dask(client, todo: list, payload, finished, workers: int) -> None:

@@ -69,6 +69,8 @@ class SearchSpace:
                 checked[name] = tuple(dict.fromkeys(KNOB[name].coerce(x) for x in items))
             except ValueError as exc:
                 raise InputError(where, str(exc)) from None
+            except OverflowError:
+                raise InputError(where, "holds a number too large for any knob") from None
         object.__setattr__(self, "values", checked)
         for attr in ("max_micro_batch", "max_interleave"):
             value = getattr(self, attr)

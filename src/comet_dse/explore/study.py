@@ -25,6 +25,7 @@ from comet_dse.hardware.load import (MAX_EXPANSION, MAX_FLOPS, MAX_HBM, MAX_LATE
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, check_range, parse_yaml, read_text_file
 from comet_dse.presets import load_cluster, load_model
+from comet_dse.report_text import printable
 from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
 
@@ -193,7 +194,8 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
     kinds = _figures(f, axes)
     budget = f.quantity("token_budget", KIND_COUNT, None, high=1e18)
     files = tuple(Path(r) for r in [str(path)] + models + refs if r.endswith((".yaml", ".yml", ".json")))
-    study = Study(name=f.text("name", path.stem), description=f.text("description", ""), models=loaded,
+    study = Study(name=printable(f.text("name", path.stem)), description=printable(f.text("description", "")),
+                  models=loaded,
                   variants=variants, baseline=baseline,
                   space=space, token_budget=budget, output=_output(f),
                   source_text=text, figures=kinds, points=points, inputs=inputs, files=files)

@@ -19,6 +19,7 @@ MAX_EXPANSION = 256 * TiB
 MAX_MEM_BW = 1e15         # 1 PB/s
 MAX_LINK_BW = 1e13        # 10 TB/s per link
 MAX_LATENCY = 1.0
+MAX_TILE = 65536          # a GEMM tile side (real ones are 64 to 256)
 MAX_PRICE_USD = 1e8       # per device
 MAX_POWER_W = 1e5         # per device
 
@@ -47,8 +48,10 @@ def accelerator_from(fields: Fields) -> Accelerator:
     memory = fields.sub("memory")
     expansion = tier_from(memory.sub("expansion"), "expansion", MAX_EXPANSION, True) if memory.has("expansion") else None
     tile = fields.raw("matmul_tile")
-    if not (isinstance(tile, list) and len(tile) == 3 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)):
-        raise InputError(fields.name("matmul_tile"), f"must be three positive integers [m, n, k], got {tile!r}")
+    if not (isinstance(tile, list) and len(tile) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_TILE for x in tile)):
+        raise InputError(fields.name("matmul_tile"), f"must be three integers [m, n, k] in [1, {MAX_TILE}], "
+                         f"got {tile if len(repr(tile)) < 80 else 'huge values'}")
     overhead = fields.raw("matmul_pipeline_overhead")
     if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead <= 64:
         raise InputError(fields.name("matmul_pipeline_overhead"), f"must be a number of iterations in [0, 64], got {overhead!r}")

@@ -64,9 +64,6 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
     study_dir, output = Path(study_dir), Path(os.path.abspath(output))
     text, studies = load_folder(study_dir, max_points)   # every input error surfaces before anything is written
     _check_output(output, [study_dir, *(f for s in studies for f in s.files)])
-    for study in studies:
-        if announce is not None:
-            announce(study)
     started = time.perf_counter()
     _remove_stale(output)
     tmp = temp_path(output)
@@ -77,6 +74,9 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             raise InputError("output", f"cannot write in {output.parent}: {exc.strerror}") from None
         (tmp / MARKER).write_text("written by comet-dse report; the folder is replaced by the next report\n")
         (tmp / "figures").mkdir()
+        for study in studies:
+            if announce is not None:
+                announce(study)
         sections = []
         for study in studies:
             result = tmp / "data" / f"{study.file_stem}.parquet"
