@@ -1,3 +1,19 @@
-"""comet-dse: an analytical model of distributed LLM training and a cluster design-space explorer."""
+"""comet-dse: an analytical model of distributed LLM training and a cluster design-space explorer.
+
+The Python API (docs/api.md)::
+
+    from comet_dse import estimate, search, whatif, sweep, load_model, load_cluster
+
+Importing the package loads the cost model (numpy, PyYAML) and nothing else; pyarrow and pandas are
+imported when a result is turned into a table.
+"""
 
 __version__ = "0.1.0"
+
+# After __version__ (modules read it). The names shadow the submodules comet_dse.estimate and
+# comet_dse.whatif on purpose: `from comet_dse import estimate` is the function.
+from comet_dse.api import (Estimate, InputError, SearchResults, SearchSpace, Strategy,  # noqa: E402
+                           SweepResults, WhatIf, estimate, load_cluster, load_model, search, sweep, whatif)
+
+__all__ = ["estimate", "search", "whatif", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
+           "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError", "__version__"]

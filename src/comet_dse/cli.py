@@ -1,4 +1,4 @@
-"""Command line: ``comet-dse estimate | search | sweep | report | presets | validate``.
+"""Command line: ``comet-dse estimate | search | whatif | sweep | report | presets | validate``.
 
 A thin layer over the library.
 
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from comet_dse import whatif_cli
 from comet_dse.errors import InputError
+from comet_dse.overrides import add_override_options, cluster_from_args
 from comet_dse.strategy import GIVEN, KNOBS
 
 EXIT_BAD_INPUT = 2
@@ -62,18 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
     _add_knob_options(est, many=False)
     est.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
+    add_override_options(est)
     est.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
     sea = sub.add_parser("search", help="evaluate every parallelisation strategy and rank them")
-    sea.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
-    sea.add_argument("--cluster", required=True, help="preset name or cluster YAML")
-    sea.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
-    sea.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
-    _add_knob_options(sea, many=True)
-    sea.add_argument("--max-micro-batch", type=_positive_int, default=16,
-                     help="largest micro-batch tried when --micro-batch is not given (default 16)")
-    sea.add_argument("--max-interleave", type=_positive_int, default=8,
-                     help="most virtual stages tried when --interleave is not given (default 8)")
+    _add_search_inputs(sea)
     sea.add_argument("--top", type=_positive_int, default=10, help="how many of the fastest to show (default 10)")
     sea.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
     sea.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
@@ -103,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--dry-run", action="store_true",
                      help="print each study's number of design points and first ones; evaluate and write nothing")
 
+    whatif_cli.add_parser(sub, _add_search_inputs)
+
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
     pre.add_argument("--json", action="store_true", help="print JSON")
 
@@ -124,6 +121,30 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--no-cv", action="store_true", help="skip the leave-one-out cross-validation")
     cal.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _add_search_inputs(parser: argparse.ArgumentParser) -> None:
+    """What `search` and `whatif` search: the model, cluster (with overrides), devices and strategy lists."""
+    parser.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
+    parser.add_argument("--cluster", required=True, help="preset name or cluster YAML")
+    parser.add_argument("--devices", required=True, type=_positive_int, help="number of accelerators")
+    parser.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (overrides the model's)")
+    _add_knob_options(parser, many=True)
+    parser.add_argument("--mp", type=_positive_ints, default=None, metavar="N[,...]",
+                        help="model-parallel degrees MP = TP x PP to try (with --dp: the MP x DP split)")
+    parser.add_argument("--max-micro-batch", type=_positive_int, default=16,
+                        help="largest micro-batch tried when --micro-batch is not given (default 16)")
+    parser.add_argument("--max-interleave", type=_positive_int, default=8,
+                        help="most virtual stages tried when --interleave is not given (default 8)")
+    add_override_options(parser)
+
+
+def _positive_ints(text: str) -> tuple:
+    """A comma-separated list of positive integers (--mp 32,64)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return tuple(_positive_int(x) for x in items)
 
 
 def _name_list(text: str) -> tuple:
@@ -227,7 +248,7 @@ def _space_from(args):
 
     return SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
                         if k.search != GIVEN and getattr(args, k.name) is not None},
-                       max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave)
+                       max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave, mp=args.mp)
 
 
 # Broken rules that make a command-line estimate an input error rather than a result.
@@ -252,7 +273,7 @@ def cmd_estimate(args) -> int:
     _note_unmodelled(model)
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
-    cluster = load_cluster(args.cluster)
+    cluster = cluster_from_args(load_cluster(args.cluster), args)
     cluster.dim_sizes(args.devices)
     strategy = _strategy_from(args, args.devices)
     result = estimate(model, cluster, args.devices, strategy)
@@ -281,7 +302,7 @@ def cmd_search(args) -> int:
     _note_unmodelled(model)
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
-    cluster = load_cluster(args.cluster)
+    cluster = cluster_from_args(load_cluster(args.cluster), args)
     space = _space_from(args)
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space)
@@ -461,6 +482,17 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_whatif(args) -> int:
+    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.whatif import run_cli
+
+    model = load_model(args.model)
+    _note_unmodelled(model)
+    if args.seq_len:
+        model = model.with_seq_len(args.seq_len)
+    return run_cli(args, model, cluster_from_args(load_cluster(args.cluster), args), _space_from(args))
+
+
 def cmd_calibrate(args) -> int:
     from comet_dse.calibrate_cli import run_calibrate
 
@@ -468,7 +500,8 @@ def cmd_calibrate(args) -> int:
 
 
 COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, "report": cmd_report,
-            "presets": cmd_presets, "validate": cmd_validate, "calibrate": cmd_calibrate}
+            "presets": cmd_presets, "validate": cmd_validate, "calibrate": cmd_calibrate,
+            "whatif": cmd_whatif}
 
 
 def main(argv: list | None = None) -> int:

@@ -15,10 +15,11 @@ from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.tables import Tabular
 
 
 @dataclass(frozen=True)
-class Estimate:
+class Estimate(Tabular):
     """Result of one design point. Units: seconds, bytes, FLOP; fractions 0..1.
 
     breakdown_s parts add up to step_time_s. memory_bytes parts add up to
@@ -49,6 +50,20 @@ class Estimate:
     def runnable(self) -> bool:
         """True unless a validity rule other than memory is broken (the strategy could run on a bigger device)."""
         return all(code == "memory" for code in self.broken_rules)
+
+    def rows(self) -> list:
+        """One flat row (``to_arrow()``, ``to_pandas()``): the inputs, the strategy's knobs, the result,
+        ``time_<part>_s`` and ``memory_<part>_bytes``; reasons joined by '; '."""
+        d = self.to_dict()
+        strategy = d["inputs"].get("strategy", {})
+        row = {k: v for k, v in d["inputs"].items() if k != "strategy"}
+        row.update(strategy)
+        row.update({k: d[k] for k in ("feasible", "step_time_s", "tokens_per_second", "mfu", "hfu",
+                                      "memory_per_device_bytes", "model_flops_per_step", "microbatches")})
+        row["reasons"] = "; ".join(self.reasons)
+        row.update({f"time_{k}_s": v for k, v in (d["breakdown_s"] or {}).items()})
+        row.update({f"memory_{k}_bytes": v for k, v in self.memory_bytes.items()})
+        return [row]
 
     def to_dict(self) -> dict:
         """The JSON contract of ``comet-dse estimate --json`` (times and rates null when not ``runnable``)."""

@@ -44,16 +44,19 @@ class SearchSpace:
       layers per stage up to max_interleave), the declared tuple otherwise
       (recompute: all three, sequence_parallel: off and on, zero: 0-3; every
       other knob its default). The global batch is given per search, not here.
+    mp: the model-parallel degrees MP = tp * pp allowed (None: any), a split
+      constraint over two knobs (with ``values["dp"]``: the MP x DP split).
     ``SearchSpace.of(tp=(4, 8), recompute=("full",))`` builds one from keywords.
     """
 
     values: dict = field(default_factory=dict)
     max_micro_batch: int = 16
     max_interleave: int = 8
+    mp: tuple | None = None
 
     @classmethod
-    def of(cls, max_micro_batch: int = 16, max_interleave: int = 8, **values) -> "SearchSpace":
-        return cls(values, max_micro_batch, max_interleave)
+    def of(cls, max_micro_batch: int = 16, max_interleave: int = 8, mp=None, **values) -> "SearchSpace":
+        return cls(values, max_micro_batch, max_interleave, mp)
 
     def __post_init__(self) -> None:
         checked = {}
@@ -72,6 +75,7 @@ class SearchSpace:
             except OverflowError:
                 raise InputError(where, "holds a number too large for any knob") from None
         object.__setattr__(self, "values", checked)
+        object.__setattr__(self, "mp", _degrees(self.mp, "strategy.mp"))
         for attr in ("max_micro_batch", "max_interleave"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,6 +96,16 @@ class SearchSpace:
         if knob.search in (DERIVED, GIVEN):
             raise ValueError(f"{name} is enumerated from the model and devices, not chosen from a list")
         return self.values.get(name, knob.search)
+
+
+def _degrees(items, where: str) -> tuple | None:
+    """``items`` (one positive integer or a list of them, None for any) as a tuple without repeats."""
+    if items is None:
+        return None
+    items = tuple(items) if isinstance(items, (list, tuple)) else (items,)
+    if not items or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in items):
+        raise InputError(where, f"must be positive integers, got {list(items)!r}")
+    return tuple(dict.fromkeys(int(x) for x in items))
 
 
 class _Point:
@@ -122,6 +136,8 @@ def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list
                 continue
             for pp in divisors(devices // (cp * tp)):
                 dp = devices // (tp * cp * pp)
+                if space.mp is not None and tp * pp not in space.mp:
+                    continue
                 if (pps is None or pp in pps) and (dps is None or dp in dps):
                     out.append((tp, cp, pp, dp))
     return out
@@ -165,6 +181,11 @@ def _outer_rows(model: Transformer, devices: int, global_batch: int, space: Sear
             for mb in _micro_batches(global_batch, dp, space):
                 for v in _interleaves(model.layers, pp, space):
                     outer.append((tp, pp, dp, mb, v, cp, ep))
+    if not outer and space.mp is not None:
+        dps = space.given("dp")
+        raise InputError("strategy.mp", f"no split MP x DP (x CP) of {devices} devices has MP = tp*pp in "
+                         f"{list(space.mp)}{f' and dp in {list(dps)}' if dps else ''} (with the tp, pp and cp "
+                         "values allowed); MP x DP x CP must equal the device count")
     if not outer:
         given = {n: space.given(n) or "any" for n in ("tp", "cp", "pp", "dp")}
         raise InputError("strategy.tp", f"no allowed tp, cp, pp and dp values multiply to {devices} devices "

@@ -1,0 +1,220 @@
+"""The Python API: ``from comet_dse import estimate, search, whatif, sweep, load_model, load_cluster``.
+
+Each function takes what the command of the same name takes, as Python values: a model or cluster
+as a preset name, a file path or an object already loaded; strategy knobs as keywords named as on
+``Strategy`` (docs/knobs.md); cluster resources to change as ``overrides={"hbm_capacity": "51.2 GiB"}``
+and an expansion tier as ``expansion="512 GiB@64 GB/s"``. Results are typed (``Estimate``,
+``SearchResults``, ``WhatIf``, ``SweepResults``) and convert to tables with ``to_arrow()`` (pyarrow)
+and ``to_pandas()`` (pandas, an optional install). Bad input raises ``comet_dse.InputError`` naming the
+field, with the message the command line prints. docs/api.md has runnable examples.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from comet_dse import presets
+from comet_dse.errors import InputError
+from comet_dse.estimate import Estimate
+from comet_dse.estimate import estimate as _estimate
+from comet_dse.explore.search import SearchResult, strategy_at
+from comet_dse.explore.search import search as _search
+from comet_dse.explore.space import SearchSpace
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.overrides import apply_overrides
+from comet_dse.strategy import GIVEN, KNOB, Strategy
+from comet_dse.tables import Tabular, arrow_to_pandas
+from comet_dse.whatif import DEFAULT_FACTORS, WhatIf
+from comet_dse.whatif import whatif as _whatif
+
+__all__ = ["estimate", "search", "whatif", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
+           "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
+
+
+def load_model(ref, seq_len: int | None = None) -> Transformer:
+    """A model: a preset name (``"megatron-1t"``), a model YAML file, a Hugging Face ``config.json``, or a
+    ``Transformer`` (returned as is); ``seq_len`` overrides its sequence length."""
+    model = ref if isinstance(ref, Transformer) else presets.load_model(str(ref))
+    return model.with_seq_len(seq_len) if seq_len else model
+
+
+def load_cluster(ref, overrides=None, expansion=None) -> Cluster:
+    """A cluster: a preset name (``"tpu-v4"``), a cluster YAML file or a ``Cluster``, with an expansion
+    tier added and resources changed as ``comet-dse --expansion`` and ``--set`` do.
+
+    overrides: ``{"hbm_capacity": "51.2 GiB", "network.x.topology": "ring", "peak_flops": "x2"}``
+      (names: ``comet_dse.overrides.resource_names``); expansion: ``"512 GiB@64 GB/s"`` or a mapping
+      ``{"capacity": ..., "bandwidth": ..., "latency": ...}``.
+    """
+    cluster = ref if isinstance(ref, Cluster) else presets.load_cluster(str(ref))
+    if overrides or expansion is not None:
+        cluster = apply_overrides(cluster, overrides or {}, expansion, where="overrides")
+    return cluster
+
+
+def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = None, *, overrides=None,
+             expansion=None, seq_len: int | None = None, **knobs) -> Estimate:
+    """One training step of ``model`` on ``devices`` devices of ``cluster`` under one strategy.
+
+    The strategy is a ``Strategy``, a dict of knobs, or keywords (``tp=8, pp=64, global_batch=512,
+    recompute="selective"``); dp defaults to devices / (tp cp pp) as on the command line. An infeasible
+    strategy is a result (``feasible`` False, ``reasons``), not an exception.
+    """
+    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    given = dict(strategy.to_dict() if isinstance(strategy, Strategy) else strategy or {})
+    given.update(knobs)
+    _check_knobs(given, "estimate")
+    tp, cp, pp = (int(given.get(n, 1)) for n in ("tp", "cp", "pp"))
+    if "dp" not in given:
+        if devices % (tp * cp * pp):
+            raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {tp * cp * pp}; give dp")
+        given["dp"] = devices // (tp * cp * pp)
+    return _estimate(model, cluster, devices, Strategy(**given))
+
+
+def _check_knobs(given: dict, what: str) -> None:
+    unknown = sorted(set(given) - set(KNOB))
+    if unknown:
+        raise InputError(unknown[0], f"is not a strategy knob {what} takes; knobs: {', '.join(KNOB)}")
+
+
+@dataclass(frozen=True)
+class SearchResults(Tabular):
+    """Every evaluated strategy of a search, the feasible ones ranked fastest first.
+
+    ``best`` (an Estimate with the full breakdown), ``strategy(rank)``, ``top(k)`` (rows as dicts),
+    ``to_arrow()`` / ``to_pandas()`` (every point, one row each, columns as ``comet-dse search --output``).
+    """
+
+    model: Transformer
+    cluster: Cluster
+    devices: int
+    global_batch: int
+    result: SearchResult
+    seconds: float
+
+    @property
+    def evaluated(self) -> int:
+        return self.result.evaluated
+
+    @property
+    def feasible(self) -> int:
+        return self.result.feasible
+
+    @property
+    def infeasible_by_rule(self) -> dict:
+        """Rule code -> strategies that break it (docs: studies/README.md, infeasible_mask)."""
+        return dict(self.result.infeasible_by_rule)
+
+    def strategy(self, rank: int = 1) -> Strategy:
+        """The strategy ranked ``rank`` (1 = fastest that fits)."""
+        if not 1 <= rank <= self.feasible:
+            raise IndexError(f"rank {rank} is not in 1..{self.feasible} (the strategies that fit)")
+        return strategy_at(self.result.columns, int(self.result.ranked[rank - 1]))
+
+    def estimate(self, rank: int = 1) -> Estimate:
+        """The full estimate (breakdown, memory by part) of the strategy ranked ``rank``."""
+        return _estimate(self.model, self.cluster, self.devices, self.strategy(rank))
+
+    @property
+    def best(self) -> Estimate | None:
+        """The fastest strategy that fits, estimated in full; None when nothing fits."""
+        return self.estimate(1) if self.feasible else None
+
+    def top(self, k: int = 10) -> list:
+        """The ``k`` fastest strategies that fit, as dicts (``rank`` plus every column)."""
+        rows = self.to_arrow().take(self.result.ranked[:k]).to_pylist()
+        return [{"rank": i + 1, **row} for i, row in enumerate(rows)]
+
+    def rows(self) -> list:
+        return self.to_arrow().to_pylist()
+
+    def to_arrow(self, feasible_only: bool = False):
+        """Every evaluated point (or only those that fit) as a ``pyarrow.Table``."""
+        from comet_dse.explore.output import to_arrow
+
+        table = to_arrow(self.result.columns)
+        return table.filter(self.result.columns["feasible"]) if feasible_only else table
+
+    def to_pandas(self, feasible_only: bool = False):
+        """Every evaluated point (or only those that fit) as a ``pandas.DataFrame``."""
+        return arrow_to_pandas(self.to_arrow(feasible_only))
+
+
+def _space(knobs: dict, mp, max_micro_batch: int, max_interleave: int) -> SearchSpace:
+    _check_knobs(knobs, "search")
+    values = {k: v for k, v in knobs.items() if KNOB[k].search != GIVEN}
+    return SearchSpace(values, max_micro_batch, max_interleave, mp)
+
+
+def search(model, cluster, devices: int, global_batch: int, *, mp=None, overrides=None, expansion=None,
+           seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8, **knobs) -> SearchResults:
+    """Evaluate every strategy (each knob a value or a list of values to try; ``mp``: model-parallel
+    degrees MP = TP x PP to try) and rank those that fit, as ``comet-dse search`` does."""
+    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    space = _space(knobs, mp, max_micro_batch, max_interleave)
+    started = time.perf_counter()
+    result = _search(model, cluster, devices, global_batch, space)
+    return SearchResults(model, cluster, devices, global_batch, result, time.perf_counter() - started)
+
+
+def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, factors=DEFAULT_FACTORS,
+           capacity: str | None = "hbm_capacity", mp=None, overrides=None, expansion=None,
+           seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8, **knobs) -> WhatIf:
+    """The best strategy's speedup with each resource scaled by each factor, and the smallest
+    ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py)."""
+    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    space = _space(knobs, mp, max_micro_batch, max_interleave)
+    return _whatif(model, cluster, devices, global_batch, space, resources, factors, capacity)
+
+
+@dataclass(frozen=True)
+class SweepResults(Tabular):
+    """A study's results: the ranking ``comet-dse sweep`` prints (per variant: best strategy, speedup;
+    the Pareto fronts) and every design point as a table."""
+
+    study: str
+    ranking: dict
+    table: object               # pyarrow.Table: one row per design point (studies/README.md, result columns)
+    path: Path | None           # the result file, when one was asked for
+
+    def to_arrow(self):
+        return self.table
+
+    def rows(self) -> list:
+        return self.table.to_pylist()
+
+    @property
+    def variants(self) -> list:
+        """Per cluster variant: its label, best strategy, step time and speedup over the baseline."""
+        return list(self.ranking.get("variants", []))
+
+
+def sweep(study, output=None, *, workers: int = 1, top: int = 5, progress: bool = False) -> SweepResults:
+    """Run a study (a study YAML path or a loaded ``Study``), as ``comet-dse sweep`` does.
+
+    output: a ``.parquet`` or ``.csv`` file to write as well; without one the points are only kept in
+    memory (``to_arrow()``), written to a temporary folder that is removed.
+    """
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from comet_dse.explore.engine import run_study
+    from comet_dse.explore.study import Study, load_study
+
+    loaded = study if isinstance(study, Study) else load_study(Path(study))
+    if output is not None:
+        path = Path(output)
+        ranking = run_study(loaded, path, workers=workers, progress=progress, top_k=top)
+        table = pq.read_table(path) if path.suffix.lower() != ".csv" else pacsv.read_csv(path)
+        return SweepResults(loaded.name, ranking, table, path)
+    with tempfile.TemporaryDirectory(prefix="comet-dse-sweep-") as folder:
+        path = Path(folder) / "points.parquet"
+        ranking = run_study(loaded, path, workers=workers, progress=progress, top_k=top)
+        table = pq.read_table(path)
+        table = table.combine_chunks() if table.num_rows else table
+        ranking["output"] = None
+    return SweepResults(loaded.name, ranking, table, None)

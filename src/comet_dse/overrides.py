@@ -1,0 +1,155 @@
+"""Cluster overrides: change a resource of a loaded cluster by name, with units, and add an expansion tier.
+
+``comet-dse estimate | search | whatif --set NAME=VALUE --expansion CAP@BW[@LAT]`` and the Python API's
+``load_cluster(ref, overrides={...}, expansion=...)`` come here. A resource is named as a study axis
+(studies/README.md: ``hbm_capacity``, ``network.x.link_bandwidth``, ``network.x.topology``, ...) or
+as one dtype's peak (``peak_flops.fp8``). The value is absolute, with units (``51.2GiB``, ``100GB/s``,
+``torus``), or a multiplier of the cluster's own value (``x2``, ``0.5x``).
+
+Validation is the study file's own, not a copy of it: the value is parsed and applied by
+explore/study.py (``_axes``, ``_apply``), which checks it against the plausibility bounds a cluster
+file's field is checked against (hardware/load.py), and an expansion tier is read by the cluster
+file's reader (``tier_from``). Errors name the option, e.g.
+``--set hbm_capacity: '80TB' is outside the plausible range (0, 4.39805e+12] in SI units``.
+"""
+from __future__ import annotations
+
+import dataclasses as dc
+import difflib
+import re
+
+from comet_dse.errors import InputError
+from comet_dse.hardware.load import MAX_EXPANSION, MAX_FLOPS, tier_from
+from comet_dse.hardware.spec import DTYPES, Cluster
+from comet_dse.loading import Fields, check_range
+from comet_dse.units import KIND_FLOPS, parse_quantity
+
+_SCALE = re.compile(r"^\s*(?:x\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)|([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*x)\s*$")
+
+
+def resource_names(cluster: Cluster) -> list:
+    """Every resource ``--set`` can change on ``cluster``: the study axes (but the named-network axis),
+    each network dimension's fields and each dtype's peak FLOP/s."""
+    from comet_dse.explore.study import CLUSTER_AXES, DIM_AXES
+
+    names = [n for n in CLUSTER_AXES if n != "network"]
+    names += [f"peak_flops.{d}" for d in DTYPES]
+    names += [f"network.{d.name}.{attr}" for d in cluster.network for attr in DIM_AXES]
+    return names
+
+
+def parse_assignment(text: str, option: str = "--set") -> tuple:
+    """``'hbm_capacity=51.2GiB'`` -> ``('hbm_capacity', '51.2GiB')``; an InputError naming ``option`` otherwise."""
+    name, sep, value = str(text).partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise InputError(option, f"expected NAME=VALUE, e.g. hbm_capacity=51.2GiB or network.x.topology=ring, "
+                         f"got {text!r}")
+    return name.strip(), value.strip()
+
+
+def apply_overrides(cluster: Cluster, settings, expansion=None, where: str = "--set") -> Cluster:
+    """``cluster`` with an expansion tier added (``expansion``) and then each resource of ``settings`` set.
+
+    settings: a mapping or a list of (name, value) pairs, applied in order; a value is a number in SI
+      units, a string with units or a topology name, or a multiplier written ``x2`` / ``0.5x``.
+    expansion: ``'512GiB@64GB/s'`` (optionally ``@latency``), or a mapping with capacity, bandwidth and
+      optionally latency, as a study's ``expansion:``.
+    where: how errors name the settings ("--set" on the command line, "overrides" in the Python API).
+    The returned cluster's name records what was changed, e.g. ``tpu-v4[hbm_capacity=51.2GiB]``.
+    """
+    pairs = list(settings.items()) if isinstance(settings, dict) else [tuple(p) for p in settings or ()]
+    changed = []
+    if expansion is not None:
+        cluster = with_expansion(cluster, expansion, "--expansion" if where == "--set" else "expansion")
+        changed.append(f"expansion={_text(expansion)}")
+    for name, value in pairs:
+        cluster = _set_one(cluster, str(name), value, where)
+        changed.append(f"{name}={value}")
+    if not changed:
+        return cluster
+    return dc.replace(cluster, name=f"{cluster.name}[{', '.join(changed)}]")
+
+
+def _text(expansion) -> str:
+    if isinstance(expansion, dict):
+        return "@".join(str(expansion[k]) for k in ("capacity", "bandwidth", "latency") if k in expansion)
+    return str(expansion)
+
+
+def with_expansion(cluster: Cluster, spec, where: str = "--expansion") -> Cluster:
+    """``cluster`` with the expansion tier ``spec`` (``CAP@BW[@LAT]`` or a mapping), read as a cluster
+    file's or a study's ``expansion:`` is (hardware.load.tier_from, the same bounds and messages)."""
+    if isinstance(spec, str):
+        parts = [p.strip() for p in spec.split("@")]
+        if len(parts) not in (2, 3) or not all(parts):
+            raise InputError(where, f"expected CAPACITY@BANDWIDTH[@LATENCY], e.g. 512GiB@64GB/s or "
+                             f"512GiB@64GB/s@1us, got {spec!r}")
+        spec = dict(zip(("capacity", "bandwidth", "latency"), parts))
+    tier = tier_from(Fields(spec, where), "expansion", MAX_EXPANSION, True)
+    return dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, expansion=tier))
+
+
+def _set_one(cluster: Cluster, name: str, value, where: str) -> Cluster:
+    """``cluster`` with resource ``name`` set to ``value`` (absolute or ``xN``), checked like a study axis."""
+    from comet_dse.explore.study import _apply, _axes
+
+    field = f"{where} {name}"
+    known = resource_names(cluster)
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise InputError(field, f"unknown cluster resource; {hint}known: {', '.join(known)}")
+    factor = _multiplier(value, field)
+    if name.startswith("peak_flops."):
+        return _set_peak(cluster, name.split(".", 1)[1], value, factor, field)
+    spec = {"scale": [factor]} if factor is not None else {"values": [value]}
+    try:
+        (label, setting), = _axes(Fields({"axes": {name: spec}}, ""), [cluster], {"base": cluster.network})[name]
+        return _apply(cluster, name, label, setting, {"base": cluster.network})
+    except InputError as exc:
+        message = exc.message.replace("add one with a top-level `expansion:`", "add one with --expansion CAP@BW")
+        raise InputError(field, message) from None
+
+
+def _multiplier(value, field: str) -> float | None:
+    """The factor of ``x2`` / ``0.5x``, or None when ``value`` is an absolute value."""
+    match = _SCALE.match(value) if isinstance(value, str) else None
+    if not match:
+        return None
+    factor = float(match.group(1) or match.group(2))
+    if not 0 < factor < float("inf"):
+        raise InputError(field, f"a multiplier must be a positive finite number, got {value!r}")
+    return factor
+
+
+def _set_peak(cluster: Cluster, dtype: str, value, factor: float | None, field: str) -> Cluster:
+    """``cluster`` with the peak FLOP/s of one dtype set (bounds as a cluster file's ``peak_flops``)."""
+    acc = cluster.accelerator
+    if factor is None:
+        number = check_range(field, parse_quantity(value, KIND_FLOPS, field), MAX_FLOPS, False, repr(value))
+    elif dtype not in acc.peak_flops:
+        raise InputError(field, f"{acc.name} has no {dtype} rate to scale; give a value like '500TFLOP/s' "
+                         f"(it has {', '.join(sorted(acc.peak_flops))})")
+    else:
+        number = check_range(field, acc.peak_flops[dtype] * factor, MAX_FLOPS, False,
+                             f"x{factor:g} of {acc.peak_flops[dtype]:g} = {acc.peak_flops[dtype] * factor:g}")
+    peaks = {**acc.peak_flops, dtype: number}
+    return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
+
+
+def add_override_options(parser) -> None:
+    """The ``--set`` and ``--expansion`` options of estimate, search and whatif."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                        help="change one cluster resource, with units or as a multiplier (xN); repeatable: "
+                             "hbm_capacity=51.2GiB, hbm_bandwidth=x2, peak_flops=x2 (every dtype), "
+                             "peak_flops.fp8=2PFLOP/s, network_bandwidth=x2, network.<dim>.link_bandwidth=100GB/s, "
+                             "network.<dim>.topology=torus, sram_capacity, expansion_capacity, ... "
+                             "(the study axes, studies/README.md)")
+    parser.add_argument("--expansion", default=None, metavar="CAP@BW[@LAT]",
+                        help="add an expansion memory tier (CXL-like), e.g. 512GiB@64GB/s or 512GiB@64GB/s@1us")
+
+
+def cluster_from_args(cluster: Cluster, args) -> Cluster:
+    """The command's cluster with its ``--expansion`` and ``--set`` options applied."""
+    pairs = [parse_assignment(text) for text in getattr(args, "overrides", None) or []]
+    return apply_overrides(cluster, pairs, getattr(args, "expansion", None))

@@ -1,0 +1,402 @@
+"""What-if questions about one cluster: which resource, scaled, buys the most, and what capacity makes a split fit.
+
+``whatif(model, cluster, devices, global_batch)`` searches every strategy (the same batched model as
+``comet-dse search``) on the cluster as it is and on the cluster with each resource scaled by each
+factor (default x0.5 and x2), and reports each variant's best step time and its speedup over the
+cluster as it is. ``smallest_capacity`` answers "what HBM capacity makes MP64 x DP64 fit?": the
+least value of a capacity resource at which the search space (e.g. one split, ``SearchSpace(mp=...)``)
+holds a strategy that fits, found by bisection over that resource with the same validity rules.
+Scaling a resource goes through overrides.py, so every value is checked against the bounds a
+cluster file's field is checked against; a factor that leaves them is a note in that cell, not an error.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from comet_dse.errors import InputError
+from comet_dse.explore.search import strategy_at
+from comet_dse.explore.space import SearchSpace, enumerate_strategies
+from comet_dse.explore.table import RULES, evaluate_columns, reason_counts
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.overrides import _set_one, apply_overrides, resource_names
+from comet_dse.strategy import compact_text
+from comet_dse.tables import Tabular
+from comet_dse.whatif_cli import CAPACITY_RESOURCES, DEFAULT_FACTORS
+
+MEMORY_BIT = 1 << RULES.index("memory")
+BISECTION_STEPS = 40          # halvings of the capacity interval: to well under 1 MiB of 4 TiB
+
+
+def default_resources(cluster: Cluster) -> list:
+    """The resources a what-if scales by default: compute, HBM capacity and bandwidth, on-chip SRAM, the
+    whole network's bandwidth and, with several network dimensions, each one's; the expansion tier's
+    capacity and bandwidth when the cluster has one."""
+    names = ["peak_flops", "hbm_capacity", "hbm_bandwidth", "sram_capacity", "network_bandwidth"]
+    if len(cluster.network) > 1:
+        names += [f"network.{d.name}.link_bandwidth" for d in cluster.network]
+    if cluster.accelerator.expansion is not None:
+        names += ["expansion_capacity", "expansion_bandwidth"]
+    return names
+
+
+@dataclass(frozen=True)
+class Best:
+    """The fastest strategy that fits on one cluster variant (or why none does)."""
+
+    step_time_s: float | None
+    tokens_per_second: float | None
+    strategy: dict | None          # knob name -> value (choices by name), as Strategy.to_dict()
+    strategy_text: str | None      # compact text, e.g. 'tp8 pp16 dp32 mb1 v1 selective sp z1'
+    evaluated: int
+    feasible: int
+    note: str = ""                 # why nothing fits, when nothing does
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One resource scaled by one factor: the new value, the best strategy there and its speedup."""
+
+    resource: str
+    factor: float
+    value: float | None            # the scaled value in SI units (None for a topology or out of range)
+    step_time_s: float | None
+    speedup: float | None          # baseline step time / this step time (None when either has no fit)
+    strategy_text: str | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CapacityFit:
+    """The smallest value of a capacity resource at which the searched strategies hold one that fits."""
+
+    resource: str
+    constraint: str                # what was searched, e.g. "MP64 x DP64" or "any split"
+    current: float                 # the cluster's value [bytes]
+    smallest: float | None         # the least that fits [bytes] (None: nothing fits up to the bound)
+    fits_now: bool
+    strategy_text: str | None      # the strategy that fits at the smallest value
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class WhatIf(Tabular):
+    """A what-if result: the baseline, one Cell per resource and factor, and the capacity fit."""
+
+    model: str
+    cluster: str
+    devices: int
+    global_batch: int
+    factors: tuple
+    baseline: Best
+    cells: list = field(default_factory=list)
+    fit: CapacityFit | None = None
+
+    def rows(self) -> list:
+        """One dict per cell (the table form: ``to_arrow()``, ``to_pandas()``)."""
+        return [{"model": self.model, "cluster": self.cluster, "devices": self.devices, **asdict(c)}
+                for c in self.cells]
+
+    def speedup(self, resource: str, factor: float) -> float | None:
+        """The speedup of ``resource`` scaled by ``factor`` (a cell of the table)."""
+        for c in self.cells:
+            if c.resource == resource and math.isclose(c.factor, factor):
+                return c.speedup
+        raise KeyError(f"no cell for {resource} x{factor:g}")
+
+    def to_dict(self) -> dict:
+        """The JSON form of ``comet-dse whatif --json``."""
+        return {"model": self.model, "cluster": self.cluster, "devices": self.devices,
+                "global_batch": self.global_batch, "factors": list(self.factors),
+                "baseline": asdict(self.baseline), "cells": [asdict(c) for c in self.cells],
+                "fit": asdict(self.fit) if self.fit else None}
+
+
+def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int, space: SearchSpace | None = None,
+           resources=None, factors=DEFAULT_FACTORS, capacity: str | None = "hbm_capacity") -> WhatIf:
+    """Search ``space`` on ``cluster`` and on ``cluster`` with each resource scaled by each factor.
+
+    resources: names as ``--set`` takes them (overrides.resource_names); default ``default_resources``.
+    factors: positive multipliers. capacity: the capacity resource whose smallest fitting value is
+    found (``smallest_capacity``), or None to skip that.
+    """
+    space = space or SearchSpace()
+    factors = check_factors(factors)
+    resources = check_resources(cluster, resources or default_resources(cluster))
+    cluster.dim_sizes(devices)
+    st = enumerate_strategies(model, devices, global_batch, space)
+    cols = evaluate_columns(model, cluster, devices, st)
+    baseline = best_in(cols)
+    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r), baseline, r, f)
+             for r in resources for f in factors]
+    fit = smallest_capacity(model, cluster, devices, global_batch, space, capacity, st) if capacity else None
+    return WhatIf(model.name, cluster.name, devices, global_batch, factors, baseline, cells, fit)
+
+
+def check_factors(factors) -> tuple:
+    """The factors as a tuple of positive finite floats, or an InputError naming --scale."""
+    items = tuple(factors) if isinstance(factors, (list, tuple)) else (factors,)
+    out = []
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < math.inf:
+            raise InputError("--scale", f"factors must be positive finite numbers like 0.5,2; got {x!r}")
+        out.append(float(x))
+    if not out:
+        raise InputError("--scale", "give at least one factor, e.g. 0.5,2")
+    return tuple(dict.fromkeys(out))
+
+
+def check_resources(cluster: Cluster, names) -> tuple:
+    """``names`` if each is a resource of ``cluster`` that can be scaled (x1 applies cleanly)."""
+    names = tuple(dict.fromkeys(str(n) for n in names))
+    for name in names:
+        if name.endswith(".topology"):
+            raise InputError(f"--resources {name}", "a topology has no scale; compare topologies with "
+                             "`search --set network.<dim>.topology=...`")
+        _set_one(cluster, name, "x1", "--resources")
+    return names
+
+
+def candidates(st, cols: dict, resource: str):
+    """The strategies of ``st`` (evaluated into ``cols``) that can be the best once ``resource`` changes:
+    those that break no rule but memory when it is a capacity (memory may then fit), else those that fit
+    (no rule but memory depends on a resource's size, and memory only on the capacities)."""
+    if resource.endswith("capacity"):
+        return st.take(np.flatnonzero((cols["infeasible_mask"] & ~MEMORY_BIT) == 0))
+    return st.take(np.flatnonzero(cols["feasible"]))
+
+
+def best_of(model: Transformer, cluster: Cluster, devices: int, st) -> Best:
+    """The fastest feasible strategy of ``st`` on ``cluster``, or why there is none."""
+    return best_in(evaluate_columns(model, cluster, devices, st))
+
+
+def best_in(cols: dict) -> Best:
+    """The fastest feasible row of evaluated columns, or why there is none."""
+    ok = np.flatnonzero(cols["feasible"])
+    if not len(ok):
+        counts = reason_counts(cols["infeasible_mask"])
+        note = "no strategy fits; broken rules: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+        return Best(None, None, None, None, len(cols["feasible"]), 0, note)
+    row = int(ok[np.argmin(cols["step_time_s"][ok])])
+    strategy = strategy_at(cols, row).to_dict()
+    return Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), strategy,
+                compact_text(strategy), len(cols["feasible"]), len(ok))
+
+
+def scaled_best(model: Transformer, cluster: Cluster, devices: int, st, baseline: Best, resource: str,
+                factor: float) -> Cell:
+    """The best strategy of ``st`` with ``resource`` scaled by ``factor`` and its speedup over ``baseline``;
+    a value beyond the plausible bounds is a note in the cell, not an error."""
+    try:
+        scaled = apply_overrides(cluster, [(resource, f"x{factor!r}")], where="--resources")
+    except InputError as exc:
+        return Cell(resource, factor, None, None, None, None, exc.message)
+    best = best_of(model, scaled, devices, st)
+    speedup = baseline.step_time_s / best.step_time_s if best.step_time_s and baseline.step_time_s else None
+    return Cell(resource, factor, resource_value(scaled, resource), best.step_time_s, speedup,
+                best.strategy_text, best.note)
+
+
+def resource_value(cluster: Cluster, resource: str) -> float | None:
+    """The value of ``resource`` on ``cluster`` in SI units (peak_flops: the bf16 rate, else the largest;
+    network_* : the innermost dimension's), None where it is a name (a topology)."""
+    acc = cluster.accelerator
+    if resource == "peak_flops":
+        return acc.peak_flops.get("bf16", max(acc.peak_flops.values()))
+    if resource.startswith("peak_flops."):
+        return acc.peak_flops.get(resource.split(".", 1)[1])
+    if resource.startswith(("hbm_", "sram_", "expansion_")):
+        tier, attr = resource.split("_", 1)
+        return getattr(getattr(acc, tier), attr) if getattr(acc, tier) is not None else None
+    if resource in ("device_price_usd", "device_power_w"):
+        return getattr(cluster, resource)
+    if resource in ("network_bandwidth", "network_latency"):
+        attr = "link_bandwidth" if resource == "network_bandwidth" else "latency"
+        return getattr(cluster.network[0], attr)
+    _, dim, attr = resource.split(".")
+    value = getattr(next(d for d in cluster.network if d.name == dim), attr)
+    return value if isinstance(value, (int, float)) else None
+
+
+def describe_space(space: SearchSpace) -> str:
+    """The split a space is constrained to, e.g. 'MP64 x DP64', 'MP64', 'TP8 x PP8' or 'any split'."""
+    words = []
+    if space.mp is not None:
+        words.append("MP" + "|".join(map(str, space.mp)))
+    for name in ("tp", "pp", "cp", "dp"):
+        if space.given(name) is not None:
+            words.append(name.upper() + "|".join(str(int(v)) for v in space.given(name)))
+    return " x ".join(words) or "any split"
+
+
+def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global_batch: int,
+                      space: SearchSpace | None = None, resource: str = "hbm_capacity", st=None) -> CapacityFit:
+    """The least value of ``resource`` (a capacity) at which ``space`` holds a strategy that fits.
+
+    Only the strategies that break no rule but memory can ever fit, and more capacity never makes a
+    fitting strategy stop fitting: the answer is found by bisection over the resource's plausible range
+    (hardware/load.py), evaluating those strategies only.
+    """
+    from comet_dse.explore.study import AXIS_LIMITS
+
+    if resource not in CAPACITY_RESOURCES:
+        raise InputError("--capacity", f"must be one of {', '.join(CAPACITY_RESOURCES)}, got {resource!r}")
+    space = space or SearchSpace()
+    check_resources(cluster, [resource])
+    st = st if st is not None else enumerate_strategies(model, devices, global_batch, space)
+    constraint = describe_space(space)
+    current = resource_value(cluster, resource)
+    cols = evaluate_columns(model, cluster, devices, st)
+    candidates_ = candidates(st, cols, resource)
+    if not len(candidates_):
+        counts = reason_counts(cols["infeasible_mask"])
+        return CapacityFit(resource, constraint, current, None, False, None,
+                           "no strategy is valid even with unlimited memory; broken rules: "
+                           + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    high, zero_ok = AXIS_LIMITS[resource]
+
+    def fitting(value: float):
+        changed = apply_overrides(cluster, [(resource, value)], where="--capacity")
+        best = best_of(model, changed, devices, candidates_)
+        return best if best.step_time_s is not None else None
+
+    if fitting(high) is None:
+        return CapacityFit(resource, constraint, current, None, False, None,
+                           f"does not fit even with {_bytes(high)}, the plausible bound of {resource}")
+    low, top = 0.0, high
+    if zero_ok and fitting(0.0) is not None:
+        top = 0.0
+    for _ in range(BISECTION_STEPS if top else 0):
+        middle = (low + top) / 2
+        if fitting(middle) is not None:
+            top = middle
+        else:
+            low = middle
+        if top - low <= max(2.0**20, 1e-4 * top):
+            break
+    best = fitting(top)
+    return CapacityFit(resource, constraint, current, top, bool(cols["feasible"].any()), best.strategy_text)
+
+
+def _bytes(n: float) -> str:
+    from comet_dse.units import format_bytes
+
+    return format_bytes(n)
+
+
+def render(result: WhatIf) -> str:
+    """The text table of ``comet-dse whatif``."""
+    from comet_dse.report_text import render_table
+    from comet_dse.units import format_time
+
+    b = result.baseline
+    lines = [f"What if: {result.model} on {result.devices:,} x {result.cluster}, global batch {result.global_batch:,} "
+             f"({b.evaluated:,} strategies per variant)"]
+    if b.step_time_s is not None:
+        lines.append(f"As it is: {format_time(b.step_time_s)} per step, {b.tokens_per_second:,.0f} tokens/s, "
+                     f"with {b.strategy_text}")
+    else:
+        lines.append(f"As it is: {b.note}")
+    if result.cells:
+        headers = ["resource", "now"] + [f"x{f:g}" for f in result.factors]
+        rows = []
+        for resource in dict.fromkeys(c.resource for c in result.cells):
+            cells = [c for c in result.cells if c.resource == resource]
+            rows.append([resource, _shown(resource, resource_value_of(result, resource, cells))]
+                        + [_speedup_text(c, b) for c in cells])
+        lines += ["", "Speedup of the best strategy over the cluster as it is:", "",
+                  render_table(headers, rows, left=(0,))]
+    if result.fit is not None:
+        lines += ["", fit_text(result.fit)]
+    return "\n".join(lines)
+
+
+def resource_value_of(result: WhatIf, resource: str, cells: list) -> float | None:
+    """The resource's present value, recovered from a scaled cell (value / factor)."""
+    for c in cells:
+        if c.value is not None:
+            return c.value / c.factor
+    return None
+
+
+def _shown(resource: str, value: float | None) -> str:
+    from comet_dse.units import format_bytes, format_rate, format_time
+
+    if value is None:
+        return "-"
+    if resource.endswith("capacity"):
+        return format_bytes(value)
+    if resource.endswith("bandwidth"):
+        return format_rate(value, "B/s")
+    if resource.startswith("peak_flops"):
+        return format_rate(value, "FLOP/s")
+    if resource.endswith("latency"):
+        return format_time(value)
+    return f"{value:g}"
+
+
+def _speedup_text(cell: Cell, baseline: Best) -> str:
+    if cell.speedup is not None:
+        return f"{cell.speedup:.2f}x"
+    if cell.step_time_s is not None:      # fits only when scaled: the baseline had nothing
+        return f"fits ({cell.step_time_s:.3g} s)"
+    return "out of range" if cell.value is None else "no fit"
+
+
+def fit_text(fit: CapacityFit) -> str:
+    """One line: the smallest capacity at which the constrained space fits."""
+    if fit.smallest is None:
+        return f"{fit.constraint}: {fit.note}."
+    now = "fits now" if fit.fits_now else "does not fit now"
+    return (f"Smallest {fit.resource} at which {fit.constraint} has a strategy that fits: {_bytes(fit.smallest)} "
+            f"({fit.smallest:,.0f} B; the cluster has {_bytes(fit.current)}, {now}), with {fit.strategy_text}")
+
+
+def figure(result: WhatIf, path) -> None:
+    """Bars of each resource's speedup per factor, written to ``path`` (.png or .svg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    resources = list(dict.fromkeys(c.resource for c in result.cells))
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(resources) * len(result.factors)))
+    height = 0.8 / len(result.factors)
+    for i, factor in enumerate(result.factors):
+        values = [next((c.speedup or 0.0) for c in result.cells if c.resource == r and c.factor == factor)
+                  for r in resources]
+        ys = [k + i * height for k in range(len(resources))]
+        ax.barh(ys, values, height=height, label=f"x{factor:g}")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([k + height * (len(result.factors) - 1) / 2 for k in range(len(resources))], resources)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup of the best strategy (1 = the cluster as it is; 0 = nothing fits)")
+    ax.set_title(f"{result.model} on {result.devices} x {result.cluster}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_cli(args, model: Transformer, cluster: Cluster, space: SearchSpace) -> int:
+    """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
+    from pathlib import Path
+
+    if args.figure and Path(args.figure).suffix.lower() not in (".png", ".svg"):
+        raise InputError("--figure", f"{args.figure} must end in .png or .svg")
+    result = whatif(model, cluster, args.devices, args.global_batch, space, args.resources, args.scale,
+                    None if args.no_fit else args.capacity)
+    if args.figure:
+        figure(result, args.figure)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render(result))
+        if args.figure:
+            print(f"\nWrote {args.figure}")
+    return 0
