@@ -288,6 +288,26 @@ def test_report_replaces_its_own_earlier_report_and_fills_an_empty_folder(tmp_pa
     assert {p.name for p in tmp_path.iterdir()} == {"mystudies", "out"}
 
 
+def test_a_result_file_the_tool_did_not_write_is_never_replaced(tmp_path, capsys):
+    """Output safety for sweep and search: only an earlier comet-dse result (or an empty file) is replaced."""
+    import pyarrow as pa
+
+    notes, table = tmp_path / "notes.csv", tmp_path / "mine.parquet"
+    notes.write_text("a,b\n1,2\n")
+    pq.write_table(pa.table({"x": [1, 2]}), table)
+    before = {p: p.read_bytes() for p in (notes, table)}
+    path = write_study(tmp_path / "s.yaml")
+    for out in (notes, table):
+        assert_one_line_error(run(capsys, "sweep", path, "--output", out), "not a comet-dse result file")
+        assert_one_line_error(run(capsys, "search", "--model", "megatron-22b", "--cluster", "dgx-a100-80gb",
+                                  "--devices", 8, "--global-batch", 8, "--tp", 8, "--output", out),
+                              "not a comet-dse result file")
+    assert {p: p.read_bytes() for p in (notes, table)} == before
+    for out in (tmp_path / "r.csv", tmp_path / "r.parquet"):          # its own result: replaced on a rerun
+        for _ in range(2):
+            assert run(capsys, "sweep", path, "--output", out, "--no-progress")[0] == 0
+
+
 # --- 7. names and paths stay inside the output -------------------------------------------------
 
 @pytest.mark.parametrize("name", ["/some/abs/path", "../../../x", "..", "a/../../b", "\x1b[31mred"])

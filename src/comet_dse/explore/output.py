@@ -89,7 +89,21 @@ def check_output_file(path: Path) -> str:
         raise InputError("output", f"{path} is a folder; give a file name ending in .{fmt}")
     if path.exists() and not path.is_file():
         raise InputError("output", f"{path} exists and is not a regular file")
+    if path.is_file() and path.stat().st_size and not _is_result(path, fmt):
+        raise InputError("output", f"{path} exists and is not a comet-dse result file; choose another name "
+                         "or move it away")
     return fmt
+
+
+def _is_result(path: Path, fmt: str) -> bool:
+    """Whether ``path`` holds rows comet-dse wrote (a step_time_s column): only such a file is replaced."""
+    try:
+        if fmt == "parquet":
+            return "step_time_s" in pq.read_schema(path).names
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return '"step_time_s"' in handle.readline(1 << 16)
+    except (OSError, pa.ArrowException):
+        return False
 
 
 def write_atomically(table: pa.Table, path: Path) -> None:
