@@ -285,7 +285,7 @@ def cmd_estimate(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         exp = cluster.accelerator.expansion
-        print(render_estimate(result, cluster.accelerator.hbm.capacity, exp.capacity if exp else None))
+        print(render_estimate(result, cluster.accelerator.state_capacity, exp.capacity if exp else None))
     return 0
 
 
@@ -322,7 +322,7 @@ def cmd_search(args) -> int:
     if best:
         exp = cluster.accelerator.expansion
         print("\nThe fastest strategy in detail\n")
-        print(render_estimate(best, cluster.accelerator.hbm.capacity, exp.capacity if exp else None))
+        print(render_estimate(best, cluster.accelerator.state_capacity, exp.capacity if exp else None))
     if args.output:
         print(f"\nWrote {result.evaluated:,} rows to {args.output}")
     return 0

@@ -120,6 +120,27 @@ class AttentionKernel(Choice):
     """cuDNN fused flash attention, as Transformer Engine runs it (NeMo, Megatron-Core)."""
 
 
+class GradPrecision(Choice):
+    """In what precision weight gradients are kept, accumulated and reduced."""
+
+    MIXED = "mixed"
+    """fp32 main gradients in bf16 and fp8 training (Megatron-LM); 16-bit with loss scaling in fp16."""
+    SIXTEEN_BIT = "16-bit"
+    """16-bit gradients in every dtype: 2 bytes per parameter kept and all-reduced, as COMET's workload
+    reduces them (dkadiyala3/comet-astrasim: weight-gradient all-reduces of 2 bytes per weight)."""
+
+
+class ModelParallel(Choice):
+    """What model parallelism means: how the TP and PP degrees split the layers."""
+
+    TP_PP = "tp-pp"
+    """Megatron-LM: tensor parallelism inside each layer (whole heads per rank) times pipeline stages
+    across layers (Narayanan et al. 2021)."""
+    PURE_MP = "pure-mp"
+    """COMET's model parallelism (Kadiyala et al. 2022): every layer's columns split over one MP group (the
+    TP group), no pipeline (pp = 1); with a model that allows it (``column_split``), a head's columns too."""
+
+
 class Zero(int, Enum):
     """ZeRO stage over the data-parallel group (Rajbhandari et al. 2020); ordered, code = stage."""
 
@@ -358,6 +379,14 @@ class Strategy:
         "gradients are all-reduced once per step (FSDP HYBRID_SHARD)",
         applies=lambda s: (s.zero >= Zero.OPTIMIZER) & (s.dp * s.cp > 1),
         label=lambda v: "sharded inside a node (hybrid)" if v else "sharded over all DP ranks", short="hsdp")
+    grad_precision: GradPrecision = knob(
+        GradPrecision.MIXED, "weight gradients: mixed (fp32 main gradients in bf16/fp8, 16-bit in fp16) or 16-bit "
+        "in every dtype (as COMET's workload reduces them)", applies=lambda s: _not_fp16(s),
+        label=lambda v: f"{v.value} gradients", line=2, short="grads")
+    expansion_overlap: bool = knob(
+        False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
+        "pooling); off exposes it all", label=lambda v: "expansion traffic overlapped" if v else
+        "expansion traffic exposed", short="xo")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",
@@ -368,6 +397,11 @@ class Strategy:
     placement: Placement = knob(Placement.TP_PP_DP, "order of the parallel axes on the devices, innermost first "
                                 "(CP sits right outside TP; EP takes consecutive DP ranks)", microbatch=True,
                                 label=lambda v: f"placement {v.value} (innermost first)", short="placement")
+    model_parallel: ModelParallel = knob(
+        ModelParallel.TP_PP, "what model parallelism is: tp-pp (Megatron-LM: TP inside layers x pipeline stages) "
+        "or pure-mp (COMET: every layer's columns split over the TP group, no pipeline; a head's columns too "
+        "where the model has column_split)", label=lambda v: "pure model parallelism (COMET)" if
+        v is ModelParallel.PURE_MP else "TP x PP model parallelism", line=0, short="mp")
 
     def __post_init__(self) -> None:
         for k in KNOBS:
@@ -392,6 +426,13 @@ def _plain(value):
     if isinstance(value, Zero):
         return int(value)
     return value.value if isinstance(value, Enum) else value
+
+
+def _not_fp16(s):
+    """Where the dtype is not fp16 (a Strategy, or StrategyArrays holding codes)."""
+    if isinstance(s, StrategyArrays):
+        return ~s.uses(Dtype.FP16)
+    return s.dtype is not Dtype.FP16
 
 
 def _declared(cls) -> tuple:

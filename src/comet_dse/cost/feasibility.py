@@ -12,7 +12,7 @@ from comet_dse.cost.microbatch import device_of
 from comet_dse.cost.params import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import KNOB, StrategyArrays
+from comet_dse.strategy import KNOB, ModelParallel, StrategyArrays
 from comet_dse.units import format_bytes
 
 
@@ -26,7 +26,10 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     """[(code, mask, reason(i) -> str)] for every rule; mask is True where the point breaks it."""
     t, p, d, v, b, B = st.tp, st.pp, st.dp, st.interleave, st.micro_batch, st.global_batch
     a, k, L, s = model.attention.heads, model.attention.kv_heads, model.layers, model.seq_len
-    hbm = cluster.accelerator.hbm.capacity
+    pure = st.uses(ModelParallel.PURE_MP)
+    columns = pure & model.attention.column_split    # COMET's column split: a share of a head per rank
+    q_cols, kv_cols = a * model.attention.qk_dim, k * model.attention.qk_dim
+    hbm = cluster.accelerator.state_capacity
     exp = cluster.accelerator.expansion
     has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
     kernel_rate = device_of(cluster, st).attn_fwd
@@ -38,10 +41,12 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: (f"tp*cp*pp*dp = {t[i]:.0f}*{cp[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * cp[i] * p[i] * d[i]:.0f}, "
                     f"but the cluster has {devices} devices") if cp[i] > 1 else
          f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
-        ("tp_heads", ~_divides(t, a),
-         lambda i: f"tp={t[i]:.0f} does not divide the {a} attention heads"),
-        ("tp_kv_heads", (k != a) & ~(_divides(t, k) | _divides(k, t)),
-         lambda i: f"tp={t[i]:.0f} and the {k} KV heads do not divide one another"),
+        ("tp_heads", np.where(columns, ~_divides(t, q_cols), ~_divides(t, a)),
+         lambda i: (f"tp={t[i]:.0f} does not divide the {q_cols} query columns (column split)" if columns[i]
+                    else f"tp={t[i]:.0f} does not divide the {a} attention heads")),
+        ("tp_kv_heads", (k != a) & np.where(columns, ~_divides(t, kv_cols), ~(_divides(t, k) | _divides(k, t))),
+         lambda i: (f"tp={t[i]:.0f} does not divide the {kv_cols} key and value columns (column split)" if columns[i]
+                    else f"tp={t[i]:.0f} and the {k} KV heads do not divide one another")),
         ("tp_ffn", ~_divides(t, model.mlp.ffn),
          lambda i: f"tp={t[i]:.0f} does not divide the FFN size {model.mlp.ffn}"),
         ("batch", ~_divides(d * b, B),
@@ -68,17 +73,21 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
         ("dtype", ~has_rate,
          lambda i: f"{cluster.accelerator.name} has no {KNOB['dtype'].decode(st.dtype[i]).value} rate"),
         ("memory", ~step.fits,
-         lambda i: _memory_reason(step, i, hbm, exp)),
+         lambda i: _memory_reason(step, i, hbm, exp, cluster.accelerator.state_tiers)),
+        ("pure_mp", pure & (p > 1),
+         lambda i: f"pure model parallelism (COMET) has no pipeline: pp={p[i]:.0f} must be 1"),
     ]
     return rules
 
 
-def _memory_reason(step, i, hbm, expansion) -> str:
+def _memory_reason(step, i, hbm, expansion, tiers: str = "HBM") -> str:
+    """Why point ``i`` does not fit; ``hbm``: the bytes that hold state on the device (``tiers``: which memories)."""
     need = step.memory_total[i]
     parts = ", ".join(f"{name} {format_bytes(val[i])}" for name, val in step.memory.items() if val[i] > 0)
+    verb = "hold" if " and " in tiers else "holds"
     if expansion is None:
-        return f"needs {format_bytes(need)} per device ({parts}), HBM holds {format_bytes(hbm)}"
-    return (f"needs {format_bytes(need)} per device ({parts}), HBM holds {format_bytes(hbm)} "
+        return f"needs {format_bytes(need)} per device ({parts}), {tiers} {verb} {format_bytes(hbm)}"
+    return (f"needs {format_bytes(need)} per device ({parts}), {tiers} {verb} {format_bytes(hbm)} "
             f"and the {expansion.name} tier {format_bytes(expansion.capacity)}")
 
 

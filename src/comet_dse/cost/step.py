@@ -29,12 +29,14 @@ from comet_dse.cost.params import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import Dtype, GradAccumulation, PipelineEngine, Recompute, StrategyArrays, Zero
+from comet_dse.strategy import (
+    Dtype, GradAccumulation, GradPrecision, PipelineEngine, Recompute, StrategyArrays, Zero,
+)
 
 FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
 
 
-def optimizer_step_bytes(dtype_is_fp16):
+def optimizer_step_bytes(dtype_is_fp16, sixteen_bit_grads=False):
     """Bytes moved per parameter by a mixed-precision Adam step (Megatron-LM passes).
 
     Adam itself (fused): read fp32 weight, grad, m, v (16), write weight, m, v (12);
@@ -42,9 +44,11 @@ def optimizer_step_bytes(dtype_is_fp16):
     model (read 4, write 2); zero the main gradients (write g).
     fp16 adds loss scaling: cast the fp16 grads to fp32 (read 2, write 4) and
     unscale with an inf/nan check (read 4, write 4).
-    fp16: 28 + 4 + 6 + 2 + 6 + 8 = 54 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 + 4 = 42.
+    fp16: 28 + 4 + 6 + 2 + 6 + 8 = 54 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 + 4 = 42;
+    bf16/fp8 with 16-bit gradients (grad_precision 16-bit): Adam, the norm and
+    the zeroing touch 2-byte gradients: 42 - 3 x 2 = 36.
     """
-    return np.where(dtype_is_fp16, 54.0, 42.0)
+    return np.where(dtype_is_fp16, 54.0, np.where(sixteen_bit_grads, 36.0, 42.0))
 
 
 def separate_accumulation_bytes(grad_el_bytes):
@@ -118,7 +122,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     candidates = stage_candidates(model, st)
     params = stage_params(candidates)
     is_fp16 = st.uses(Dtype.FP16)
-    gbytes = grad_bytes(is_fp16)
+    sixteen_grads = st.uses(GradPrecision.SIXTEEN_BIT)
+    gbytes = grad_bytes(is_fp16 | sixteen_grads)
     accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), dev)
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, accumulate.total)
 
@@ -133,13 +138,14 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     sharded = st.zero >= Zero.OPTIMIZER
     shards = (_shard_size(st, ctx, "dp"), _shard_size(st, ctx, "edp"))
     opt_params = params.shared / np.where(sharded, shards[0], 1) + params.expert / np.where(sharded, shards[1], 1)
-    optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16), dev).total
+    optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16, sixteen_grads), dev).total
 
     memory, act_per_mb = _memory(model, st, terms, candidates, gbytes, m, shards)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
-    placed = place(memory, acc.hbm.capacity, exp_cap)
-    offload = _offload_time(acc, placed, memory, act_per_mb, m)
+    placed = place(memory, acc.state_capacity, exp_cap)
+    offload = _offload_time(acc, placed, memory, act_per_mb, m,
+                            overlap=(st.expansion_overlap, _forward_total(stage), _backward_total(stage), optimizer))
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]),
@@ -373,25 +379,50 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: lis
     return best, best_act
 
 
-def _offload_time(acc, placed, memory, act_per_mb, m):
-    """Exposed traffic to the expansion tier per step [s].
+def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None):
+    """Traffic to the expansion tier per step that is not hidden behind compute [s].
 
-    Optimizer state: read and written once per step (2x). Weights/gradients:
-    weights read in forward and backward, gradients written: 3x per micro-batch.
-    Activations: the spilled fraction of each micro-batch's activations is
-    written in forward and read in backward (2x per micro-batch). Plus one
-    access latency per transfer phase.
+    Spilled bytes (cost/memory.py: place): O_x of optimizer state, W_x of
+    weights and gradients, and the share f_x of each micro-batch's A
+    activation bytes. Per step the optimizer state is read and written once
+    (2 O_x); per micro-batch the weights are read in forward and again in
+    backward and the gradients written in backward (3 W_x: W_x forward, 2 W_x
+    backward), the spilled activations written in forward and read in
+    backward (f_x A each). B: the tier's achievable bandwidth; one access
+    latency per transfer phase (2 per step for the optimizer, 3 per
+    micro-batch otherwise).
+    Without overlap (default) all of it is exposed:
+        T = (2 O_x + m (3 W_x + 2 f_x A)) / B + latencies
+    ``overlap`` = (expansion_overlap per point, T_f, T_b, T_opt): where on,
+    each pass's traffic is prefetched (weights and the activations read back)
+    or drained (gradients, activations written) while that pass computes, as
+    ZeRO-Infinity's prefetching offload engine and CXL memory pooling do, and
+    only the excess is exposed (a roofline per pass):
+        T = m [max(0, (W_x + f_x A)/B - T_f) + max(0, (2 W_x + f_x A)/B - T_b)]
+            + max(0, 2 O_x / B - T_opt) + latencies
+    T_f, T_b: the stage's forward and backward (+ recomputation) seconds per
+    micro-batch with their exposed communication; T_opt: the optimizer step.
+    Sources: Rajbhandari et al. 2021 (ZeRO-Infinity, arXiv:2104.07857,
+    Sec. 6: overlap-centric design); docs/model.md.
     """
     if acc.expansion is None:
         return np.zeros_like(placed.hbm)
     bw, lat = acc.expansion.achievable_bandwidth, acc.expansion.latency
     act_total = np.maximum(memory["activations"], 1.0)
     act_fraction = np.where(memory["activations"] > 0, placed.spilled_activations / act_total, 0.0)
+    spilled_act = act_fraction * act_per_mb
     traffic = (2.0 * placed.spilled_optimizer + 3.0 * m * placed.spilled_weights
-               + 2.0 * m * act_fraction * act_per_mb)
+               + 2.0 * m * spilled_act)
     phases = (np.where(placed.spilled_optimizer > 0, 2.0, 0.0)
               + np.where(placed.expansion > placed.spilled_optimizer, 3.0 * m, 0.0))
-    return traffic / bw + phases * lat
+    exposed = traffic / bw
+    if overlap is not None:
+        on, t_f, t_b, t_opt = overlap
+        forward = np.maximum((placed.spilled_weights + spilled_act) / bw - t_f, 0.0)
+        backward = np.maximum((2.0 * placed.spilled_weights + spilled_act) / bw - t_b, 0.0)
+        optimizer = np.maximum(2.0 * placed.spilled_optimizer / bw - t_opt, 0.0)
+        exposed = np.where(on, m * (forward + backward) + optimizer, exposed)
+    return exposed + phases * lat
 
 
 def _flops(model: Transformer, st: StrategyArrays):

@@ -16,10 +16,10 @@ from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOB, KNOBS, StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
-         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory")
+         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp")
 RULE_TEXT = {
     "devices": "tp*pp*dp differs from the device count",
-    "tp_heads": "tp does not divide the attention heads",
+    "tp_heads": "tp does not divide the attention heads (the query columns with a column split)",
     "tp_kv_heads": "tp and the KV heads do not divide one another",
     "tp_ffn": "tp does not divide the FFN size",
     "batch": "dp*micro_batch does not divide the global batch",
@@ -32,6 +32,7 @@ RULE_TEXT = {
     "attention_kernel": "the device has no rate for the attention kernel",
     "dtype": "the device has no rate for the dtype",
     "memory": "does not fit in device memory",
+    "pure_mp": "pure model parallelism has no pipeline (pp must be 1)",
 }
 
 

@@ -1,8 +1,13 @@
 """Cluster specs from mappings (YAML presets or user files).
 
 Plausibility bounds reject impossible magnitudes (e.g. 80 TB of HBM per chip)
-with a message naming the field; they are generous (about 10x beyond any
-device announced by 2026) so that what-if studies stay possible.
+with a message naming the field. Each is set from the fastest or largest real
+part, about 10x beyond it, so that what-if studies stay possible and no real
+device (a wafer-scale engine, a Dojo training tile) is ever rejected:
+compute, on-chip SRAM and its bandwidth from Cerebras WSE-3 (125 PFLOP/s,
+44 GB SRAM at 21 PB/s, Cerebras CS-3 product brief, 2024); a link from a Dojo
+training tile's edge (9 TB/s, Chang et al., Hot Chips 34, 2022); power from a
+Cerebras CS-3 system (23 kW).
 """
 from __future__ import annotations
 
@@ -12,25 +17,28 @@ from comet_dse.loading import Fields
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
 
 TiB = 2.0**40
-MAX_FLOPS = 1e17          # 100 PFLOP/s per device
-MAX_SRAM = 64 * 2.0**30   # 64 GiB on chip (wafer-scale parts hold ~44 GB)
-MAX_HBM = 4 * TiB         # 4 TiB per device
+MAX_FLOPS = 1.25e18       # 1.25 EFLOP/s per device: 10x Cerebras WSE-3 (125 PFLOP/s)
+MAX_SRAM = 512 * 2.0**30  # 512 GiB on chip: about 10x WSE-3's 44 GB
+MAX_HBM = 4 * TiB         # 4 TiB per device: over 10x the largest HBM stack set (288 GB) or Dojo tile (160 GB)
 MAX_EXPANSION = 256 * TiB
-MAX_MEM_BW = 1e15         # 1 PB/s
-MAX_LINK_BW = 1e13        # 10 TB/s per link
+MAX_MEM_BW = 2.1e17       # 210 PB/s: 10x WSE-3's 21 PB/s on-chip memory bandwidth
+MAX_LINK_BW = 9e13        # 90 TB/s per link: 10x a Dojo training tile's 9 TB/s edge
 MAX_LATENCY = 1.0
 MAX_TILE = 65536          # a GEMM tile side (real ones are 64 to 256)
 MAX_PRICE_USD = 1e8       # per device
-MAX_POWER_W = 1e5         # per device
+MAX_POWER_W = 2.3e5       # per device: 10x a Cerebras CS-3 (23 kW)
 
 
-def tier_from(fields: Fields, name: str, max_capacity: float, with_latency: bool = False) -> MemoryTier:
+def tier_from(fields: Fields, name: str, max_capacity: float, with_latency: bool = False,
+              may_hold_state: bool = False) -> MemoryTier:
+    """A memory tier; ``may_hold_state``: it takes `holds_state` (on-chip SRAM counted as capacity)."""
     tier = MemoryTier(
         name=name,
         capacity=fields.quantity("capacity", KIND_BYTES, high=max_capacity),
         bandwidth=fields.quantity("bandwidth", KIND_BANDWIDTH, high=MAX_MEM_BW),
         efficiency=fields.fraction("efficiency", 1.0),
         latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True) if with_latency else 0.0,
+        holds_state=fields.boolean("holds_state", False) if may_hold_state else False,
     )
     fields.reject_unknown(("source",))
     return tier
@@ -63,7 +71,7 @@ def accelerator_from(fields: Fields) -> Accelerator:
         compute_units=fields.integer("compute_units"),
         matmul_tile=tuple(tile),
         matmul_pipeline_overhead=float(overhead),
-        sram=tier_from(memory.sub("sram"), "sram", MAX_SRAM),
+        sram=tier_from(memory.sub("sram"), "sram", MAX_SRAM, may_hold_state=True),
         hbm=tier_from(memory.sub("hbm"), "hbm", MAX_HBM),
         expansion=expansion,
         vector_flops=fields.quantity("vector_flops", KIND_FLOPS, high=MAX_FLOPS),

@@ -36,7 +36,10 @@ class MemoryTier:
 
     capacity: bytes per device; bandwidth: bytes/s per device (datasheet peak);
     efficiency: fraction of bandwidth a streaming kernel reaches (benchmark);
-    latency: seconds per access (used for the expansion tier).
+    latency: seconds per access (used for the expansion tier);
+    holds_state: on-chip SRAM only: the tier holds model state and activations
+    like HBM does (its capacity adds to HBM's, ``Accelerator.state_capacity``),
+    as on SRAM-rich designs that keep weights on chip (Dojo, wafer-scale engines).
     """
 
     name: str
@@ -44,6 +47,7 @@ class MemoryTier:
     bandwidth: float
     efficiency: float = 1.0
     latency: float = 0.0
+    holds_state: bool = False
 
     @property
     def achievable_bandwidth(self) -> float:
@@ -88,6 +92,17 @@ class Accelerator:
     def matmul_efficiencies(self) -> dict:
         """dtype -> GEMM main-loop efficiency: the per-dtype figure where the preset gives one, else matmul_efficiency."""
         return {dtype: self.matmul_efficiency_by_dtype.get(dtype, self.matmul_efficiency) for dtype in self.peak_flops}
+
+    @property
+    def state_capacity(self) -> float:
+        """Bytes per device that hold model state and activations: HBM, plus on-chip SRAM where it
+        holds state (``sram.holds_state``). The SRAM still blocks GEMMs as a cache in kernel times."""
+        return self.hbm.capacity + (self.sram.capacity if self.sram.holds_state else 0.0)
+
+    @property
+    def state_tiers(self) -> str:
+        """What ``state_capacity`` is made of, for messages: 'HBM' or 'HBM and SRAM'."""
+        return "HBM and SRAM" if self.sram.holds_state else "HBM"
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; an error names the dtypes the device has."""

@@ -90,6 +90,10 @@ class Attention:
     kv_heads: int
     head_dim: int
     latent: LatentAttention | None = None
+    column_split: bool = False
+    """Model parallelism may split the columns of Q, K and V over more ranks than there are heads (each
+    rank a share of a head), as COMET's workload splits h = 24,576 columns over 128 to 4096 devices; only
+    pure model parallelism (the ``model_parallel`` knob) uses it, whole heads otherwise."""
 
     @property
     def qk_dim(self) -> int:
@@ -109,9 +113,11 @@ class Attention:
         With fewer KV heads than ranks (multi-query attention: k = 1) each rank
         keeps a copy of the K and V head its query heads read, as vLLM's
         QKVParallelLinear does (num_kv_head_replicas = t/k); Megatron-Core
-        instead requires t to divide k. Works on arrays of t.
+        instead requires t to divide k. With ``column_split`` the K and V columns
+        are split like Q's: k/t, a fraction of a head when t > k. Works on arrays of t.
         """
-        return np.maximum(self.kv_heads / np.asarray(t, dtype=float), 1.0)
+        share = self.kv_heads / np.asarray(t, dtype=float)
+        return share if self.column_split else np.maximum(share, 1.0)
 
     def tp_share(self, proj: "Projection", t):
         """Fraction of a projection's weights and outputs one of t TP ranks holds [-].
