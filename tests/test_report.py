@@ -1,4 +1,5 @@
 """The COMET report: builds from the shipped studies, is self-contained, renders in a real browser."""
+import json
 import os
 import re
 import shutil
@@ -24,18 +25,39 @@ def report(tmp_path_factory):
 def test_report_has_every_study_figure_and_table(report):
     html = report.read_text()
     studies = sorted(p.stem for p in STUDIES.glob("*.yaml") if p.name != "report.yaml")
-    assert len(studies) == 5 and "<h1>COMET case studies with comet-dse" in html    # title from report.yaml
+    assert len(studies) == 9 and "<h1>COMET case studies with comet-dse" in html    # title from report.yaml
     for name in studies:
         assert f"<h2>{name}:" in html
         assert (report.parent / "data" / f"{name}.parquet").exists()
     figures = sorted(p.stem for p in (report.parent / "figures").glob("*.png"))
-    assert {"rq1-stacked", "rq1-feasibility", "rq1-bathtub", "rq2-balance", "rq3-capacity", "rq4-network", "rq5-expansion",
-            "clusters"} <= set(figures)
+    for setup in ("rq1-parallelism", "paper-rq1-parallelism"):        # today's strategies and the paper's setup
+        assert {f"{setup}-{part}" for part in ("stacked", "feasibility", "bathtub", "clusters")} <= set(figures)
+    assert {"rq2-balance-balance", "rq3-capacity-capacity", "rq4-network-network", "rq5-expansion-expansion",
+            "paper-rq3-capacity-capacity", "paper-rq3-memory-first-fit",
+            "paper-rq5-expansion-expansion"} <= set(figures)
     for stem in figures:
         assert (report.parent / "figures" / f"{stem}.svg").exists()
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', html)
     assert sorted(images) == figures                      # every figure embedded, nothing linked
     assert "<details><summary>cluster <b>tpu-v4</b>" in html and "arXiv:2304.01433" in html  # presets with sources
+
+
+def test_report_has_the_findings_table_and_its_json(report):
+    """Every COMET finding of report.yaml, in the page and in findings.json, in both setups."""
+    rows = json.loads((report.parent / "findings.json").read_text())
+    assert len(rows) >= 9
+    for row in rows:
+        assert {"finding", "paper", "paper_setup", "modern_setup", "unit"} <= set(row)
+        assert row["unit"] in ("split", "x", "shape")
+    by_paper = {r["paper"]: r for r in rows}
+    assert by_paper["MP4_DP1024"]["paper_setup"] == "MP4_DP1024"        # the bottom of the paper's bathtub
+    assert by_paper["MP256_DP16"]["paper_setup"] == "MP256_DP16"        # the memory wall at 32 GiB
+    html = report.read_text()
+    table = html.split('<table class="findings">', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") == len(rows) + 1
+    assert "comet-dse, the paper&#x27;s assumptions" in table and "today&#x27;s strategies" in table
+    for row in rows:
+        assert row["finding"].replace("'", "&#x27;") in table
 
 
 def test_report_is_offline(report):
@@ -61,6 +83,9 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     dom = subprocess.run(args + ["--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120)
     n = len(list((report.parent / "figures").glob("*.png")))
     assert f"<title>figures-ok:{n}/{n}</title>" in dom.stdout, dom.stdout[:300] + dom.stderr[-500:]
+    rows = len(json.loads((report.parent / "findings.json").read_text()))
+    table = dom.stdout.split('<table class="findings">', 1)[1].split("</table>", 1)[0]   # rendered, not only written
+    assert table.count("<tr>") == rows + 1 and "MP256_DP16" in table
     shot = tmp_path / "page.png"
     subprocess.run(args + [f"--screenshot={shot}", "--window-size=1200,2400", report.as_uri()],
                    capture_output=True, timeout=120)

@@ -25,6 +25,8 @@ strategy:
   zero: [1]
 """
 CAPACITY = "  hbm_capacity: {scale: [1.0, 2.0]}"
+EXPANSION = ("  expansion_capacity: {values: [0 GiB, 8 GiB]}\n  expansion_bandwidth: {values: [64 GB/s]}\n"
+             "expansion: {capacity: 8 GiB, bandwidth: 64 GB/s}")
 
 
 def _study(folder, name="tiny", axes=CAPACITY, figures=None):
@@ -75,13 +77,22 @@ def test_resource_doubling_needs_x1_and_x2(tmp_path):
     assert err.field == "figures" and "network_bandwidth" in err.message and "lacks 2" in err.message
 
 
-def test_two_studies_with_the_same_fixed_figures_are_refused(tmp_path, capsys):
+def test_two_studies_may_ask_for_the_same_figure_kind(tmp_path):
+    """Figure files start with the study's name, so the paper's and today's setups can both draw one kind."""
     _study(tmp_path, "one", figures="[capacity]")
     _study(tmp_path, "two", figures="[capacity]")
+    page = build_report(tmp_path, tmp_path / "out", progress=False)
+    figures = sorted(p.stem for p in (page.parent / "figures").glob("*.png"))
+    assert figures == ["one-capacity", "one-unlocked", "two-capacity", "two-unlocked"]
+
+
+def test_two_studies_whose_figure_files_would_clash_are_refused(tmp_path, capsys):
+    _study(tmp_path, "a", figures="[expansion]", axes=EXPANSION)
+    _study(tmp_path, "a-expansion", figures="[capacity]")     # a-expansion-unlocked, twice
     out = tmp_path / "out"
     assert main(["report", str(tmp_path), "--output", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "figures" in err[0] and "'capacity'" in err[0]
+    assert len(err) == 1 and "a-expansion-unlocked" in err[0]
     assert not out.exists()
 
 
@@ -113,5 +124,5 @@ def test_own_folder_gets_its_title_and_figures(tmp_path):
     assert "(Parquet). Written for the test.</p>" in html
     assert re.findall(r"<h2>(.*?)</h2>", html) == ["tiny: tiny", "Assumptions"]      # report.yaml is not a study
     figures = sorted(p.stem for p in (page.parent / "figures").glob("*.png"))
-    assert figures == ["rq3-capacity", "rq3-unlocked", "tiny-speedup"]
+    assert figures == ["tiny-capacity", "tiny-speedup", "tiny-unlocked"]
     assert "capacity x2 makes the best strategy" in html                           # the capacity finding

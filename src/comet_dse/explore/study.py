@@ -91,6 +91,7 @@ FIGURE_KINDS = {
     "capacity": (AxisNeed("hbm_capacity", "scale"),),
     "network": (AxisNeed("network", "value"), AxisNeed("network_bandwidth", "scale")),
     "expansion": (AxisNeed("expansion_capacity", "value"), AxisNeed("expansion_bandwidth", "value")),
+    "first-fit": (AxisNeed("hbm_capacity", "scale"),),
 }
 
 

@@ -20,7 +20,7 @@ PART_LABELS = {
 MEMORY_BIT = 1 << RULES.index("memory")
 COLUMNS = ("variant", "devices", "feasible", "infeasible_mask", "step_time_s", "tokens_per_second", "mfu", "tp", "pp",
            "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "memory_per_device_bytes",
-           *(f"time_{p}_s" for p in PARTS))
+           "global_batch", "expansion_overlap", *(f"time_{p}_s" for p in PARTS))
 
 
 def load(path: Path) -> dict:
@@ -42,6 +42,13 @@ class Split:
     feasible: bool
     row: int | None          # index of the fastest feasible row, if any
     reason: str              # 'fits', 'memory' (every valid strategy is too big) or 'invalid'
+    any_memory_row: int | None = None   # the fastest row that breaks no rule but perhaps memory
+    least_memory: float = float("nan")  # bytes per device of the leanest such row
+
+    @property
+    def name(self) -> str:
+        """The split as the COMET paper writes it, e.g. MP256_DP16."""
+        return f"MP{self.mp}_DP{self.dp}"
 
 
 def best_rows(data: dict) -> dict:
@@ -54,9 +61,17 @@ def best_rows(data: dict) -> dict:
     return out
 
 
-def splits(data: dict, variant: int) -> list:
-    """Per MP value of ``variant``: its fastest feasible strategy, or why none is feasible."""
+def splits(data: dict, variant: int, where=None) -> list:
+    """Per MP value of ``variant``: its fastest feasible strategy, or why none is feasible.
+
+    Each split also names its fastest strategy with memory ignored (valid
+    otherwise: the runtime the COMET paper plots for splits that do not fit)
+    and the least memory such a strategy needs. ``where``: an optional
+    boolean mask over the rows (e.g. some ZeRO stages only).
+    """
     sel = data["variant"] == variant
+    if where is not None:
+        sel = sel & where
     mp_all = (data["tp"] * data["pp"])[sel]
     rows = np.flatnonzero(sel)
     out = []
@@ -64,12 +79,15 @@ def splits(data: dict, variant: int) -> list:
         here = rows[mp_all == mp]
         ok = here[data["feasible"][here]]
         dp = int(data["dp"][here[0]])
+        runnable = here[(data["infeasible_mask"][here] & ~MEMORY_BIT) == 0]
+        fastest = int(runnable[np.argmin(data["step_time_s"][runnable])]) if len(runnable) else None
+        least = float(data["memory_per_device_bytes"][runnable].min()) if len(runnable) else float("nan")
         if len(ok):
             best = int(ok[np.argmin(data["step_time_s"][ok])])
-            out.append(Split(int(mp), dp, True, best, "fits"))
+            out.append(Split(int(mp), dp, True, best, "fits", fastest, least))
         else:
-            only_memory = np.any(data["infeasible_mask"][here] == MEMORY_BIT)
-            out.append(Split(int(mp), dp, False, None, "memory" if only_memory else "invalid"))
+            reason = "memory" if len(runnable) else "invalid"
+            out.append(Split(int(mp), dp, False, None, reason, fastest, least))
     return out
 
 

@@ -8,6 +8,7 @@ they name; temporaries of dead runs are removed.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -21,12 +22,13 @@ from comet_dse.explore.engine import run_study
 from comet_dse.explore.output import stale_temps, temp_path
 from comet_dse.explore.study import DOUBLED_RESOURCES, Study, load_study
 from comet_dse.loading import Fields, read_yaml
-from comet_dse.report import analysis, figures
+from comet_dse.report import analysis, figures, findings
 from comet_dse.report.html import write_html
 
-REPORT_FILE = "report.yaml"       # the folder's report title and introduction, not a study
+REPORT_FILE = "report.yaml"       # the folder's report title, introduction and findings, not a study
+FINDINGS_FILE = "findings.json"   # the findings table as JSON, beside report.html
 MARKER = ".comet-dse-report"      # written into every report folder: what makes it safe to replace
-REPORT_ENTRIES = {"report.html", "figures", "data", MARKER}   # what a report folder holds
+REPORT_ENTRIES = {"report.html", "figures", "data", FINDINGS_FILE, MARKER}   # what a report folder holds
 
 
 @dataclass
@@ -51,6 +53,7 @@ def load_folder(study_dir: Path, max_points: int | None = None) -> tuple:
     text = load_report_text(study_dir)
     studies = [load_study(p, max_points) for p in paths]
     _check_clashes(studies)
+    findings.check(text.findings, studies)
     return text, studies
 
 
@@ -84,8 +87,11 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             section = Section(study, analysis.load(result), ranking)
             _draw(section, tmp / "figures")
             sections.append(section)
+        table = findings.evaluate(text.findings, sections)
+        if table:
+            (tmp / FINDINGS_FILE).write_text(json.dumps([f.to_dict() for f in table], indent=2) + "\n")
         write_html(tmp / "report.html", sections, seconds=time.perf_counter() - started, title=text.title,
-                   introduction=text.introduction)
+                   introduction=text.introduction, findings=table)
         _replace(tmp, output)
     finally:
         if tmp.exists() and (tmp / MARKER).exists():
@@ -95,38 +101,42 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
 
 @dataclass(frozen=True)
 class ReportText:
-    """The report's own words: its title and an introduction after the generated summary."""
+    """The report's own words: its title, an introduction after the generated summary, and the paper
+    findings its table sets beside the studies' (report/findings.py)."""
 
     title: str
     introduction: str = ""
+    findings: tuple = ()
 
 
 def load_report_text(study_dir: Path) -> ReportText:
-    """The optional report.yaml of ``study_dir`` (title, introduction); default title 'Studies in FOLDER'."""
+    """The optional report.yaml of ``study_dir`` (title, introduction, findings); default title 'Studies in FOLDER'."""
     default = f"Studies in {Path(study_dir).resolve().name}"
     path = Path(study_dir) / REPORT_FILE
     if not path.exists():
         return ReportText(default)
     f = Fields(read_yaml(path, "report"), "report")
-    text = ReportText(title=f.text("title", default) or default, introduction=f.text("introduction", ""))
+    text = ReportText(title=f.text("title", default) or default, introduction=f.text("introduction", ""),
+                      findings=tuple(findings.specs_from(f.raw("findings"))) if f.has("findings") else ())
     f.reject_unknown()
     return text
 
 
 def _check_clashes(studies: list) -> None:
-    """Studies of one folder must not write the same files: names are unique, and so is every figure
-    kind but speedup (its files have fixed names, its figure the study's name)."""
-    names, kinds = set(), {}
+    """Studies of one folder must not write the same files: their names (as file names) are unique, and
+    every figure file starts with its study's name."""
+    names, files = set(), {}
     for study in studies:
         if study.file_stem in names:
             raise InputError("name", f"two studies are named {study.file_stem!r} (as file names); their result "
                              "files would clash")
         names.add(study.file_stem)
         for kind in study.figures:
-            if kind != "speedup" and kind in kinds:
-                raise InputError("figures", f"studies {kinds[kind]} and {study.name} both ask for {kind!r}, whose "
-                                 "figure files would overwrite each other; put them in separate folders")
-            kinds[kind] = study.name
+            for suffix in FIGURE_FILES[kind]:
+                file = f"{study.file_stem}-{suffix}"
+                if files.setdefault(file, study.name) != study.name:
+                    raise InputError("name", f"studies {files[file]} and {study.name} would both write the figure "
+                                     f"{file}; rename one")
 
 
 def _ours(folder: Path) -> bool:
@@ -205,54 +215,102 @@ def _speedup(section: Section, out: Path) -> None:
 
 
 def _parallelism_splits(section: Section, out: Path) -> None:
-    """Kind `parallelism-splits`: stacked MP x DP runtimes, the feasibility map, bathtub curves and a
-    comparison of the variants' throughput per device."""
-    variants = section.study.variants
-    section.figures.append(figures.rq1_stacked(section.data, variants, out))
-    section.figures.append(figures.rq1_feasibility(section.data, variants, out))
-    curves = {}
+    """Kind `parallelism-splits`: stacked MP x DP runtimes, the feasibility map, bathtub curves (with the
+    splits that do not fit at their memory-ignored runtime) and a comparison of the variants."""
+    variants, stem = section.study.variants, section.study.file_stem
+    section.figures.append(figures.rq1_stacked(section.data, variants, out, f"{stem}-stacked"))
+    section.figures.append(figures.rq1_feasibility(section.data, variants, out, f"{stem}-feasibility"))
+    curves, hollow = _bathtubs(section)
+    if curves or hollow:
+        section.figures.append(figures.lines(
+            curves, "model-parallel degree MP = TP x PP", "step time / fastest split that fits",
+            "Bathtub curves over MP x DP", f"{stem}-bathtub",
+            "Step time of the fastest strategy of each split, normalised per cluster to its fastest split that "
+            "fits (filled markers). Open markers: splits that do not fit in memory, at the step time of their "
+            "fastest strategy with memory ignored, as the COMET paper plots every split and marks the memory "
+            "wall (normalised to the fastest of them where no split fits). Both axes logarithmic.", out,
+            log2_x=True, log2_y=True, hollow=hollow))
     for v in variants:
-        ok = [sp for sp in analysis.splits(section.data, v.index) if sp.feasible]
-        if ok:
-            times = [float(section.data["step_time_s"][sp.row]) for sp in ok]
-            curves[v.values.get("cluster", v.label)] = ([sp.mp for sp in ok], [t / min(times) for t in times])
-    if curves:
-        fig = figures.lines(curves, "model-parallel degree MP = TP x PP", "step time / fastest feasible split",
-                            "Bathtub curves over MP x DP", "rq1-bathtub",
-                            "Step time of the fastest strategy of each feasible split, normalised per cluster; "
-                            "splits left of each curve do not fit in memory.", out, log2_x=True)
-        section.figures.append(fig)
-    best = analysis.best_rows(section.data)
-    per_device = {}
-    for v in variants:
+        section.findings.append(_split_finding(section, v))
+    _cluster_comparison(section, out)
+
+
+def _bathtubs(section: Section) -> tuple:
+    """(fitting curves, memory-ignored points): label -> (MP values, step time / the variant's fastest fit)."""
+    curves, hollow = {}, {}
+    for v in section.study.variants:
         rows = analysis.splits(section.data, v.index)
-        ok = [s for s in rows if s.feasible]
+        ok = [sp for sp in rows if sp.feasible]
+        over = [sp for sp in rows if not sp.feasible and sp.any_memory_row is not None]
+        label = v.values.get("cluster", v.label)
+        times = section.data["step_time_s"]
+        ref = min((float(times[sp.row]) for sp in ok), default=None)
+        if ref is None:
+            ref = min((float(times[sp.any_memory_row]) for sp in over), default=1.0)
+        if ok:
+            curves[label] = ([sp.mp for sp in ok], [float(times[sp.row]) / ref for sp in ok])
+        hollow[label] = ([sp.mp for sp in over], [float(times[sp.any_memory_row]) / ref for sp in over])
+    return curves, hollow
+
+
+def _split_finding(section: Section, v) -> str:
+    """One cluster variant's splits in a sentence: the fastest that fits, the memory wall, the fastest
+    with memory ignored."""
+    rows = analysis.splits(section.data, v.index)
+    ok = [s for s in rows if s.feasible]
+    name = v.values.get("cluster", v.label)
+    times = section.data["step_time_s"]
+    runnable = [s for s in rows if s.any_memory_row is not None]
+    free = min(runnable, key=lambda s: times[s.any_memory_row]) if runnable else None
+    ignored = (f" With memory ignored the fastest split is {free.name} ({times[free.any_memory_row]:.1f} s/step)."
+               if free is not None else "")
+    acc = v.cluster.accelerator
+    if not ok:
+        need = _least_memory(section.data, v.index)
+        return (f"{name}: no MP x DP split fits ({len(rows)} splits tried); the leanest valid strategy needs "
+                f"{need:.1f} GiB per device, the device's {acc.state_tiers} hold {acc.state_capacity / 2**30:.1f} "
+                f"GiB.{ignored}")
+    fastest = min(ok, key=lambda s: times[s.row])
+    slowest = max(float(times[s.row]) for s in ok)
+    wall = [s.mp for s in rows if s.reason == "memory"]
+    return (f"{name}: fastest split {fastest.name} ({times[fastest.row]:.1f} s/step); the slowest feasible split "
+            f"takes {slowest / times[fastest.row]:.1f}x as long; {len(ok)} of {len(rows)} splits fit"
+            + (f"; MP {', '.join(map(str, wall))} do not fit in memory" if wall else "") + f".{ignored}")
+
+
+def _cluster_comparison(section: Section, out: Path) -> None:
+    """The variants' best strategies against the baseline's: tokens/s of the whole cluster and per device
+    (strategies that fit), and of the whole cluster with memory ignored (every split's fastest runnable
+    strategy), so that a cluster on which nothing fits still shows."""
+    variants, data = section.study.variants, section.data
+    best = analysis.best_rows(data)
+    runnable = (data["infeasible_mask"] & ~analysis.MEMORY_BIT) == 0
+    groups = {"whole cluster": {}, "per device": {}, "whole cluster, memory ignored": {}}
+    for v in variants:
         name = v.values.get("cluster", v.label)
-        if not ok:
-            need = _least_memory(section.data, v.index)
-            cap = v.cluster.accelerator.hbm.capacity / 2**30
-            section.findings.append(f"{name}: no MP x DP split fits ({len(rows)} splits tried); the leanest valid "
-                                    f"strategy needs {need:.1f} GiB per device, the device has {cap:.1f} GiB.")
-            continue
-        times = [section.data["step_time_s"][s.row] for s in ok]
-        fastest, slowest = min(times), max(times)
-        b = ok[int(np.argmin(times))]
-        wall = [s.mp for s in rows if s.reason == "memory"]
-        section.findings.append(
-            f"{name}: fastest split MP{b.mp}_DP{b.dp} ({fastest:.1f} s/step); the slowest feasible split takes "
-            f"{slowest / fastest:.1f}x as long; {len(ok)} of {len(rows)} splits fit"
-            + (f"; MP {', '.join(map(str, wall))} do not fit in memory" if wall else "") + ".")
-        row = best[v.index]
-        per_device[name] = float(section.data["tokens_per_second"][row]) / float(section.data["devices"][row])
-    if per_device:
-        baseline = variants[section.study.baseline]
-        ref = baseline.values.get("cluster", baseline.label)
-        ref = ref if ref in per_device else next(iter(per_device))
-        section.figures.append(figures.speedup_bars(
-            {f"tokens/s per device vs {ref}": {k: v / per_device[ref] for k, v in per_device.items()}},
-            "Cluster comparison: best strategy, throughput per device", "relative throughput per device (x)",
-            "clusters", f"Tokens per second per device of each cluster's fastest strategy, relative to {ref} "
-            "(per device, so that clusters of different sizes compare).", out))
+        rows = np.flatnonzero((data["variant"] == v.index) & runnable)
+        if len(rows):
+            free = rows[np.argmin(data["step_time_s"][rows])]
+            groups["whole cluster, memory ignored"][name] = float(data["tokens_per_second"][free])
+        if v.index in best:
+            row = best[v.index]
+            groups["whole cluster"][name] = float(data["tokens_per_second"][row])
+            groups["per device"][name] = float(data["tokens_per_second"][row]) / float(data["devices"][row])
+    baseline = variants[section.study.baseline]
+    ref = baseline.values.get("cluster", baseline.label)
+    if ref not in groups["whole cluster"]:
+        return
+    names = [v.values.get("cluster", v.label) for v in variants]
+    relative = {}
+    for group, values in groups.items():
+        base = groups["per device" if group == "per device" else "whole cluster"][ref]
+        relative[f"{group} vs {ref}"] = {n: values.get(n, float("nan")) / base for n in names}
+    section.figures.append(figures.speedup_bars(
+        relative, "Cluster comparison: best strategy", "relative tokens/s (x)", f"{section.study.file_stem}-clusters",
+        f"Tokens per second of each cluster's fastest strategy that fits, relative to {ref}'s: of the whole "
+        "cluster (the speed the COMET paper compares) and per device (so that clusters of different sizes "
+        "compare); and of the whole cluster with memory ignored (the fastest strategy of any split, fitting or "
+        f"not), also relative to {ref}'s fastest that fits.", out, missing_text="nothing fits"))
 
 
 def _least_memory(data: dict, variant: int) -> float:
@@ -267,8 +325,9 @@ def _one_at_a_time(section: Section) -> dict:
     out = {}
     for v in section.study.variants:
         scales = {k: v.values.get(k) for k in DOUBLED_RESOURCES}
-        cluster = _series_label(v, DOUBLED_RESOURCES, "cluster")
-        base = next((b for b in section.study.variants if _series_label(b, DOUBLED_RESOURCES, "cluster") == cluster
+        cluster = _series_label(v, DOUBLED_RESOURCES, v.cluster.name)
+        base = next((b for b in section.study.variants
+                     if _series_label(b, DOUBLED_RESOURCES, b.cluster.name) == cluster
                      and all(b.values.get(k) == 1.0 for k in DOUBLED_RESOURCES)), None)
         if base is None or base.index not in best or v.index not in best:
             continue
@@ -287,7 +346,7 @@ def _resource_doubling(section: Section, out: Path) -> None:
                                 "feasible strategy; nothing to compare.")
         return
     section.figures.append(figures.speedup_bars(
-        groups, "What doubling each node resource buys", "speedup of the best strategy (x)", "rq2-balance",
+        groups, "What doubling each node resource buys", "speedup of the best strategy (x)", f"{section.study.file_stem}-balance",
         "Best step time with one resource doubled (or all four), relative to the same cluster as built. The "
         "largest bar is the bottleneck of the best configuration.", out))
     for cluster, values in groups.items():
@@ -304,7 +363,7 @@ def _best_along(section: Section, axis: str) -> dict:
     out = {}
     for v in section.study.variants:
         if v.index in best:
-            xs, ys = out.setdefault(_series_label(v, (axis,), "cluster"), ([], []))
+            xs, ys = out.setdefault(_series_label(v, (axis,), v.cluster.name), ([], []))
             xs.append(v.values[axis])
             ys.append(best[v.index])
     return out
@@ -316,16 +375,16 @@ def _capacity(section: Section, out: Path) -> None:
     for cluster, (xs, ys) in _best_along(section, "hbm_capacity").items():
         series[cluster] = (xs, [ys[0] / y for y in ys])
     for v in section.study.variants:
-        cluster = _series_label(v, ("hbm_capacity",), "cluster")
+        cluster = _series_label(v, ("hbm_capacity",), v.cluster.name)
         n = sum(1 for s in analysis.splits(section.data, v.index) if s.feasible)
         counts.setdefault(cluster, ([], []))
         counts[cluster][0].append(v.values["hbm_capacity"])
         counts[cluster][1].append(n)
     section.figures.append(figures.lines(series, "HBM capacity (x the preset)", "speedup of the best strategy (x)",
-                                         "Memory capacity: speedup", "rq3-capacity",
+                                         "Memory capacity: speedup", f"{section.study.file_stem}-capacity",
                                          "Best step time at each capacity relative to the preset's capacity.", out))
     section.figures.append(figures.lines(counts, "HBM capacity (x the preset)", "MP x DP splits that fit",
-                                         "Memory capacity: splits unlocked", "rq3-unlocked",
+                                         "Memory capacity: splits unlocked", f"{section.study.file_stem}-unlocked",
                                          "Number of MP x DP splits with at least one strategy that fits.", out,
                                          integer_y=True))
     for cluster, (xs, ys) in series.items():
@@ -346,38 +405,91 @@ def _network(section: Section, out: Path) -> None:
             ys.append(base / best[v.index])
     baseline = section.study.variants[section.study.baseline].label
     section.figures.append(figures.lines(series, "link bandwidth (x the preset)", "speedup over the baseline (x)",
-                                         "Network topology and bandwidth", "rq4-network",
+                                         "Network topology and bandwidth", f"{section.study.file_stem}-network",
                                          f"Best step time relative to the baseline ({baseline}).", out))
     for label, (xs, ys) in series.items():
         section.findings.append(f"{label}: {', '.join(f'x{x:g}: {y:.2f}x' for x, y in zip(xs, ys))}.")
 
 
 def _expansion(section: Section, out: Path) -> None:
-    """Kind `expansion`: speedup and feasible strategies against the expansion tier's capacity and bandwidth."""
-    best = figures.variant_best_time(section.data)
-    base = best.get(section.study.baseline)
+    """Kind `expansion`: speedup and feasible strategies against the expansion tier's capacity and bandwidth;
+    where the study tries both, one speedup line per bandwidth with the tier's traffic exposed and one with it
+    overlapped (the expansion_overlap knob)."""
+    data, stem = section.data, section.study.file_stem
+    modes = [bool(x) for x in np.unique(data["expansion_overlap"])]
+    base = figures.variant_best_time(data).get(section.study.baseline)
     series, counts = {}, {}
     for v in section.study.variants:
         label = _with_others(f"{v.values['expansion_bandwidth'] / 1e9:g} GB/s", v,
                              ("expansion_capacity", "expansion_bandwidth"))
-        xs, ys = series.setdefault(label, ([], []))
-        xs.append(v.values["expansion_capacity"] / 2**30)
-        ys.append(base / best[v.index] if v.index in best and base else np.nan)
+        gib = v.values["expansion_capacity"] / 2**30
+        for mode in modes:
+            rows = (data["variant"] == v.index) & data["feasible"] & (data["expansion_overlap"] == mode)
+            name = f"{label}, {'overlapped' if mode else 'exposed'}" if len(modes) > 1 else label
+            xs, ys = series.setdefault(name, ([], []))
+            xs.append(gib)
+            ys.append(base / float(data["step_time_s"][rows].min()) if np.any(rows) and base else np.nan)
         cx, cy = counts.setdefault(label, ([], []))
-        cx.append(v.values["expansion_capacity"] / 2**30)
-        cy.append(int(np.count_nonzero((section.data["variant"] == v.index) & section.data["feasible"])))
+        cx.append(gib)
+        cy.append(int(np.count_nonzero((data["variant"] == v.index) & data["feasible"])))
+    caption = "Best step time with a CXL-like tier of each capacity and bandwidth, relative to no tier"
+    if len(modes) > 1:
+        caption += ("; 'exposed': the tier's traffic adds to the step, 'overlapped': prefetched and hidden behind "
+                    "each pass's compute where it can be (docs/model.md)")
     section.figures.append(figures.lines(series, "expansion tier capacity (GiB per device)",
                                          "speedup of the best strategy (x)", "Expansion memory tier: speedup",
-                                         "rq5-expansion", "Best step time with a CXL-like tier of each capacity "
-                                         "and bandwidth, relative to no tier.", out))
+                                         f"{stem}-expansion", caption + ".", out))
     section.figures.append(figures.lines(counts, "expansion tier capacity (GiB per device)", "feasible strategies",
-                                         "Expansion memory tier: strategies unlocked", "rq5-unlocked",
+                                         "Expansion memory tier: strategies unlocked", f"{stem}-expansion-unlocked",
                                          "Strategies that fit in HBM plus the tier.", out, integer_y=True))
-    top = max((max(ys) for ys in (s[1] for s in series.values())), default=1.0)
+    for name, (xs, ys) in series.items():
+        if len(modes) > 1 and np.any(np.isfinite(ys)):
+            top = int(np.nanargmax(ys))
+            section.findings.append(f"{name}: up to {ys[top]:.2f}x the speed of the best without a tier "
+                                    f"(at {xs[top]:g} GiB).")
+    top = max((np.nanmax(ys) for ys in (s[1] for s in series.values())), default=1.0)
     section.findings.append(f"The best strategy with an expansion tier is {top:.2f}x the speed of the best without; "
                             f"the tier unlocks up to {max(max(c[1]) for c in counts.values()):,} strategies "
                             f"(from {min(min(c[1]) for c in counts.values()):,}).")
 
+
+def _first_fit(section: Section, out: Path) -> None:
+    """Kind `first-fit`: the smallest MP x DP split that fits against the HBM capacity multiplier, one line
+    per cluster (and other axes) and ZeRO stage: how the memory wall moves with capacity and with how much of
+    the model state is sharded over DP (which the COMET paper's memory accounting does is not public)."""
+    data = section.data
+    stages = [int(z) for z in np.unique(data["zero"])]
+    series = {}
+    for v in section.study.variants:
+        label = _series_label(v, ("hbm_capacity",), v.cluster.name)
+        for z in stages:
+            rows = analysis.splits(data, v.index, where=data["zero"] == z)
+            fit = min((s.mp for s in rows if s.feasible), default=float("nan"))
+            xs, ys = series.setdefault(f"{label}, ZeRO {z}" if len(stages) > 1 else label, ([], []))
+            xs.append(v.values["hbm_capacity"])
+            ys.append(fit)
+    section.figures.append(figures.lines(
+        series, "HBM capacity (x the preset)", "smallest MP that fits", "Memory capacity: where the wall is",
+        f"{section.study.file_stem}-first-fit", "The smallest model-parallel degree (MP = TP x PP, DP = devices / "
+        "MP) with a strategy that fits, at each capacity, per ZeRO stage (how much of the model state is sharded "
+        "over DP). A missing point: nothing fits.", out, log2_y=True))
+    for label, (xs, ys) in series.items():
+        steps = [f"MP{y:.0f} from x{x:g}" for i, (x, y) in enumerate(zip(xs, ys))
+                 if np.isfinite(y) and (i == 0 or y != ys[i - 1])]
+        section.findings.append(f"{label}: smallest split that fits: " + (", ".join(steps) or "none at any capacity")
+                                + ".")
+
+
+# Figure kind -> the suffixes of its figure files (each file is <study file name>-<suffix>.png and .svg).
+FIGURE_FILES = {
+    "speedup": ("speedup",),
+    "parallelism-splits": ("stacked", "feasibility", "bathtub", "clusters"),
+    "resource-doubling": ("balance",),
+    "capacity": ("capacity", "unlocked"),
+    "network": ("network",),
+    "expansion": ("expansion", "expansion-unlocked"),
+    "first-fit": ("first-fit",),
+}
 
 # Figure kind (a study's `figures:`, explore.study.FIGURE_KINDS) -> the function that draws it.
 DRAW = {
@@ -387,4 +499,5 @@ DRAW = {
     "capacity": _capacity,
     "network": _network,
     "expansion": _expansion,
+    "first-fit": _first_fit,
 }

@@ -34,50 +34,68 @@ def _save(fig, out: Path, name: str) -> None:
     plt.close(fig)
 
 
-def rq1_stacked(data: dict, variants: list, out: Path) -> Figure:
+def _shown_row(split):
+    """(row, fits) drawn for a split: its fastest strategy that fits, else its fastest with memory ignored."""
+    if split.feasible:
+        return split.row, True
+    return split.any_memory_row, False
+
+
+def rq1_stacked(data: dict, variants: list, out: Path, name: str = "rq1-stacked") -> Figure:
     """Normalised step time of the best strategy per MP x DP split, stacked by where time goes.
 
-    Only clusters with at least one feasible split get a panel (the feasibility
-    map shows the others).
+    Splits that do not fit are drawn hatched and pale at the step time of
+    their fastest strategy with memory ignored (as the COMET paper draws every
+    split); clusters on which no split is valid get no panel.
     """
-    shown = [v for v in variants if any(s.feasible for s in splits(data, v.index))] or variants[:1]
+    shown = [v for v in variants if any(_shown_row(s)[0] is not None for s in splits(data, v.index))] or variants[:1]
     fig, axes = plt.subplots(1, len(shown), figsize=(3.7 * len(shown), 3.6), squeeze=False)
     used = set()
     for ax, variant in zip(axes[0], shown):
         rows = splits(data, variant.index)
-        feasible = [s for s in rows if s.feasible]
-        base = min((data["step_time_s"][s.row] for s in feasible), default=1.0)
+        drawn = [_shown_row(s) for s in rows]
+        base = min((data["step_time_s"][r] for r, fits in drawn if fits), default=None)
+        if base is None:
+            base = min((data["step_time_s"][r] for r, _ in drawn if r is not None), default=1.0)
         x = np.arange(len(rows))
         bottom = np.zeros(len(rows))
         for part in PARTS:
-            height = np.array([breakdown(data, s.row)[part] / base if s.feasible else 0.0 for s in rows])
+            height = np.array([breakdown(data, r)[part] / base if r is not None else 0.0 for r, _ in drawn])
             if np.any(height > 1e-3):
-                ax.bar(x, height, bottom=bottom, color=COLORS[part], width=0.8)
+                fits = np.array([f for _, f in drawn])
+                ax.bar(x[fits], height[fits], bottom=bottom[fits], color=COLORS[part], width=0.8)
+                ax.bar(x[~fits], height[~fits], bottom=bottom[~fits], color=COLORS[part], width=0.8, alpha=0.35,
+                       hatch="///", edgecolor="white", linewidth=0)
                 bottom += height
                 used.add(part)
-        for i, s in enumerate(rows):
-            if not s.feasible:
-                ax.text(i, 0.04, "does not fit" if s.reason == "memory" else "invalid", rotation=90,
+        for i, (s, (r, fits)) in enumerate(zip(rows, drawn)):
+            if not fits:
+                ax.text(i, bottom[i] + 0.04, "does not fit" if s.reason == "memory" else "invalid", rotation=90,
                         ha="center", va="bottom", fontsize=7, color="#B22222")
         ax.set_xticks(x, [str(s.mp) for s in rows], fontsize=7, rotation=60)
         ax.set_xlabel("MP = TP x PP  (DP = devices / MP)")
         ax.set_title(variant.values.get("cluster", variant.label))
-        ax.set_ylabel("step time / fastest split")
-        ax.set_ylim(0, max(2.0, float(bottom.max()) * 1.05))
+        ax.set_ylabel("step time / fastest split that fits")
+        fits = np.array([f for _, f in drawn])
+        pale = float(bottom[~fits].max()) if np.any(~fits) else 0.0      # room above them for their label
+        ax.set_ylim(0, max(2.0, float(bottom.max()) * 1.05, pale * 1.6))
     handles = [matplotlib.patches.Patch(color=COLORS[p], label=PART_LABELS[p]) for p in PARTS if p in used]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(out / "rq1-stacked.png", dpi=150)
-    fig.savefig(out / "rq1-stacked.svg")
+    fig.savefig(out / f"{name}.png", dpi=150)
+    fig.savefig(out / f"{name}.svg")
     plt.close(fig)
-    return Figure("rq1-stacked", "Runtime of every MP x DP split, by where the time goes",
+    return Figure(name, "Runtime of every MP x DP split, by where the time goes",
                   "For each model-parallel degree MP = TP x PP (and DP = devices / MP) the fastest feasible "
-                  "strategy, its step time normalised to the cluster's fastest split and stacked by part: a "
-                  "bathtub when both ends are slow. Splits marked 'does not fit' have no strategy that fits in "
-                  "device memory; 'invalid' ones have no valid TP x PP x micro-batch combination.")
+                  "strategy, its step time normalised to the cluster's fastest split that fits and stacked by "
+                  "part: a bathtub when both ends are slow. Splits marked 'does not fit' have no strategy that "
+                  "fits in device memory; they are drawn pale and hatched at the step time of their fastest "
+                  "strategy with memory ignored, as the COMET paper draws every split (where no split fits, "
+                  "normalised to the fastest of those). 'Invalid' ones have no valid TP x PP x micro-batch "
+                  "combination.")
 
 
-def rq1_feasibility(data: dict, variants: list, out: Path) -> Figure:
+def rq1_feasibility(data: dict, variants: list, out: Path, name: str = "rq1-feasibility") -> Figure:
     """Which MP values fit on which cluster: one row of markers per cluster on a log2 MP axis."""
     fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.45 * len(variants)))
     style = {"fits": ("#6AA84F", "o"), "memory": ("#E06666", "X"), "invalid": ("#BBBBBB", "s")}
@@ -94,20 +112,30 @@ def rq1_feasibility(data: dict, variants: list, out: Path) -> Figure:
                 (style["invalid"], "no valid TP x PP / batch split"))]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
     ax.grid(axis="x", alpha=0.3)
-    _save(fig, out, "rq1-feasibility")
-    return Figure("rq1-feasibility", "Which MP x DP splits fit",
+    _save(fig, out, name)
+    return Figure(name, "Which MP x DP splits fit",
                   "Green: at least one strategy of this split fits in device memory; red: every valid strategy "
                   "needs more memory than the device has; grey: no valid TP x PP factorisation or batch split.")
 
 
-def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str, out: Path) -> Figure:
-    """groups: series label -> {category: value}. Grouped bars."""
+def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str, out: Path,
+                 missing_text: str | None = None) -> Figure:
+    """groups: series label -> {category: value}. Grouped bars; ``missing_text`` is written where a
+    value is missing (NaN), e.g. 'nothing fits'."""
     categories = list(next(iter(groups.values())).keys())
     fig, ax = plt.subplots(figsize=(7.0, 3.0))
     width = 0.8 / len(groups)
+    top = 0.0
     for i, (label, values) in enumerate(groups.items()):
         x = np.arange(len(categories)) + (i - (len(groups) - 1) / 2) * width
-        ax.bar(x, [values.get(c, np.nan) for c in categories], width=width, label=label)
+        heights = np.array([values.get(c, np.nan) for c in categories], dtype=float)
+        ax.bar(x, heights, width=width, label=label)
+        top = max(top, float(np.nanmax(heights)) if np.any(np.isfinite(heights)) else 0.0)
+        for xi, h in zip(x, heights):
+            if missing_text and not np.isfinite(h):
+                ax.text(xi, 0.05, missing_text, rotation=90, ha="center", va="bottom", fontsize=7, color="#B22222")
+    if len(groups) > 1:
+        ax.set_ylim(0, max(top, 1.0) * (1.15 + 0.12 * len(groups)))    # room for the legend above the bars
     ax.axhline(1.0, color="black", linewidth=0.7)
     ax.set_xticks(range(len(categories)), categories, fontsize=8)
     ax.set_ylabel(ylabel)
@@ -118,20 +146,35 @@ def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str,
 
 
 def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption: str, out: Path,
-          log2_x: bool = False, integer_y: bool = False) -> Figure:
-    """series: label -> (x values, y values)."""
-    fig, ax = plt.subplots(figsize=(7.0, 3.0))
+          log2_x: bool = False, integer_y: bool = False, log2_y: bool = False, hollow: dict | None = None) -> Figure:
+    """series: label -> (x values, y values). ``hollow``: label -> (x, y) points drawn as open markers
+    in the colour of that series (e.g. splits that do not fit in memory)."""
+    many = len(series) > 4                    # then the legend goes beside the plot, not over the lines
+    fig, ax = plt.subplots(figsize=(9.0 if many else 7.0, 3.0))
     for label, (x, y) in series.items():
-        ax.plot(x, y, marker="o", label=label)
+        line, = ax.plot(x, y, marker="o", label=label)
+        if hollow and hollow.get(label) and len(hollow[label][0]):
+            ax.plot(*hollow[label], marker="o", linestyle=":", markerfacecolor="white", color=line.get_color())
+    if hollow:
+        for label, (x, y) in hollow.items():
+            if label not in series and len(x):
+                ax.plot(x, y, marker="o", linestyle=":", markerfacecolor="white", label=f"{label} (none fits)")
+        ax.plot([], [], marker="o", linestyle=":", markerfacecolor="white", color="grey",
+                label="does not fit (memory ignored)")
     if log2_x:
         ax.set_xscale("log", base=2)
+    if log2_y:
+        ax.set_yscale("log", base=2)
     if integer_y:
         ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if many:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend()
     _save(fig, out, name)
     return Figure(name, title, caption)
 

@@ -18,6 +18,7 @@ figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #eee}figcaption
 table{border-collapse:collapse;font-size:.85em;margin:.8em 0}th,td{border:1px solid #ddd;padding:.25em .5em;
 text-align:right}th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:.8em;
 overflow-x:auto;font-size:.8em}details{margin:.4em 0}ul.findings li{margin:.2em 0}
+table.findings td{vertical-align:top}table.findings small{color:#555}
 """
 # Sets the page title to "figures-ok:N" once every figure has decoded (read by the browser test).
 CHECK = """
@@ -76,10 +77,38 @@ def _assumptions(sections: list) -> str:
     return "\n".join(parts)
 
 
-def write_html(path: Path, sections: list, seconds: float, title: str, introduction: str = "") -> None:
+def _findings_table(table: list) -> str:
+    """The COMET paper's findings beside comet-dse's in both setups (report/findings.py), with why they differ."""
+    from comet_dse.report.findings import TOLERANCE, text
+
+    rows = []
+    for f in table:
+        unit = f.spec.unit
+        verdict = ("reproduced" if f.reproduced else "not reproduced")
+        cells = [html.escape(f.spec.finding), html.escape(text(f.spec.paper, unit))]
+        for value, mark in ((f.paper_setup, f" <b>({verdict})</b>"), (f.modern_setup, "")):
+            note = f'<br><small>{html.escape(value.note)}</small>' if value.note else ""
+            cells.append(f"{html.escape(text(value.value, unit))}{mark}{note}")
+        cells.append(html.escape(f.spec.why))
+        rows.append("<tr>" + "".join(f'<td class="l">{c}</td>' for c in cells) + "</tr>")
+    head = "".join(f'<th class="l">{html.escape(h)}</th>' for h in (
+        "COMET finding", "paper", "comet-dse, the paper's assumptions", "comet-dse, today's strategies",
+        "why they differ"))
+    return (f"<h2>The COMET paper's findings, reproduced</h2><p>Each finding of Kadiyala et al. (arXiv:2211.16648) "
+            f"beside comet-dse with the paper's assumptions (pure model parallelism, its workload's shape, "
+            f"16-bit gradients, checkpointed activations) and with today's strategies (TP x PP, ZeRO, "
+            f"recomputation). A split counts as reproduced when it is the same, a ratio when it is within "
+            f"{TOLERANCE:.0%} of the paper's. The same table is in <code>findings.json</code>; "
+            f"docs/case-studies.md explains each row.</p>"
+            f'<table class="findings"><tr>{head}</tr>{"".join(rows)}</table>')
+
+
+def write_html(path: Path, sections: list, seconds: float, title: str, introduction: str = "",
+               findings: list = ()) -> None:
     """Write the report; figures are read from ``path.parent / 'figures'``.
 
-    ``title`` heads the page; ``introduction`` (plain text) follows the generated summary.
+    ``title`` heads the page; ``introduction`` (plain text) follows the generated summary;
+    ``findings`` (report/findings.py: Finding) make the findings table, before the studies.
     """
     fig_dir = path.parent / "figures"
     intro = f" {html.escape(introduction)}" if introduction else ""
@@ -87,6 +116,8 @@ def write_html(path: Path, sections: list, seconds: float, title: str, introduct
             f"<p>{len(sections)} studies, {sum(s.ranking['points'] for s in sections):,} design points, "
             f"generated in {seconds:.0f} s. Figures are also in <code>figures/</code> (PNG and SVG), one row per "
             f"design point in <code>data/</code> (Parquet).{intro}</p>"]
+    if findings:
+        body.append(_findings_table(findings))
     for s in sections:
         body.append(f"<h2>{html.escape(s.study.name)}: {html.escape(s.study.description)}</h2>")
         body.append(f"<p>Baseline: {html.escape(s.ranking['baseline'])}.</p>")
