@@ -472,7 +472,7 @@ def _first_fit(section: Section, out: Path) -> None:
         series, "HBM capacity (x the preset)", "smallest MP that fits", "Memory capacity: where the wall is",
         f"{section.study.file_stem}-first-fit", "The smallest model-parallel degree (MP = TP x PP, DP = devices / "
         "MP) with a strategy that fits, at each capacity, per ZeRO stage (how much of the model state is sharded "
-        "over DP). A missing point: nothing fits.", out, log2_y=True))
+        "over DP). A missing point: nothing fits.", out, log2_y=True, integer_y=True))
     for label, (xs, ys) in series.items():
         steps = [f"MP{y:.0f} from x{x:g}" for i, (x, y) in enumerate(zip(xs, ys))
                  if np.isfinite(y) and (i == 0 or y != ys[i - 1])]

@@ -163,9 +163,15 @@ def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption
                 label="does not fit (memory ignored)")
     if log2_x:
         ax.set_xscale("log", base=2)
-    if log2_y:
+    if log2_y:     # powers of two labelled as numbers; with integer_y only those (MP degrees), else also 1.5x them
         ax.set_yscale("log", base=2)
-    if integer_y:
+        low, high = ax.get_ylim()
+        fine = not integer_y and high / low < 16                  # a narrow range also gets 1.5x ticks
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=2, subs=(1.0, 1.5) if fine else (1.0,),
+                                                                numticks=16))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    elif integer_y:
         ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
