@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import comet_dse
 from comet_dse import InputError, estimate, load_cluster, load_model, search, sweep, whatif
 from comet_dse.cli import main
 

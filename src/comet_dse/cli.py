@@ -1,4 +1,4 @@
-"""Command line: ``comet-dse estimate | search | whatif | sweep | report | presets | validate``.
+"""Command line: ``comet-dse estimate | search | whatif | sweep | report | explore | presets | validate``.
 
 A thin layer over the library.
 
@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print each study's number of design points and first ones; evaluate and write nothing")
 
     whatif_cli.add_parser(sub, _add_search_inputs)
+
+    exp = sub.add_parser("explore", help="a live explorer in the browser (pip install 'comet-dse[explore]')")
+    exp.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
+    exp.add_argument("--port", type=_positive_int, default=8050, help="port to serve on (default 8050)")
+    exp.add_argument("--open", action="store_true", help="open the page in the default web browser")
 
     pre = sub.add_parser("presets", help="list the built-in models and clusters")
     pre.add_argument("--json", action="store_true", help="print JSON")
@@ -493,6 +498,12 @@ def cmd_whatif(args) -> int:
     return run_cli(args, model, cluster_from_args(load_cluster(args.cluster), args), _space_from(args))
 
 
+def cmd_explore(args) -> int:
+    from comet_dse.explorer.serve import serve
+
+    return serve(args.host, args.port, args.open)
+
+
 def cmd_calibrate(args) -> int:
     from comet_dse.calibrate_cli import run_calibrate
 
@@ -501,7 +512,7 @@ def cmd_calibrate(args) -> int:
 
 COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, "report": cmd_report,
             "presets": cmd_presets, "validate": cmd_validate, "calibrate": cmd_calibrate,
-            "whatif": cmd_whatif}
+            "whatif": cmd_whatif, "explore": cmd_explore}
 
 
 def main(argv: list | None = None) -> int:

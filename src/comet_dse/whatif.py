@@ -23,7 +23,7 @@ from comet_dse.explore.space import SearchSpace, enumerate_strategies
 from comet_dse.explore.table import RULES, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.overrides import _set_one, apply_overrides, resource_names
+from comet_dse.overrides import _set_one, apply_overrides
 from comet_dse.strategy import compact_text
 from comet_dse.tables import Tabular
 from comet_dse.whatif_cli import CAPACITY_RESOURCES, DEFAULT_FACTORS
@@ -307,8 +307,7 @@ def render(result: WhatIf) -> str:
         rows = []
         for resource in dict.fromkeys(c.resource for c in result.cells):
             cells = [c for c in result.cells if c.resource == resource]
-            rows.append([resource, _shown(resource, resource_value_of(result, resource, cells))]
-                        + [_speedup_text(c, b) for c in cells])
+            rows.append([resource, _shown(resource, _present_value(cells))] + [_speedup_text(c) for c in cells])
         lines += ["", "Speedup of the best strategy over the cluster as it is:", "",
                   render_table(headers, rows, left=(0,))]
     if result.fit is not None:
@@ -316,8 +315,8 @@ def render(result: WhatIf) -> str:
     return "\n".join(lines)
 
 
-def resource_value_of(result: WhatIf, resource: str, cells: list) -> float | None:
-    """The resource's present value, recovered from a scaled cell (value / factor)."""
+def _present_value(cells: list) -> float | None:
+    """A resource's present value, recovered from one of its scaled cells (value / factor)."""
     for c in cells:
         if c.value is not None:
             return c.value / c.factor
@@ -340,7 +339,7 @@ def _shown(resource: str, value: float | None) -> str:
     return f"{value:g}"
 
 
-def _speedup_text(cell: Cell, baseline: Best) -> str:
+def _speedup_text(cell: Cell) -> str:
     if cell.speedup is not None:
         return f"{cell.speedup:.2f}x"
     if cell.step_time_s is not None:      # fits only when scaled: the baseline had nothing

@@ -1,0 +1,154 @@
+"""The explorer page: a Dash app whose every control change is answered by ``view.compute``.
+
+Dash serves its JavaScript (React, Plotly.js) from the installed packages (``serve_locally``), so
+the page loads nothing from the internet. The page has no state on the server: each callback gets
+the controls and recomputes the view from the batched model.
+"""
+from __future__ import annotations
+
+import dash
+from dash import ALL, Input, Output, State, dcc, html
+
+from comet_dse.errors import InputError
+from comet_dse.explorer import figures
+from comet_dse.explorer.view import TOP, TOPOLOGIES, Controls, compute, controls_for
+from comet_dse.presets import preset_names
+from comet_dse.units import format_bytes, format_time
+
+GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+DEFAULT = Controls()
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222; }
+header { background: #24364b; color: white; padding: 10px 18px; }
+header h1 { font-size: 20px; margin: 0; } header p { margin: 2px 0 0; font-size: 13px; opacity: .85; }
+.page { display: grid; grid-template-columns: 300px 1fr; gap: 14px; padding: 12px; }
+.controls label { display: block; font-size: 12px; margin-top: 8px; color: #444; }
+.controls input { width: 95%; padding: 3px; }
+.controls h3 { font-size: 14px; margin: 14px 0 2px; border-bottom: 1px solid #ddd; }
+.status { font-size: 13px; color: #333; margin-bottom: 6px; }
+.error { color: #a00; font-weight: bold; font-size: 13px; min-height: 1em; }
+.best { font-size: 14px; margin: 4px 0 8px; } .best code { background: #eef3f8; padding: 1px 4px; }
+table.top { border-collapse: collapse; font-size: 12px; } table.top td, table.top th { padding: 2px 8px; }
+table.top tr:nth-child(even) { background: #f4f6f8; } table.top th { text-align: left; border-bottom: 1px solid #aaa; }
+.figs { display: grid; grid-template-columns: 1fr 1fr; gap: 8px; }
+"""
+
+
+def build_app() -> dash.Dash:
+    """The Dash app: layout and callbacks."""
+    app = dash.Dash(__name__, title="comet-dse explore", update_title=None, serve_locally=True,
+                    suppress_callback_exceptions=True)
+    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + STYLE + "</style>")
+    app.layout = _layout()
+    _callbacks(app)
+    return app
+
+
+def _labelled(text: str, control) -> list:
+    return [html.Label(text), control]
+
+
+def _layout():
+    models, clusters = preset_names("models"), preset_names("clusters")
+    controls = html.Div(className="controls", children=[
+        html.H3("Workload"),
+        *_labelled("Model (preset)", dcc.Dropdown(models, DEFAULT.model, id="model", clearable=False)),
+        *_labelled("or a Hugging Face config.json on this machine",
+                   dcc.Input(id="model-file", type="text", placeholder="/path/to/config.json", debounce=True)),
+        *_labelled("Devices", dcc.Input(id="devices", type="number", min=1, step=1, value=DEFAULT.devices,
+                                        debounce=True)),
+        *_labelled("Global batch (sequences)", dcc.Input(id="global-batch", type="number", min=1, step=1,
+                                                         value=DEFAULT.global_batch, debounce=True)),
+        html.H3("Cluster"),
+        *_labelled("Cluster (preset)", dcc.Dropdown(clusters, DEFAULT.cluster, id="cluster", clearable=False)),
+        html.Div(id="resource-controls", children=_resource_controls(DEFAULT.cluster)),
+        html.H3("Shown strategy"),
+        *_labelled("Breakdown of rank", dcc.Dropdown(list(range(1, TOP + 1)), 1, id="rank", clearable=False)),
+    ])
+    results = html.Div(children=[
+        html.Div(id="status", className="status"),
+        html.Div(id="error", className="error", role="alert"),
+        html.Div(id="best-strategy", className="best"),
+        html.Div(id="best-table"),
+        html.Div(className="figs", children=[
+            dcc.Graph(id=name, config=GRAPH_CONFIG) for name in ("bathtub", "memory", "breakdown", "doubling")]),
+    ])
+    return html.Div([
+        html.Header([html.H1("comet-dse explore"),
+                     html.P("Every change re-runs the batched cost model over every strategy; nothing is "
+                            "precomputed. Hover a point for why a split does not fit.")]),
+        html.Div(className="page", children=[controls, results]),
+    ])
+
+
+def _resource_controls(cluster: str) -> list:
+    """One labelled control per resource of the cluster preset, holding the preset's value. The ids carry
+    the cluster's name so that values typed for another cluster are never applied to this one."""
+    out = []
+    for resource, value in controls_for(cluster):
+        ident = {"type": "resource", "key": resource.key, "cluster": cluster}
+        if resource.unit == "topology":
+            control = dcc.Dropdown(list(TOPOLOGIES), value, id=ident, clearable=False)
+        else:
+            control = dcc.Input(id=ident, type="number", min=0, value=value, debounce=True)
+        out += _labelled(f"{resource.label}" + ("" if resource.unit == "topology" else f" ({resource.unit})"),
+                         control)
+    return out
+
+
+def _callbacks(app: dash.Dash) -> None:
+    @app.callback(Output("resource-controls", "children"), Input("cluster", "value"), prevent_initial_call=True)
+    def reset_resources(cluster):
+        return _resource_controls(cluster)
+
+    @app.callback(
+        [Output("status", "children"), Output("error", "children"), Output("best-strategy", "children"),
+         Output("best-table", "children"), Output("bathtub", "figure"), Output("memory", "figure"),
+         Output("breakdown", "figure"), Output("doubling", "figure")],
+        [Input("model", "value"), Input("model-file", "value"), Input("cluster", "value"),
+         Input("devices", "value"), Input("global-batch", "value"), Input("rank", "value"),
+         Input({"type": "resource", "key": ALL, "cluster": ALL}, "value")],
+        [State({"type": "resource", "key": ALL, "cluster": ALL}, "id")])
+    def update(model, model_file, cluster, devices, global_batch, rank, values, ids):
+        try:
+            controls = controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids)
+            view = compute(controls)
+        except InputError as exc:
+            return (dash.no_update, f"{exc}", dash.no_update, dash.no_update, dash.no_update, dash.no_update,
+                    dash.no_update, dash.no_update)
+        return (_status(view), "", _best(view), _table(view), figures.bathtub(view), figures.memory(view),
+                figures.breakdown(view), figures.doubling(view))
+
+
+def controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids) -> Controls:
+    """The page's control values as ``Controls``; resource values typed for another cluster are dropped."""
+    for name, value in (("devices", devices), ("global batch", global_batch)):
+        if value is None or int(value) != value or value < 1:
+            raise InputError(name, f"must be a positive integer, got {value!r}")
+    resources = {i["key"]: v for i, v in zip(ids, values) if i.get("cluster") == cluster}
+    return Controls(model=(model_file or "").strip() or model, cluster=cluster, devices=int(devices),
+                    global_batch=int(global_batch), resources=resources, rank=int(rank or 1))
+
+
+def _status(view) -> str:
+    excluded = "; ".join(f"{text}: {n:,}" for text, n in sorted(view.excluded.items(), key=lambda kv: -kv[1])[:3])
+    return (f"{view.title}. {view.evaluated:,} strategies evaluated in {view.seconds * 1000:.0f} ms, "
+            f"{view.feasible:,} fit." + (f" Excluded: {excluded}." if excluded else ""))
+
+
+def _best(view):
+    if not view.top:
+        return html.Span(["No strategy fits. ", view.chosen.get("note") or ""])
+    best = view.top[0]
+    return html.Span(["Best: ", html.Code(best["strategy"], id="best-text"),
+                      f" — {format_time(best['step_time_s'])} per step, {best['tokens_per_second']:,.0f} tokens/s, "
+                      f"MFU {best['mfu'] * 100:.1f} %, {format_bytes(best['memory_bytes'])} per device"])
+
+
+def _table(view):
+    head = html.Tr([html.Th(h) for h in ("rank", "strategy", "MP x DP", "step time", "tokens/s", "MFU", "memory")])
+    rows = [html.Tr([html.Td(r["rank"]), html.Td(html.Code(r["strategy"])), html.Td(f"MP{r['mp']} x DP{r['dp']}"),
+                     html.Td(format_time(r["step_time_s"])), html.Td(f"{r['tokens_per_second']:,.0f}"),
+                     html.Td(f"{r['mfu'] * 100:.1f} %"), html.Td(format_bytes(r["memory_bytes"]))])
+            for r in view.top]
+    return html.Table([head, *rows], className="top")

@@ -1,0 +1,113 @@
+"""The explorer's figures as Plotly figure specifications: plain dicts that ``dcc.Graph`` draws.
+
+Nothing here imports Plotly or Dash; each function reads a ``view.View`` and returns
+``{"data": [...], "layout": {...}}``. Units are in the axis titles (seconds, GiB).
+"""
+from __future__ import annotations
+
+from comet_dse.explorer.view import GiB, View
+
+PART_COLORS = {
+    "compute": "#4C72B0", "memory": "#64B5CD", "tp_communication": "#DD8452", "cp_communication": "#8172B3",
+    "ep_communication": "#937860", "pp_communication": "#DA8BC3", "pipeline_bubble": "#C7C7C7",
+    "dp_communication": "#55A868", "optimizer": "#8C8C8C", "offload": "#CCB974", "overhead": "#B0B0B0",
+}
+MEMORY_COLORS = {"weights": "#4C72B0", "gradients": "#DD8452", "optimizer": "#8172B3", "activations": "#55A868",
+                 "buffers": "#C7C7C7"}
+FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12}
+
+
+def _layout(title: str, **extra) -> dict:
+    layout = {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left", "y": 0.98,
+                        "yanchor": "top"}, "font": FONT,
+              "margin": {"l": 60, "r": 20, "t": 70, "b": 60}, "height": 380, "template": None,
+              "plot_bgcolor": "#fafafa", "paper_bgcolor": "white",
+              "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "font": {"size": 10}}}
+    layout.update(extra)
+    return layout
+
+
+def _label(part: str) -> str:
+    return part.replace("_communication", " comm").replace("_", " ")
+
+
+def bathtub(view: View) -> dict:
+    """Step time of the fastest strategy per MP x DP split: splits that fit as a line, those that do not
+    as open markers at their time with memory ignored, invalid ones as crosses on the axis; the hover
+    text says why."""
+    xs = [f"MP{s['mp']}" for s in view.splits]
+    fits = [s for s in view.splits if s["fits"]]
+    over = [s for s in view.splits if not s["fits"] and s["step_time_s"] is not None]
+    invalid = [s for s in view.splits if s["step_time_s"] is None]
+    times = [s["step_time_s"] for s in fits + over]
+    floor = min(times) * 0.8 if times else 1.0
+
+    def text(s):
+        return f"MP{s['mp']} x DP{s['dp']}<br>{s['why']}" + (f"<br>{s['strategy']}" if s["strategy"] else "")
+
+    data = [
+        {"type": "scatter", "mode": "lines+markers", "name": "fits", "x": [f"MP{s['mp']}" for s in fits],
+         "y": [s["step_time_s"] for s in fits], "text": [text(s) for s in fits], "hoverinfo": "text+y",
+         "marker": {"color": "#4C72B0", "size": 9}},
+        {"type": "scatter", "mode": "markers", "name": "does not fit (time with memory ignored)",
+         "x": [f"MP{s['mp']}" for s in over], "y": [s["step_time_s"] for s in over],
+         "text": [text(s) for s in over], "hoverinfo": "text+y",
+         "marker": {"color": "#C44E52", "size": 10, "symbol": "circle-open", "line": {"width": 2}}},
+        {"type": "scatter", "mode": "markers", "name": "invalid split", "x": [f"MP{s['mp']}" for s in invalid],
+         "y": [floor] * len(invalid), "text": [text(s) for s in invalid], "hoverinfo": "text",
+         "marker": {"color": "#8C8C8C", "size": 10, "symbol": "x"}},
+    ]
+    return {"data": data, "layout": _layout(
+        "MP x DP bathtub: the fastest strategy per split",
+        xaxis={"title": {"text": "model-parallel degree MP = TP x PP (DP = devices / MP)"}, "type": "category",
+               "categoryorder": "array", "categoryarray": xs},
+        yaxis={"title": {"text": "step time (s)"}, "type": "log"})}
+
+
+def memory(view: View) -> dict:
+    """Memory per device by part for each split (its fastest strategy that fits, else its leanest), with
+    the device's capacity as a line: where the memory wall is."""
+    parts = [p for p in MEMORY_COLORS if any(s["memory_parts"].get(p) for s in view.splits)]
+    shown = [s for s in view.splits if s["memory_parts"]]
+    xs = [f"MP{s['mp']}" for s in shown]
+    data = [{"type": "bar", "name": p, "x": xs, "y": [s["memory_parts"].get(p, 0.0) / GiB for s in shown],
+             "marker": {"color": MEMORY_COLORS[p]}, "hovertemplate": f"{p}: %{{y:.1f}} GiB<extra></extra>"}
+            for p in parts]
+    lines = [("capacity per device", view.capacity_bytes, "#C44E52")]
+    if view.expansion_bytes:
+        lines.append(("with the expansion tier", view.capacity_bytes + view.expansion_bytes, "#CCB974"))
+    for name, value, color in lines:
+        data.append({"type": "scatter", "mode": "lines", "name": f"{name}: {value / GiB:.1f} GiB", "x": xs,
+                     "y": [value / GiB] * len(xs), "line": {"color": color, "dash": "dash", "width": 2},
+                     "hoverinfo": "name"})
+    return {"data": data, "layout": _layout(
+        "Memory per device by part, per split", barmode="stack", margin={"l": 60, "r": 10, "t": 40, "b": 60},
+        legend={"orientation": "v", "x": 1.01, "y": 1, "font": {"size": 10}},
+        xaxis={"title": {"text": "MP (its fastest that fits, else its leanest)"}, "type": "category"},
+        yaxis={"title": {"text": "GiB per device"}})}
+
+
+def breakdown(view: View) -> dict:
+    """Where the chosen strategy's step time goes, one bar per part (seconds)."""
+    parts = {k: v for k, v in (view.chosen.get("breakdown_s") or {}).items() if v > 0}
+    title = (f"Breakdown of rank {view.chosen['rank']}" if view.chosen.get("rank") else "Breakdown (does not fit)")
+    data = [{"type": "bar", "orientation": "h", "y": [_label(p) for p in parts], "x": list(parts.values()),
+             "marker": {"color": [PART_COLORS.get(p, "#999") for p in parts]},
+             "hovertemplate": "%{y}: %{x:.3g} s<extra></extra>"}]
+    return {"data": data, "layout": _layout(title, xaxis={"title": {"text": "seconds per step"}},
+                                            yaxis={"autorange": "reversed", "automargin": True}, showlegend=False)}
+
+
+def doubling(view: View) -> dict:
+    """The best strategy's speedup when each resource is doubled (1 = no gain)."""
+    rows = view.doubling
+    data = [{"type": "bar", "orientation": "h", "y": [r["resource"] for r in rows],
+             "x": [r["speedup"] or 0.0 for r in rows],
+             "text": [f"{r['speedup']:.2f}x" if r["speedup"] else (r["note"] or "no fit") for r in rows],
+             "textposition": "auto", "marker": {"color": "#55A868"},
+             "hovertemplate": "%{y} x2: %{text}<extra></extra>"}]
+    return {"data": data, "layout": _layout(
+        "What doubling each resource buys", xaxis={"title": {"text": "speedup of the best strategy"}},
+        yaxis={"autorange": "reversed", "automargin": True}, showlegend=False,
+        shapes=[{"type": "line", "x0": 1, "x1": 1, "yref": "paper", "y0": 0, "y1": 1,
+                 "line": {"color": "black", "width": 1}}])}

@@ -1,0 +1,276 @@
+"""What the explorer shows for one setting of its controls, computed by the batched cost model.
+
+``compute(Controls(...))`` loads the model and cluster, applies the resource controls as cluster
+overrides (overrides.py: the same validation as ``--set``), searches every strategy
+(explore/search.py), and returns a ``View``: the fastest strategies, the chosen one's breakdown and
+memory by part, the best strategy per MP x DP split (the bathtub, with why a split does not fit)
+and what doubling each resource buys (whatif.py). Nothing is precomputed: every call evaluates the
+whole space again, which takes a few tens of milliseconds for 30 K strategies.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from comet_dse.errors import InputError
+from comet_dse.estimate import estimate
+from comet_dse.explore.search import strategy_at
+from comet_dse.explore.space import SearchSpace, enumerate_strategies
+from comet_dse.explore.table import RULE_TEXT, evaluate_columns, reason_counts
+from comet_dse.hardware.spec import Cluster, Topology
+from comet_dse.overrides import apply_overrides
+from comet_dse.presets import load_cluster, load_model
+from comet_dse.strategy import compact_text
+from comet_dse.units import format_bytes
+from comet_dse.whatif import MEMORY_BIT, Best, candidates, default_resources, resource_value, scaled_best
+
+GiB, MiB = 2.0**30, 2.0**20
+TOP = 10                        # strategies listed
+NEW_TIER_BANDWIDTH = 64e9       # bytes/s the expansion control offers for a cluster without a tier (CXL 2.0 x16)
+TOPOLOGIES = tuple(t.value for t in Topology)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource control: its key (an override name), label, display unit and SI value of one unit."""
+
+    key: str
+    label: str
+    unit: str
+    si: float
+
+
+# Resource controls every cluster has; expansion and network controls are added per cluster (controls_for).
+RESOURCES = (
+    Resource("peak_flops", "Peak compute (bf16; every dtype scales with it)", "TFLOP/s", 1e12),
+    Resource("hbm_capacity", "HBM capacity", "GiB", GiB),
+    Resource("hbm_bandwidth", "HBM bandwidth", "TB/s", 1e12),
+    Resource("sram_capacity", "On-chip SRAM", "MiB", MiB),
+    Resource("expansion_capacity", "Expansion tier capacity (0: none)", "GiB", GiB),
+    Resource("expansion_bandwidth", "Expansion tier bandwidth", "GB/s", 1e9),
+)
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The page's controls. ``resources``: control key -> value in display units (absent or None: the
+    preset's); network controls are keyed ``network.<dim>.link_bandwidth`` (GB/s) and
+    ``network.<dim>.topology`` (a name)."""
+
+    model: str = "megatron-1t"
+    cluster: str = "tpu-v4"
+    devices: int = 4096
+    global_batch: int = 2048
+    resources: dict = field(default_factory=dict)
+    rank: int = 1
+
+
+@dataclass
+class View:
+    """Everything the page draws (plain values; SI units)."""
+
+    title: str
+    evaluated: int
+    feasible: int
+    seconds: float
+    top: list                   # dicts: rank, strategy, step_time_s, tokens_per_second, mfu, memory_bytes
+    chosen: dict                # strategy, rank, feasible, note, step_time_s, breakdown_s, memory_bytes
+    capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
+    expansion_bytes: float      # expansion tier capacity (0: none)
+    splits: list                # dicts: mp, dp, fits, step_time_s, strategy, why, memory_parts (part -> bytes)
+    doubling: list              # dicts: resource, speedup, note
+    excluded: dict = field(default_factory=dict)   # rule text -> strategies it excluded
+
+
+@functools.lru_cache(maxsize=16)
+def _model(ref: str):
+    return load_model(ref)
+
+
+@functools.lru_cache(maxsize=16)
+def _cluster(ref: str) -> Cluster:
+    return load_cluster(ref)
+
+
+@functools.lru_cache(maxsize=8)
+def _strategies(model_ref: str, devices: int, global_batch: int):
+    return enumerate_strategies(_model(model_ref), devices, global_batch, SearchSpace())
+
+
+def controls_for(cluster_ref: str) -> list:
+    """Every resource control of a cluster preset, with its present value: [(Resource, value)] where the
+    value is in display units, and network dimensions as (Resource, value) with unit 'GB/s' or 'topology'."""
+    cluster = _cluster(cluster_ref)
+    out = [(r, preset_value(cluster, r.key)) for r in RESOURCES]
+    for dim in cluster.network:
+        out.append((Resource(f"network.{dim.name}.link_bandwidth", f"Network {dim.name}: link bandwidth", "GB/s",
+                             1e9), dim.link_bandwidth / 1e9))
+        out.append((Resource(f"network.{dim.name}.topology", f"Network {dim.name}: topology", "topology", 1.0),
+                    dim.topology.value))
+    return out
+
+
+def preset_value(cluster: Cluster, key: str):
+    """The cluster's value of a resource control, in its display unit (rounded for showing); a cluster
+    without an expansion tier shows 0 GiB at 64 GB/s."""
+    resource = next(r for r in RESOURCES if r.key == key)
+    si = resource_value(cluster, key)
+    if si is None:
+        si = 0.0 if key == "expansion_capacity" else NEW_TIER_BANDWIDTH
+    return float(f"{si / resource.si:.6g}")
+
+
+def overrides_for(cluster: Cluster, values: dict) -> tuple:
+    """(settings, expansion) that turn the preset ``cluster`` into what the controls say: only the
+    controls that differ from the preset, as ``--set`` would take them."""
+    settings, expansion = [], None
+    units = {r.key: r for r in RESOURCES}
+    for key, value in values.items():
+        if value is None or value == "":
+            continue
+        if key.endswith(".topology"):
+            dim = next((d for d in cluster.network if f"network.{d.name}.topology" == key), None)
+            if dim is not None and value != dim.topology.value:
+                settings.append((key, str(value)))
+            continue
+        number = _number(key, value)
+        if key.endswith(".link_bandwidth"):
+            dim = next((d for d in cluster.network if f"network.{d.name}.link_bandwidth" == key), None)
+            if dim is not None and not math.isclose(number * 1e9, dim.link_bandwidth, rel_tol=1e-6):
+                settings.append((key, f"{number}GB/s"))
+            continue
+        if key not in units or math.isclose(number, preset_value(cluster, key), rel_tol=1e-6):
+            continue
+        if key == "peak_flops":
+            settings.append((key, f"x{number * 1e12 / resource_value(cluster, key)!r}"))
+        elif key.startswith("expansion_") and cluster.accelerator.expansion is None:
+            expansion = _new_tier(values)
+        else:
+            settings.append((key, f"{number!r}{units[key].unit}"))
+    return settings, expansion
+
+
+def _number(key: str, value) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(key, f"must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise InputError(key, f"must be a finite number of at least 0, got {value!r}")
+    return number
+
+
+def _new_tier(values: dict) -> str | None:
+    """An expansion tier for a cluster without one, from the two expansion controls (None at 0 GiB)."""
+    capacity = _number("expansion_capacity", values.get("expansion_capacity") or 0)
+    bandwidth = _number("expansion_bandwidth", values.get("expansion_bandwidth") or NEW_TIER_BANDWIDTH / 1e9)
+    return f"{capacity}GiB@{bandwidth}GB/s" if capacity > 0 else None
+
+
+def compute(controls: Controls) -> View:
+    """Search every strategy for the controls and gather what the page shows."""
+    started = time.perf_counter()
+    model = _model(controls.model)
+    base = _cluster(controls.cluster)
+    settings, expansion = overrides_for(base, controls.resources)
+    cluster = apply_overrides(base, settings, expansion, where="cluster") if settings or expansion else base
+    cluster.dim_sizes(controls.devices)
+    st = _strategies(controls.model, controls.devices, controls.global_batch)
+    cols = evaluate_columns(model, cluster, controls.devices, st)
+    ok = np.flatnonzero(cols["feasible"])
+    ranked = ok[np.argsort(cols["step_time_s"][ok], kind="stable")]
+    chosen = _chosen(model, cluster, controls, cols, ranked)
+    view = View(
+        title=f"{model.name} on {controls.devices:,} x {cluster.name}, global batch {controls.global_batch:,}",
+        evaluated=len(st), feasible=len(ranked), seconds=0.0, top=_top(cols, ranked), chosen=chosen,
+        capacity_bytes=cluster.accelerator.state_capacity,
+        expansion_bytes=cluster.accelerator.expansion.capacity if cluster.accelerator.expansion else 0.0,
+        splits=_splits(cols, cluster), doubling=_doubling(model, cluster, controls.devices, st, cols, ranked),
+        excluded={RULE_TEXT[k]: v for k, v in reason_counts(cols["infeasible_mask"][~cols["feasible"]]).items()})
+    view.seconds = time.perf_counter() - started
+    return view
+
+
+def _top(cols: dict, ranked: np.ndarray) -> list:
+    rows = []
+    for i, row in enumerate(ranked[:TOP]):
+        st = strategy_at(cols, int(row))
+        rows.append({"rank": i + 1, "strategy": compact_text(st.to_dict()),
+                     "mp": int(st.tp * st.pp), "dp": int(st.dp),
+                     "step_time_s": float(cols["step_time_s"][row]),
+                     "tokens_per_second": float(cols["tokens_per_second"][row]), "mfu": float(cols["mfu"][row]),
+                     "memory_bytes": float(cols["memory_per_device_bytes"][row])})
+    return rows
+
+
+def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.ndarray) -> dict:
+    """The strategy whose breakdown and memory are drawn: rank ``controls.rank`` of those that fit, or,
+    when none fits, the fastest that breaks no rule but memory (drawn as 'does not fit')."""
+    if len(ranked):
+        rank = min(max(1, int(controls.rank)), len(ranked))
+        row, note = int(ranked[rank - 1]), ""
+    else:
+        runnable = np.flatnonzero((cols["infeasible_mask"] & ~MEMORY_BIT) == 0)
+        if not len(runnable):
+            return {"strategy": None, "rank": None, "feasible": False, "note": "no strategy is valid",
+                    "step_time_s": None, "breakdown_s": {}, "memory_bytes": {}}
+        rank, row = None, int(runnable[np.argmin(cols["memory_per_device_bytes"][runnable])])
+        note = "nothing fits: the strategy that needs the least memory is shown"
+    est = estimate(model, cluster, controls.devices, strategy_at(cols, row))
+    return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
+            "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
+            "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes)}
+
+
+def _splits(cols: dict, cluster: Cluster) -> list:
+    """Per MP = TP x PP (its DP = devices / (MP x CP)): the fastest strategy that fits, or, where none
+    does, the fastest that breaks no rule but memory (drawn at that time, as the COMET paper draws such
+    splits) and why it does not fit. Memory by part is that of the split's fastest strategy that fits,
+    else of its leanest."""
+    mp_all = cols["tp"] * cols["pp"]
+    runnable = (cols["infeasible_mask"] & ~MEMORY_BIT) == 0
+    times, memory = cols["step_time_s"], cols["memory_per_device_bytes"]
+    parts = [k[len("memory_"):-len("_bytes")] for k in cols if k.startswith("memory_") and k.endswith("_bytes")
+             and k != "memory_per_device_bytes"]
+    acc = cluster.accelerator
+    out = []
+    for mp in np.unique(mp_all):
+        here = mp_all == mp
+        fits, run = np.flatnonzero(here & cols["feasible"]), np.flatnonzero(here & runnable)
+        if len(fits):
+            row = shown = int(fits[np.argmin(times[fits])])
+            why = "fits"
+        elif len(run):
+            row, shown = int(run[np.argmin(times[run])]), int(run[np.argmin(memory[run])])
+            why = (f"does not fit: needs at least {format_bytes(memory[shown])} per device, "
+                   f"{acc.state_tiers} holds {format_bytes(acc.state_capacity)}")
+        else:
+            row = shown = None
+            counts = reason_counts(cols["infeasible_mask"][here])
+            why = "invalid: " + "; ".join(RULE_TEXT[k] for k in sorted(counts, key=counts.get, reverse=True)[:2])
+        out.append({"mp": int(mp), "dp": int(cols["dp"][np.flatnonzero(here)[0]]), "fits": bool(len(fits)),
+                    "step_time_s": float(times[row]) if row is not None else None, "why": why,
+                    "strategy": compact_text(strategy_at(cols, row).to_dict()) if row is not None else None,
+                    "memory_parts": {p: float(cols[f"memory_{p}_bytes"][shown]) for p in parts}
+                    if shown is not None else {}})
+    return out
+
+
+def _doubling(model, cluster: Cluster, devices: int, st, cols: dict, ranked: np.ndarray) -> list:
+    """What doubling each resource (whatif.default_resources) buys: the best strategy's speedup."""
+    if len(ranked):
+        row = int(ranked[0])
+        baseline = Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), None, None,
+                        len(st), len(ranked))
+    else:
+        baseline = Best(None, None, None, None, len(st), 0, "nothing fits")
+    out = []
+    for resource in default_resources(cluster):
+        cell = scaled_best(model, cluster, devices, candidates(st, cols, resource), baseline, resource, 2.0)
+        note = cell.note or ("fits only with it doubled" if cell.speedup is None and cell.step_time_s else "")
+        out.append({"resource": resource, "speedup": cell.speedup, "step_time_s": cell.step_time_s, "note": note})
+    return out
