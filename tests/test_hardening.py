@@ -477,32 +477,54 @@ def _children(pid: int) -> list:
 
 
 def _start_sweep(tmp_path: Path, *extra) -> tuple:
-    """A sweep in its own session, running until its first chunk is written: (process, output)."""
+    """A sweep in its own session, running until its first chunk is written: (process, output, stderr file).
+    Its output goes to files, not pipes, so that processes it leaves behind cannot hang the test."""
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(RUNNING, sort_keys=False))
-    out = tmp_path / "r.parquet"
-    proc = subprocess.Popen(COMET + ["sweep", str(path), "--output", str(out), "--no-progress", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = tmp_path / "r.parquet", tmp_path / "stderr.txt"
+    with open(err, "w") as handle:
+        proc = subprocess.Popen(COMET + ["sweep", str(path), "--output", str(out), "--no-progress", *extra],
+                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
     deadline = time.monotonic() + 60
     while not list(Path(f"{out}.parts").glob("part-*.parquet")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_group(proc)
+            pytest.fail(f"the sweep did not write a chunk: {err.read_text()}")
         time.sleep(0.05)
-    return proc, out
+    return proc, out, err
+
+
+def _stop_group(proc) -> None:
+    """Kill what is left of the sweep's session (its own process group), if anything."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_kill_9_of_a_worker_sweep_leaves_no_worker(tmp_path):
     """Case 11: `kill -9` of a `--workers 2` sweep left its pool workers running for 15 minutes."""
-    proc, _ = _start_sweep(tmp_path, "--workers", "2")
+    proc, _, _ = _start_sweep(tmp_path, "--workers", "2")
     workers = _children(proc.pid)
     assert len(workers) >= 2
     proc.kill()
-    proc.communicate()
+    proc.wait()
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2:3]
-              for w in workers if Path(f"/proc/{w}").exists()):
-        assert time.monotonic() < deadline, f"workers {workers} outlived their parent"
+    while [w for w in workers if _running(w)] and time.monotonic() < deadline:
         time.sleep(0.1)
+    left = [w for w in workers if _running(w)]
+    _stop_group(proc)                                        # workers keep the group: end them if they outlived it
+    assert not left, f"workers {left} outlived their parent"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("extra", [("--workers", "2"), ("--engine", "dask", "--workers", "2")])
@@ -510,11 +532,15 @@ def test_ctrl_c_is_one_line_and_status_130(tmp_path, extra):
     """Case 11: Ctrl-C with workers or Dask printed 13-63 lines of worker tracebacks."""
     if "dask" in extra:
         pytest.importorskip("distributed")
-    proc, out = _start_sweep(tmp_path, *extra)
+    proc, out, err_file = _start_sweep(tmp_path, *extra)
     os.killpg(proc.pid, signal.SIGINT)                       # what a terminal sends: the whole group
-    _, err = proc.communicate(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    finally:
+        _stop_group(proc)
+    err = err_file.read_text()
     lines = err.strip().splitlines()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert lines[1:] == [f"comet-dse: interrupted; finished chunks are kept in {out}.parts; run the same command "
                          "with --resume to continue"], err
     assert lines[0].startswith("comet-dse: hardening: ")     # the count, printed before the start
