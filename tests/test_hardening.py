@@ -234,6 +234,16 @@ def test_misspelled_study_key_names_the_valid_ones(tmp_path, capsys):
                           "axis: unknown field; did you mean axes?", "strategy")
 
 
+@pytest.mark.parametrize("changes,field,needle", [
+    ({"models": []}, "models: ", "megatron-22b"), ({"models": None}, "models: ", "llama3-8b"),
+    ({"cluster": ""}, "cluster: ", "dgx-a100-80gb"), ({"cluster": None}, "cluster: ", "tpu-v4"),
+    ({"strategy": {"": [1]}}, "strategy.: ", "tp"), ({"axes": {"": [1]}}, "axes.: unknown axis", "hbm_capacity"),
+])
+def test_empty_keys_list_the_valid_ones(tmp_path, capsys, changes, field, needle):
+    path = write_study(tmp_path / "s.yaml", **changes)
+    assert_one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), field, needle)
+
+
 # --- 6. report --output -----------------------------------------------------------------------
 
 def _study_folder(root: Path) -> Path:

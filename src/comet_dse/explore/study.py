@@ -24,7 +24,7 @@ from comet_dse.hardware.load import (MAX_EXPANSION, MAX_FLOPS, MAX_HBM, MAX_LATE
                                      MAX_POWER_W, MAX_PRICE_USD, MAX_SRAM, network_dim_from, tier_from)
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, check_range, parse_yaml, read_text_file
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets import load_cluster, load_model, preset_names
 from comet_dse.report_text import printable
 from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
@@ -163,6 +163,9 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
     path = Path(path)
     text = read_text_file(path, "study")
     f = Fields(parse_yaml(text, path, "study"), "")
+    if not f.has("models") or f.raw("models") in ([], ""):
+        raise InputError("models", "give at least one: a model YAML, a config.json or a preset "
+                         f"({', '.join(preset_names('models'))})")
     models = [str(m) for m in _as_list(f.raw("models"), "models")]
     seq_len = f.integer("seq_len", None)
     loaded = [load_model(m) for m in models]
@@ -248,8 +251,9 @@ def _positive_int(value, field_name: str) -> int:
 
 def _clusters(f: Fields) -> list:
     """The base clusters: `cluster: NAME` or `clusters: [NAME, ...]` (presets or YAML files)."""
-    if f.has("cluster") == f.has("clusters"):
-        raise InputError("cluster", "give exactly one of `cluster: NAME` or `clusters: [NAME, ...]`")
+    if f.has("cluster") == f.has("clusters") or f.raw("cluster", None) == "" or f.raw("clusters", None) == []:
+        raise InputError("cluster", "give exactly one of `cluster: NAME` or `clusters: [NAME, ...]`, each a cluster "
+                         f"YAML or a preset ({', '.join(preset_names('clusters'))})")
     if f.has("cluster"):
         return [load_cluster(str(f.raw("cluster")))]
     refs = _as_list(f.raw("clusters"), "clusters")
