@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from comet_dse.cli import main
 from comet_dse.units import format_time
+from cli_run import run
 
 PACKAGE = Path(str(resources.files("comet_dse")))
 MODEL_PRESETS = sorted(p.stem for p in (PACKAGE / "presets" / "models").glob("*.yaml"))
@@ -35,16 +35,6 @@ INFEASIBLE = [
     "--tp", "8", "--pp", "1", "--global-batch", "8",
 ]
 SMALL = ["--cluster", "dgx-a100-80gb", "--devices", "8", "--tp", "8", "--global-batch", "8"]
-
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr) of the CLI run in-process; argparse errors raise SystemExit."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def run_json(capsys, *argv) -> dict:

@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from comet_dse.cli import main
 from comet_dse.errors import InputError
 from comet_dse.explore import engine
 from comet_dse.explore.space import SearchSpace, count_strategies, enumerate_strategies
 from comet_dse.explore.study import load_study
 from comet_dse.presets import load_model, preset_data
+from cli_run import run
 
 # megatron-22b on 64 A100s, the study of issue 11's case 1, kept to a few hundred points.
 BASE = {
@@ -36,16 +36,6 @@ BASE = {
     "strategy": {"tp": [4, 8], "zero": [0, 1]},
 }
 COMET = [sys.executable, "-m", "comet_dse.cli"]
-
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr) of the CLI run in-process."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_error(result, *needles):

@@ -7,23 +7,14 @@ from importlib import resources
 import pytest
 import yaml
 
-from comet_dse.cli import main
 from comet_dse.errors import InputError
 from comet_dse.overrides import apply_overrides, resource_names
 from comet_dse.presets import load_cluster
+from cli_run import run
 
 GiB = 2.0**30
 TPU = ["--model", "megatron-1t", "--cluster", "tpu-v4", "--devices", "4096", "--global-batch", "2048"]
 EST = ["estimate", *TPU, "--tp", "16", "--pp", "16", "--recompute", "selective", "--sequence-parallel", "--zero", "2"]
-
-
-def run(capsys, *argv):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def estimate_json(capsys, *extra) -> dict:

@@ -5,25 +5,16 @@ import json
 
 import pytest
 
-from comet_dse.cli import main
 from comet_dse.explore.search import search
 from comet_dse.explore.space import SearchSpace
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.whatif import smallest_capacity, whatif
+from cli_run import run
 
 GiB = 2.0**30
 # A small, fast question: megatron-18b on 64 A100s (a few thousand strategies per variant).
 SMALL = ["--model", "megatron-18b", "--cluster", "dgx-a100-80gb", "--devices", "64", "--global-batch", "256"]
-
-
-def run(capsys, *argv):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
