@@ -349,8 +349,9 @@ class Strategy:
                                 microbatch=True, label=lambda v: f"MoE imbalance {v:g}", short="imb", low=1.0,
                                 high=64.0)
     ep_overlap: bool = knob(False, "hide expert all-to-alls behind another micro-batch's compute (DualPipe)",
-                            microbatch=True, applies=lambda s: s.ep > 1, label=lambda v: "expert all-to-all overlapped" if v else
-                            "expert all-to-all exposed", short="epo")
+                            microbatch=True, applies=lambda s: s.ep > 1,
+                            label=lambda v: "expert all-to-all overlapped" if v else "expert all-to-all exposed",
+                            short="epo")
     ep_fp8_dispatch: bool = knob(False, "with dtype fp8: tokens go to their experts in fp8 (DeepSeek-V3); "
                                  "combines stay 16-bit", microbatch=True, applies=lambda s: s.ep > 1,
                                  label=lambda v: "fp8 expert dispatch" if v else "16-bit expert dispatch",
