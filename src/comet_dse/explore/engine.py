@@ -7,6 +7,11 @@ function and written by the driver to ``<output>.parts/part-<id>.parquet``
 done the parts are streamed, in chunk order, into the final file (written to a
 temporary name and renamed), so an interrupted and resumed run produces the
 same file as an uninterrupted one, and memory stays bounded by a few chunks.
+
+Safety (docs/reliability.md): the parts folder records a digest of every input
+and is locked while a run writes it; damaged chunks and temporaries of dead
+runs are cleaned up; workers ignore Ctrl-C (the driver stops the run and says
+so in one line) and exit when the driver dies.
 """
 from __future__ import annotations
 
@@ -36,8 +41,7 @@ except ImportError:          # not POSIX: no lock between runs
     fcntl = None
 
 from comet_dse.errors import InputError
-from comet_dse.explore.output import (check_output_file, output_format, process_alive, remove_stale_temps,
-                                     temp_path, to_arrow)
+from comet_dse.explore.output import check_output_file, process_alive, remove_stale_temps, temp_path, to_arrow
 from comet_dse.explore.rank import chunk_summary, merge
 from comet_dse.explore.space import enumerate_strategies
 from comet_dse.explore.study import Study
