@@ -213,8 +213,6 @@ def _knob_value(knob):
             return knob.coerce(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        except OverflowError:
-            raise argparse.ArgumentTypeError(f"{text[:20]!r}... is too large") from None
     return parse
 
 

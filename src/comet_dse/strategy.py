@@ -276,9 +276,12 @@ def _number(value, kind):
             return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
-    if kind is int:
-        return int(value) if float(value) == int(value) else None
-    return float(value) if np.isfinite(value) else None
+    try:
+        if kind is int:
+            return int(value) if float(value) == int(value) else None
+        return float(value) if np.isfinite(value) else None
+    except (OverflowError, ValueError):      # too large for a float, or infinite: not a valid count
+        return None
 
 
 def knob(default, help: str, *, search=None, microbatch: bool = False, applies: Callable | None = None,

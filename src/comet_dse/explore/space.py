@@ -72,8 +72,6 @@ class SearchSpace:
                 checked[name] = tuple(dict.fromkeys(KNOB[name].coerce(x) for x in items))
             except ValueError as exc:
                 raise InputError(where, str(exc)) from None
-            except OverflowError:
-                raise InputError(where, "holds a number too large for any knob") from None
         object.__setattr__(self, "values", checked)
         object.__setattr__(self, "mp", _degrees(self.mp, "strategy.mp"))
         for attr in ("max_micro_batch", "max_interleave"):
