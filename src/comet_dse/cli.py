@@ -75,11 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     swp = sub.add_parser("sweep", help="run a study: models x cluster variants x strategies")
     swp.add_argument("study", help="study YAML file (see studies/README.md)")
-    swp.add_argument("--output", default=None, help="result file, .parquet or .csv (default: the study's output)")
+    swp.add_argument("--output", default=None,
+                     help="result: a .parquet or .csv file, or a name without a suffix for a dataset folder of "
+                          "Parquet parts (fastest); a path or an fsspec URL (default: the study's output)")
     swp.add_argument("--resume", action="store_true", help="continue an interrupted run from its finished chunks")
     swp.add_argument("--engine", choices=("local", "dask"), default="local", help="where chunks run (default local)")
     swp.add_argument("--workers", type=_positive_int, default=1, help="processes (local) or Dask workers (default 1)")
-    swp.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (with --engine dask)")
+    swp.add_argument("--scheduler", default=None,
+                     help="address of a running Dask scheduler (with --engine dask); --output must then be on "
+                          "storage every worker reaches")
     swp.add_argument("--top", type=_positive_int, default=5, help="strategies kept per cluster variant (default 5)")
     swp.add_argument("--no-progress", action="store_true", help="no progress bar")
     swp.add_argument("--json", action="store_true", help="print the ranking as JSON")
@@ -372,12 +376,12 @@ def cmd_sweep(args) -> int:
 
     started = time.perf_counter()
     try:
-        ranking = run_study(study, Path(output), engine=args.engine, workers=args.workers, scheduler=args.scheduler,
+        ranking = run_study(study, output, engine=args.engine, workers=args.workers, scheduler=args.scheduler,
                             resume=args.resume, progress=not args.no_progress, top_k=args.top, on_start=announce)
     except KeyboardInterrupt:
-        parts = Path(f"{output}.parts")
+        parts = f"{output}.parts"
         kept = f"finished chunks are kept in {parts}; run the same command with --resume to continue" \
-            if parts.is_dir() else "nothing was written"
+            if "://" in str(output) or Path(parts).is_dir() else "nothing was written"
         sys.stderr.write(printable(f"comet-dse: interrupted; {kept}\n"))
         return EXIT_INTERRUPTED
     elapsed = time.perf_counter() - started
@@ -386,7 +390,7 @@ def cmd_sweep(args) -> int:
         return 0
     print(printable(describe(study)))
     print(render_sweep(ranking, elapsed))
-    print(f"\nWrote {ranking['points']:,} rows to {output}; ranking in {summary_path(Path(output))}")
+    print(f"\nWrote {ranking['points']:,} rows to {output}; ranking in {summary_path(output)}")
     return 0
 
 

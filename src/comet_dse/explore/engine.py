@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -41,9 +40,12 @@ except ImportError:          # not POSIX: no lock between runs
     fcntl = None
 
 from comet_dse.errors import InputError
-from comet_dse.explore.output import check_output_file, process_alive, remove_stale_temps, temp_path, to_arrow
+from comet_dse.explore.output import (check_output_file, output_parent, remove_stale_temps, stale_temps,
+                                     to_arrow, write_dataset)
+from comet_dse.explore.parquet_concat import ParquetJoinError, join
 from comet_dse.explore.rank import chunk_summary, merge
 from comet_dse.explore.space import enumerate_strategies
+from comet_dse.explore.storage import Folder, is_url
 from comet_dse.explore.study import Study
 from comet_dse.explore.table import RULES, evaluate_columns
 
@@ -132,10 +134,46 @@ def run_chunk(study: Study, chunk: Chunk, st) -> pa.Table:
     return table.set_column(0, "model", model_col)
 
 
-def _task(args):
-    """Process-pool / Dask entry point (module level so that it pickles)."""
-    study, chunk, st = args
-    return chunk.index, run_chunk(study, chunk, st)
+@dataclass(frozen=True)
+class Job:
+    """What a worker gets for one chunk (a few KB): the study without its other variants, the chunk,
+    the key of its strategy set (``token``: the run's input digest), where parts go and how many rows
+    its summary keeps. The worker enumerates the strategies itself (``strategies_of``)."""
+
+    study: Study
+    chunk: Chunk
+    token: str
+    parts: Folder
+    top_k: int
+
+
+_STRATEGIES: dict = {}          # per process: (token, model, devices, batch) -> StrategyArrays, the last few
+
+
+def strategies_of(job: Job):
+    """The chunk's slice of its strategy set, enumerated in this process once per set (as ``plan`` does)."""
+    c = job.chunk
+    batch = job.study.variants[c.variant_index].global_batch
+    key = (job.token, c.model_index, c.devices, batch)
+    if key not in _STRATEGIES:
+        while len(_STRATEGIES) >= 4:
+            _STRATEGIES.pop(next(iter(_STRATEGIES)))
+        _STRATEGIES[key] = enumerate_strategies(job.study.models[c.model_index], c.devices, batch, job.study.space)
+    return _STRATEGIES[key].take(np.arange(c.start, c.stop))
+
+
+def _task(job: Job) -> tuple:
+    """Evaluate one chunk and write it where the run keeps its parts; returns only (index, summary, rows).
+
+    Runs in a pool worker, a Dask worker or the driver (module level so that it pickles). The
+    summary is written before the rows: a chunk counts as done once its rows exist (PartStore).
+    """
+    c = job.chunk
+    table = run_chunk(job.study, c, strategies_of(job))
+    summary = chunk_summary(table, job.top_k)
+    job.parts.write_bytes(f"part-{c.index:06d}.json", json.dumps(summary).encode("utf-8"))
+    job.parts.write_parquet(f"part-{c.index:06d}.parquet", table)
+    return c.index, summary, table.num_rows
 
 
 class PartStore:
@@ -143,15 +181,34 @@ class PartStore:
 
     ``<output>.parts/plan.json`` records the digest of every input (Study.inputs);
     ``--resume`` continues only a folder with the same digests, and keeps only
-    chunks whose rows and summary are complete. Temporaries of dead runs are removed.
+    chunks whose rows and summary are complete. Workers write the parts
+    themselves (``_task``), to a local folder or an fsspec URL (``storage.Folder``).
+    Temporaries of dead runs are removed (on this machine).
     """
 
-    def __init__(self, output: Path, study: Study, chunks: list, resume: bool):
-        self.output = Path(output)
-        self.folder = self.output.with_name(self.output.name + ".parts")
-        self.plan_file = self.folder / "plan.json"
+    def __init__(self, output, study: Study, chunks: list, resume: bool):
+        self.url = is_url(str(output))
+        self.output = str(output) if self.url else Path(output)
+        self.folder = f"{output}.parts" if self.url else self.output.with_name(self.output.name + ".parts")
+        self.parts = Folder(self.folder)
+        self.token = study.fingerprint()
         self.rows = [c.stop - c.start for c in chunks]
-        marker = {"fingerprint": study.fingerprint(), "chunks": len(chunks), "inputs": study.inputs}
+        marker = {"fingerprint": self.token, "chunks": len(chunks), "inputs": study.inputs}
+        self.lock = None
+        created = self._make_remote() if self.url else self._make_local()
+        if created:
+            self.parts.write_bytes("plan.json", json.dumps(marker).encode("utf-8"))
+        else:
+            self._check_resume(marker, resume)
+        if not self.url:
+            for tmp in stale_temps(self.folder / "x"):
+                tmp.unlink(missing_ok=True)
+            remove_stale_temps(self.output)
+            remove_stale_temps(summary_path(self.output))
+        self.finished = {i for i in range(len(chunks)) if self._complete(i)}
+
+    def _make_local(self) -> bool:
+        """Create (or find) the local parts folder and lock it; True if it is new."""
         try:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -166,17 +223,18 @@ class PartStore:
         if not self.folder.is_dir() or self.folder.is_symlink():
             raise InputError("output", f"{self.folder} exists and is not a folder this tool made; move it away")
         self.lock = _lock(self.folder, self.output)
-        if created:
-            _write_text(self.plan_file, json.dumps(marker))
-        else:
-            self._check_resume(marker, resume)
-        for tmp in self.folder.glob(".*.tmp-*"):
-            pid = tmp.name.rsplit("-", 1)[1]
-            if pid.isdigit() and not process_alive(int(pid)) and tmp.is_file():
-                tmp.unlink(missing_ok=True)
-        remove_stale_temps(self.output)
-        remove_stale_temps(summary_path(self.output))
-        self.finished = {i for i in range(len(chunks)) if self._complete(i)}
+        return created
+
+    def _make_remote(self) -> bool:
+        """Create (or find) the parts folder at a URL (no lock there: docs/reliability.md); True if it is new."""
+        try:
+            kind = self.parts.kind()
+            if kind == "file":
+                raise InputError("output", f"{self.folder} exists and is not a folder this tool made; move it away")
+            self.parts.make()
+        except OSError as exc:
+            raise InputError("output", f"cannot create {self.folder}: {exc}") from None
+        return kind == "missing" or "plan.json" not in self.parts.names()
 
     def _check_resume(self, marker: dict, resume: bool) -> None:
         """Continue an earlier run's folder only with --resume and only with the same inputs."""
@@ -185,7 +243,7 @@ class PartStore:
             raise InputError("output", f"{self.folder} holds an earlier unfinished run; pass --resume to continue it "
                              "or delete the folder")
         try:
-            saved = json.loads(self.plan_file.read_text())
+            saved = self.parts.read_json("plan.json")
         except (OSError, ValueError):
             saved = None
         if saved != marker:
@@ -202,72 +260,95 @@ class PartStore:
     def _complete(self, index: int) -> bool:
         """Whether chunk ``index`` is done: its summary parses and its rows file holds all its rows.
         A damaged chunk (e.g. truncated by a crash) is removed, to be evaluated again."""
-        rows, summary = self.path(index), self.folder / f"part-{index:06d}.json"
-        if not rows.exists():
+        rows = self.name(index)
+        if self.parts.kind(rows) != "file":
             return False
         try:
-            json.loads(summary.read_text())
-            if pq.read_metadata(rows).num_rows == self.rows[index]:
+            self.parts.read_json(f"part-{index:06d}.json")
+            if self.parts.parquet_rows(rows) == self.rows[index]:
                 return True
         except (OSError, ValueError, pa.ArrowException):
             pass
-        rows.unlink(missing_ok=True)
+        self.parts.remove(rows)
         return False
 
-    def path(self, index: int) -> Path:
-        return self.folder / f"part-{index:06d}.parquet"
+    @staticmethod
+    def name(index: int) -> str:
+        """File name of chunk ``index``'s rows (its summary: the same with .json)."""
+        return f"part-{index:06d}.parquet"
+
+    def path(self, index: int):
+        return f"{self.folder}/{self.name(index)}" if self.url else self.folder / self.name(index)
 
     def done(self, index: int) -> bool:
         return index in self.finished
 
-    def write(self, index: int, table: pa.Table, summary: dict) -> None:
-        """Write the chunk's summary, then its rows; a chunk counts as done once its rows exist."""
-        _write_text(self.folder / f"part-{index:06d}.json", json.dumps(summary))
-        tmp = self.folder / f".part-{index:06d}.tmp-{os.getpid()}"
-        try:
-            pq.write_table(table, tmp, compression="zstd")
-            os.replace(tmp, self.path(index))
-        finally:
-            tmp.unlink(missing_ok=True)
+    def arrived(self, index: int) -> None:
+        """A worker reports chunk ``index`` written: check that its rows are where this run keeps parts."""
+        if self.parts.kind(self.name(index)) != "file":
+            raise InputError("output", f"a worker evaluated chunk {index} but its rows are not in {self.folder}; "
+                             "with --scheduler the output must be on storage every worker reaches "
+                             "(a shared file system or an fsspec URL)")
         self.finished.add(index)
 
-    def summaries(self, total: int) -> list:
-        return [json.loads((self.folder / f"part-{i:06d}.json").read_text()) for i in range(total)]
+    def summaries(self, total: int, known: dict) -> list:
+        """Every chunk's summary: those of this run from ``known``, the others from the parts folder."""
+        return [known[i] if i in known else self.parts.read_json(f"part-{i:06d}.json") for i in range(total)]
 
     def assemble(self, total: int) -> None:
-        """Stream every part, in chunk order, into the final file; then remove the parts."""
+        """Put the parts together as the output (dataset folder, one Parquet or CSV file); remove the parts."""
         fmt = check_output_file(self.output)
-        tmp = temp_path(self.output)
-        writer = None
         try:
-            for index in range(total):
-                table = pq.read_table(self.path(index))
-                if fmt == "parquet":
-                    writer = writer or pq.ParquetWriter(tmp, table.schema, compression="zstd")
-                    writer.write_table(table)
-                else:
-                    plain = pa.Table.from_arrays(
-                        [c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c for c in table.columns],
-                        names=table.column_names)
-                    writer = writer or pacsv.CSVWriter(tmp, plain.schema)
-                    writer.write_table(plain)
-            if writer is not None:
-                writer.close()
-                writer = None
-            os.replace(tmp, self.output)
+            if fmt == "dataset":
+                write_dataset(self.parts, [self.name(i) for i in range(total)], self.output)
+            else:
+                target, name = output_parent(self.output)
+                if not self.url:
+                    remove_stale_temps(self.output)
+                writer = _join_parts if fmt == "parquet" else _csv_parts
+                target.write_with(name, lambda handle: writer(self.parts, total, handle))
         except OSError as exc:
             raise InputError("output", f"cannot write {self.output}: {exc.strerror or exc}") from None
-        finally:
-            if writer is not None:
-                writer.close()
-            tmp.unlink(missing_ok=True)
-        shutil.rmtree(self.folder)
+        self.parts.remove_all()
 
     def release(self) -> None:
         """Give up the lock (the run is over, or refused)."""
         if self.lock is not None:
             self.lock.close()
             self.lock = None
+
+
+def _join_parts(parts: Folder, total: int, handle) -> None:
+    """The parts, in chunk order, as one Parquet file: their bytes joined, nothing re-encoded
+    (parquet_concat); parts of differing schemas are re-encoded into the first one's."""
+    names = [PartStore.name(i) for i in range(total)]
+    start = handle.tell()
+    try:
+        join([lambda n=n: parts.open(n) for n in names], handle)
+        return
+    except ParquetJoinError:
+        handle.seek(start)
+    writer = None
+    for n in names:
+        table = pq.read_table(parts.open(n))
+        writer = writer or pq.ParquetWriter(handle, table.schema, compression="zstd")
+        writer.write_table(table)
+    if writer is not None:
+        writer.close()
+
+
+def _csv_parts(parts: Folder, total: int, handle) -> None:
+    """The parts, in chunk order, as one CSV file (dictionary columns written as their strings)."""
+    writer = None
+    for i in range(total):
+        with parts.open(PartStore.name(i)) as source:
+            table = pq.read_table(source)
+        plain = pa.Table.from_arrays([c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c
+                                      for c in table.columns], names=table.column_names)
+        writer = writer or pacsv.CSVWriter(handle, plain.schema)
+        writer.write_table(plain)
+    if writer is not None:
+        writer.close()
 
 
 def _lock(folder: Path, output: Path):
@@ -291,59 +372,57 @@ def _lock(folder: Path, output: Path):
     return handle
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = temp_path(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def summary_path(output: Path) -> Path:
-    """Where the ranking of a sweep is written: next to the output, ``<name>.summary.json``."""
+def summary_path(output):
+    """Where the ranking of a sweep is written: next to the output, ``<name>.summary.json`` (a URL for a URL)."""
+    if is_url(str(output)):
+        return f"{str(output).rstrip('/')}.summary.json"
     output = Path(output)
     return output.with_name(output.name + ".summary.json")
 
 
-def run_study(study: Study, output: Path, *, engine: str = "local", workers: int = 1, scheduler: str | None = None,
+def run_study(study: Study, output, *, engine: str = "local", workers: int = 1, scheduler: str | None = None,
               resume: bool = False, progress: bool = True, on_chunk=None, top_k: int = 5, on_start=None) -> dict:
     """Evaluate the whole study into ``output``; returns the ranking (rank.merge) plus run counts.
 
+    ``output``: a ``.parquet`` or ``.csv`` file, or a name without a suffix for a
+    dataset folder of Parquet parts; a local path or an fsspec URL (``storage``).
     ``on_start(points, chunks, chunks already done)`` is called once the plan is
     made and the output folder locked, before any evaluation. The ranking is
     also written to ``summary_path(output)``.
     """
-    output = Path(output)
+    output = str(output) if is_url(str(output)) else Path(output)
     check_output_file(output)
     chunks, strategies = plan(study)
     with contextlib.ExitStack() as stack:
         client = stack.enter_context(_dask_client(workers, scheduler)) if engine == "dask" else None
         store = PartStore(output, study, chunks, resume)      # after the scheduler answered: nothing left behind
         stack.callback(store.release)
-        return _run(study, output, chunks, strategies, store, client, workers, progress, on_chunk, top_k, on_start)
+        return _run(study, output, chunks, store, client, workers, progress, on_chunk, top_k, on_start)
 
 
-def _run(study, output, chunks, strategies, store, client, workers, progress, on_chunk, top_k, on_start) -> dict:
-    """run_study once the output is locked: evaluate the missing chunks, rank, assemble."""
+def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_k, on_start) -> dict:
+    """run_study once the output is locked: evaluate the missing chunks (workers write their parts and
+    send back a summary each), rank from the summaries, assemble the output."""
     todo = [c for c in chunks if not store.done(c.index)]
     points = sum(c.stop - c.start for c in chunks)
     if on_start is not None:
         on_start(points, len(chunks), len(chunks) - len(todo))
     bar = _progress(points, sum(c.stop - c.start for c in chunks if store.done(c.index)), progress)
+    summaries = {}
 
-    def finished(index: int, table: pa.Table) -> None:
-        store.write(index, table, chunk_summary(table, top_k))
-        bar.update(table.num_rows)
+    def finished(index: int, summary: dict, rows: int) -> None:
+        store.arrived(index)
+        summaries[index] = summary
+        bar.update(rows)
         if on_chunk is not None:
             on_chunk(index)
 
-    def payload(c: Chunk):
-        variant = study.variants[c.variant_index]
-        st = strategies[(c.model_index, c.devices, variant.global_batch)]
-        # only what the chunk reads travels to a worker: the models and its variant, not every variant
-        slim = dataclasses.replace(study, variants={c.variant_index: variant}, source_text="", inputs={})
-        return slim, c, st.take(np.arange(c.start, c.stop))
+    def payload(c: Chunk) -> Job:
+        # only what the chunk reads travels to a worker: the models and its variant, not every variant,
+        # and not its strategies (the worker enumerates them: strategies_of)
+        slim = dataclasses.replace(study, variants={c.variant_index: study.variants[c.variant_index]},
+                                   source_text="", inputs={})
+        return Job(slim, c, store.token, store.parts, top_k)
 
     try:
         if client is not None:
@@ -352,14 +431,16 @@ def _run(study, output, chunks, strategies, store, client, workers, progress, on
             _run_processes(todo, payload, finished, workers)
         else:
             for c in todo:
-                finished(c.index, run_chunk(*payload(c)))
+                finished(*_task(payload(c)))
     finally:
         bar.close()
-    ranking = merge(store.summaries(len(chunks)), study.variants, study.baseline, top_k, study.token_budget)
+    ranking = merge(store.summaries(len(chunks), summaries), study.variants, study.baseline, top_k,
+                    study.token_budget)
     ranking.update({"study": study.name, "chunks": len(chunks), "points": points,
                     "skipped": len(chunks) - len(todo), "output": str(output)})
     store.assemble(len(chunks))
-    _write_text(summary_path(output), json.dumps(ranking, indent=1))
+    parent, name = output_parent(summary_path(output))
+    parent.write_bytes(name, json.dumps(ranking, indent=1).encode("utf-8"))
     return ranking
 
 

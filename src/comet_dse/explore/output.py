@@ -1,14 +1,20 @@
 """Writing result columns to Parquet or CSV, never half-written under the final name.
 
-A file is written to a temporary name beside it (``temp_path``: ``.<name>.tmp-<pid>``)
-and renamed into place when complete; a temporary left by a process that no
-longer runs is removed by the next writer (``remove_stale_temps``).
+A file is written to a temporary name beside it (``temp_path``: ``.<name>.tmp-<pid>``,
+or ``storage.temp_name``: ``.<name>.tmp-<pid>@<host>``) and renamed into place
+when complete; a temporary left by a process of this machine that no longer runs
+is removed by the next writer (``remove_stale_temps``). A sweep's output is one
+file (``.parquet``, ``.csv``) or, for a name without a suffix, a dataset folder
+of Parquet parts marked by ``DATASET_MARKER`` (``write_dataset``).
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
-from pathlib import Path
+import shutil
+import socket
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +22,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from comet_dse.errors import InputError
+from comet_dse.explore.storage import Folder, is_url, temp_name
 from comet_dse.strategy import KNOBS, Choice
 
+DATASET_MARKER = "_comet-dse.json"      # in a dataset folder this tool wrote; readers skip names starting with _
 # Choice knobs: their code columns are written as dictionary-encoded names.
 CODED = {k.name: [m.value for m in k.kind] for k in KNOBS if issubclass(k.kind, Choice)}
 
@@ -35,13 +43,17 @@ def to_arrow(columns: dict) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def output_format(path: Path) -> str:
-    suffix = path.suffix.lower()
+def output_format(path) -> str:
+    """'parquet' or 'csv' (one file, by its suffix) or 'dataset' (a name without a suffix: a folder of parts)."""
+    suffix = PurePosixPath(str(path).rstrip("/")).suffix.lower()
     if suffix in (".parquet", ".pq"):
         return "parquet"
     if suffix == ".csv":
         return "csv"
-    raise InputError("output", f"{path} must end in .parquet or .csv")
+    if not suffix:
+        return "dataset"
+    raise InputError("output", f"{path} must end in .parquet or .csv (one file), or have no suffix (a dataset "
+                     "folder of Parquet parts)")
 
 
 def temp_path(path: Path) -> Path:
@@ -68,23 +80,39 @@ def stale_temps(path: Path) -> list:
     path = Path(path)
     found = []
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[1]
+        pid, _, host = tmp.name.rsplit("-", 1)[1].partition("@")    # tmp-PID or tmp-PID@HOST (storage.temp_name)
+        if host and host != socket.gethostname():
+            continue
         if pid.isdigit() and not process_alive(int(pid)) and not tmp.is_symlink():
             found.append(tmp)
     return found
 
 
 def remove_stale_temps(path: Path) -> None:
-    """Remove the temporary files of ``path`` left by dead processes (folders are left to their owner)."""
+    """Remove the temporary files of ``path`` left by dead processes; a temporary folder only if it is a
+    dataset this tool was writing (it holds DATASET_MARKER); other folders are left to their owner."""
     for tmp in stale_temps(path):
         if tmp.is_file():
             tmp.unlink(missing_ok=True)
+        elif tmp.is_dir() and (tmp / DATASET_MARKER).is_file():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_output_file(path: Path) -> str:
-    """The format of ``path`` (parquet or csv); an InputError if it is a folder or not a result file."""
-    path = Path(path)
+def check_output_file(path) -> str:
+    """The format of ``path`` (parquet, csv or dataset); an InputError if it exists and is not a result this
+    tool wrote (a folder where a file is named, a file where a dataset folder is named, foreign files)."""
     fmt = output_format(path)
+    if is_url(str(path)):
+        return _check_url_output(str(path), fmt)
+    path = Path(path)
+    if fmt == "dataset":
+        if path.exists() and (not path.is_dir() or path.is_symlink()):
+            raise InputError("output", f"{path} exists and is not a folder; a name without a suffix is a dataset "
+                             "folder (give a name ending in .parquet for one file)")
+        if path.is_dir() and any(path.iterdir()) and not (path / DATASET_MARKER).is_file():
+            raise InputError("output", f"{path} is a folder this tool did not write; choose another name or "
+                             "move it away")
+        return fmt
     if path.is_dir():
         raise InputError("output", f"{path} is a folder; give a file name ending in .{fmt}")
     if path.exists() and not path.is_file():
@@ -93,6 +121,57 @@ def check_output_file(path: Path) -> str:
         raise InputError("output", f"{path} exists and is not a comet-dse result file; choose another name "
                          "or move it away")
     return fmt
+
+
+def _check_url_output(url: str, fmt: str) -> str:
+    """check_output_file for an fsspec URL: the same rules, through the URL's file system."""
+    parent, name = output_parent(url)
+    try:
+        kind = parent.kind(name)
+        if fmt == "dataset":
+            if kind == "file":
+                raise InputError("output", f"{url} exists and is not a folder; a name without a suffix is a dataset")
+            if kind == "folder" and Folder(url).names() and DATASET_MARKER not in Folder(url).names():
+                raise InputError("output", f"{url} is a folder this tool did not write; choose another name")
+        elif kind == "folder":
+            raise InputError("output", f"{url} is a folder; give a file name ending in .{fmt}")
+        elif kind == "file" and fmt == "parquet":
+            with parent.open(name) as handle:
+                if "step_time_s" not in pq.read_schema(handle).names:
+                    raise InputError("output", f"{url} exists and is not a comet-dse result file; choose another name")
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError("output", f"cannot read {url}: {exc}") from None
+    return fmt
+
+
+def output_parent(output) -> tuple:
+    """(Folder that holds ``output``, its name there), for a local path or a URL."""
+    text = str(output).rstrip("/")
+    if is_url(text):
+        head, _, name = text.rpartition("/")
+        return Folder(head), name
+    path = Path(text)
+    return Folder(path.parent), path.name
+
+
+def write_dataset(parts: Folder, names: list, output) -> None:
+    """The dataset folder ``output``: the part files ``names`` of ``parts`` (hard links where local) and
+    DATASET_MARKER, assembled under a temporary name and moved into place (an earlier dataset of this tool
+    is replaced). Readers (pyarrow, pandas, DuckDB, polars, Dask) take the folder as one table."""
+    parent, name = output_parent(output)
+    tmp = Folder(parent.path(temp_name(name)))
+    tmp.make()
+    tmp.write_bytes(DATASET_MARKER, json.dumps({"format": "comet-dse dataset", "parts": len(names)}).encode())
+    for part in names:
+        parts.copy_to(part, tmp, part)
+    fs = parent.fs
+    if parent.kind(name) == "folder":
+        old = parent.path(f".{name}.tmp-old-{os.getpid()}@{socket.gethostname()}")     # a stale_temps name
+        fs.move(parent.path(name), old)
+        fs.move(tmp.root, parent.path(name))
+        Folder(old).remove_all()
+    else:
+        fs.move(tmp.root, parent.path(name))
 
 
 def _is_result(path: Path, fmt: str) -> bool:
@@ -110,6 +189,8 @@ def write_atomically(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` (.parquet or .csv) via a temporary file and a rename."""
     path = Path(path)
     fmt = check_output_file(path)
+    if fmt == "dataset":
+        raise InputError("output", f"{path} must end in .parquet or .csv")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
