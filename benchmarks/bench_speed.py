@@ -8,8 +8,10 @@ Prints, on this machine:
    point at a time through ``estimate()`` (the ratio is measured in this run);
 2. the wall time of the exhaustive strategy search for megatron-1t on 4096 TPU v4
    chips;
-3. the wall time, rate and peak memory of the ~10-million-point sweep
-   benchmarks/sweep-10m.yaml on 2 worker processes.
+3. the wall time, rate and peak memory of the ~12.5-million-point sweep
+   benchmarks/sweep-10m.yaml on 2 worker processes, into one Parquet file
+   (benchmarks/bench_sweep.py measures how sweeps scale: 1 and 2 workers, Dask,
+   the driver's CPU time per point, dataset output).
 Calculon (calculon-ai/calculon), the best public analytical tool, is not on the
 package index, so it is not run here; the figure quoted for it (about 350 points
 per second per core on this class of machine) comes from the project's issue.
