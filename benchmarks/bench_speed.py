@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from comet_dse.allocator import keep_freed_memory
 from comet_dse.estimate import estimate
 from comet_dse.explore.engine import run_study
 from comet_dse.explore.search import search, strategy_at
@@ -95,6 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-sweep", action="store_true", help="skip the 10-million-point sweep")
     args = parser.parse_args()
+    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
     rate, scalar_rate = batched_rate()
     print(f"full estimate, batched:    {rate:>12,.0f} points/s on one core")
     print(f"full estimate, one by one: {scalar_rate:>12,.0f} points/s (estimate() per point)")

@@ -175,3 +175,16 @@ def test_dask_dataset_sweep_survives_a_killed_worker(study_path, tmp_path):
                                    scheduler=cluster.scheduler_address, on_chunk=kill_one)
     assert killed and ranking["skipped"] == 0
     assert _files(tmp_path / "dask") == _files(tmp_path / "serial")
+
+
+def test_the_allocator_is_set_once_and_by_the_command_line(monkeypatch, capsys):
+    from comet_dse import allocator, cli
+
+    calls = []
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1))
+    assert main(["presets"]) == 0
+    capsys.readouterr()
+    assert calls == [1]
+    allocator.keep_freed_memory()
+    allocator.keep_freed_memory()               # idempotent, never raises (nothing without glibc)
+    assert allocator._TUNED == [True]

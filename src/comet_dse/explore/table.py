@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from comet_dse.allocator import keep_freed_memory
 from comet_dse.cost.feasibility import violations
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
@@ -36,8 +37,19 @@ RULE_TEXT = {
 }
 
 
+LARGE_BATCH = 65_536            # from this many points on, evaluate_columns calls keep_freed_memory
+
+
 def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
-    """Evaluate every point of ``st``; returns column name -> numpy array (SI units, names say the unit)."""
+    """Evaluate every point of ``st``; returns column name -> numpy array (SI units, names say the unit).
+
+    A batch of LARGE_BATCH points or more first sets this process's allocator
+    to keep freed memory (``allocator.keep_freed_memory``; it helps most when
+    called before a process allocates its large arrays, as the command line
+    and the sweep workers do).
+    """
+    if len(st) >= LARGE_BATCH:
+        keep_freed_memory()
     with np.errstate(divide="ignore", invalid="ignore"):
         step = evaluate(model, cluster, devices, st)
         rules = violations(model, cluster, devices, st, step)
