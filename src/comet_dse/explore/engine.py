@@ -464,12 +464,28 @@ def worker_setup(parent: int | None = None) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), name="comet-parent-watch", daemon=True).start()
 
 
-def _dask_task(job: Job) -> tuple:
-    """_task on a Dask worker (local or remote), with glibc set to reuse freed memory (allocator.keep_freed_memory:
-    Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which makes every temporary array a
-    page-faulting mmap; a sweep on Dask took 58 s where local processes took 16 s)."""
+def _dask_task(jobs: list) -> list:
+    """_task for each of ``jobs`` (consecutive chunks: _batches) on a Dask worker, local or remote, with glibc
+    set to reuse freed memory (allocator.keep_freed_memory: Dask's nanny starts workers with
+    MALLOC_TRIM_THRESHOLD_=65536, which makes every temporary array a page-faulting mmap; a sweep on Dask
+    took 58 s where local processes took 16 s)."""
     keep_freed_memory()
-    return _task(job)
+    return [_task(job) for job in jobs]
+
+
+def _batches(chunks: list, rows: int) -> list:
+    """Consecutive chunks in groups of at most ``rows`` rows (at least one chunk each): a Dask task each,
+    so that the scheduler, whose cost is per task, handles fewer and larger tasks than chunks."""
+    out, size = [], 0
+    for c in chunks:
+        n = c.stop - c.start
+        if out and size + n <= rows:
+            out[-1].append(c)
+            size += n
+        else:
+            out.append([c])
+            size = n
+    return out
 
 
 def dask_setup(worker) -> None:
@@ -576,23 +592,28 @@ def _starting_workers():
 
 
 def _run_dask(client, todo: list, payload, finished, workers: int) -> None:
-    """Run the chunks on Dask, at most 2 per worker in flight.
+    """Run the chunks on Dask in tasks of consecutive chunks (_batches, up to CHUNK_ROWS rows), at most
+    2 tasks per worker in flight.
 
-    A task whose worker dies is re-run elsewhere by the scheduler; the driver
-    writes each chunk once, when its result arrives, so rows are never lost or
-    duplicated.
+    A task whose worker dies is re-run elsewhere by the scheduler; its chunks
+    are written whole under their names or not at all, and a re-run writes the
+    same bytes, so rows are never lost or duplicated.
     """
     from distributed import as_completed
 
-    queue = list(todo)
+    queue = _batches(todo, CHUNK_ROWS)
     window = 2 * max(1, len(client.scheduler_info().get("workers", {})) or workers)
     futures = as_completed(loop=client.loop)
+
+    def submit(batch: list) -> None:
+        key = f"comet-chunks-{batch[0].index}-{batch[-1].index}"
+        futures.add(client.submit(_dask_task, [payload(c) for c in batch], key=key, retries=3))
+
     for _ in range(min(window, len(queue))):
-        c = queue.pop(0)
-        futures.add(client.submit(_dask_task, payload(c), key=f"comet-chunk-{c.index}", retries=3))
+        submit(queue.pop(0))
     for future in futures:
-        finished(*future.result())
+        for result in future.result():
+            finished(*result)
         future.release()
         if queue:
-            c = queue.pop(0)
-            futures.add(client.submit(_dask_task, payload(c), key=f"comet-chunk-{c.index}", retries=3))
+            submit(queue.pop(0))
