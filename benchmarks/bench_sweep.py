@@ -13,7 +13,8 @@ dataset folder (``--output NAME`` without a suffix):
 5. a scaling run with 1, 2 and 4 Dask worker processes: rate, driver CPU per
    point, and the bytes a worker sends back per chunk (the pickled result of
    ``engine._task``: the chunk's summary) against the bytes of the chunk's rows,
-   which is what went back before workers wrote their own parts.
+   which is what went back before workers wrote their own parts (a Dask task
+   carries up to 250,000 rows' chunks and sends back their summaries).
 On a 2-core machine 4 workers cannot run faster than 2; the scaling run shows
 that the driver is not what limits the rate.
 Timings are single runs (each is tens of seconds), so expect a few per cent of noise.
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from comet_dse.allocator import keep_freed_memory
 from comet_dse.explore import engine
 from comet_dse.explore.study import load_study
 
@@ -73,6 +75,7 @@ def main() -> int:
     parser.add_argument("--skip-scaling", action="store_true", help="skip the 1/2/4 Dask worker scaling run")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
+    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
     out = {}
     out["local_1"] = timed_sweep(args.study, "ds", workers=1)
     print(line("local, 1 worker (in the driver)", out["local_1"]))

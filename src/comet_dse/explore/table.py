@@ -37,7 +37,7 @@ RULE_TEXT = {
 }
 
 
-LARGE_BATCH = 65_536            # from this many points on, evaluate_columns calls keep_freed_memory
+LARGE_BATCH = 10_000            # from this many points on, evaluate_columns calls keep_freed_memory
 
 
 def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
