@@ -1,15 +1,19 @@
 """Typed results as tables: ``to_arrow()`` (pyarrow, a dependency) and ``to_pandas()`` (pandas, optional)."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 
-class Tabular:
+
+class Tabular(ABC):
     """A result that is a list of rows (``rows()``: one dict per row, plain values) and converts to tables.
 
     pyarrow is imported when a table is asked for, pandas only by ``to_pandas`` (``pip install pandas``).
+    Each result type defines ``rows``; the conversions are shared.
     """
 
+    @abstractmethod
     def rows(self) -> list:
-        raise NotImplementedError
+        """One dict per row, plain values."""
 
     def to_arrow(self):
         """The rows as a ``pyarrow.Table``."""
