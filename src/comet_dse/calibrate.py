@@ -32,7 +32,7 @@ from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.loading import read_text_file
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import GIVEN, KNOB, KNOBS, Strategy, StrategyArrays
+from comet_dse.strategy import KNOB, Strategy, StrategyArrays, knob_values
 
 METRICS = ("iter_s", "tokens_per_s", "mfu")
 MIN_SENSITIVITY = 1e-3     # RMS change of the relative errors when a parameter crosses 10 % of its range
@@ -203,14 +203,7 @@ def _run(row: dict, label: str, folder: Path, load_model) -> Run:
             raise InputError("model_style", f"needs the architecture columns (layers, hidden, heads, ffn, vocab, "
                              f"seq_len): {exc}") from None
     devices = _positive_int(row["gpus"], "gpus")
-    knobs = {}
-    for knob in KNOBS:
-        text = row.get(knob.name)
-        if text not in (None, ""):
-            try:
-                knobs[knob.name] = knob.coerce(text)
-            except ValueError as exc:
-                raise InputError(knob.name, str(exc)) from None
+    knobs = knob_values(row)
     inner = knobs.get("tp", 1) * knobs.get("cp", 1) * knobs.get("pp", 1)
     knobs.setdefault("dp", max(devices // inner, 1))
     if "global_batch" not in knobs:

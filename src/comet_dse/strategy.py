@@ -454,6 +454,22 @@ CROSS_RULES = (
 )
 
 
+def knob_values(columns: dict) -> dict:
+    """Knob name -> value of the columns of a row (a CSV row: text) that name a knob; empty cells are left out.
+
+    Other columns are ignored. A bad value raises InputError naming the column.
+    """
+    out = {}
+    for k in KNOBS:
+        text = columns.get(k.name)
+        if text not in (None, ""):
+            try:
+                out[k.name] = k.coerce(text)
+            except ValueError as exc:
+                raise InputError(k.name, str(exc)) from None
+    return out
+
+
 def knob_lines(values: dict) -> list:
     """The strategy's lines of the text output: its knobs, grouped by ``Knob.line``, as lists of labels.
 

@@ -26,7 +26,7 @@ from comet_dse.errors import InputError
 from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
-from comet_dse.strategy import GradAccumulation, Recompute, Strategy
+from comet_dse.strategy import GradAccumulation, Recompute, Strategy, knob_values
 
 TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
@@ -93,13 +93,8 @@ def _llama(row: dict, name: str) -> Transformer:
 
 
 def _strategy(row: dict, **software) -> Strategy:
-    return Strategy(
-        tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
-        global_batch=int(row["global_batch"]), micro_batch=int(row["micro_batch"]),
-        interleave=int(row["interleave"]), recompute=Recompute(row["recompute"]),
-        sequence_parallel=row.get("sequence_parallel", "false").lower() == "true",
-        dtype=row["dtype"], **software,
-    )
+    """The row's knob columns (tp, pp, dp, batch sizes, recompute, ...) plus the software the authors ran."""
+    return Strategy(**{**knob_values(row), **software})
 
 
 def table5_comparisons(cluster: Cluster, directory: Path) -> list:
@@ -159,13 +154,8 @@ def h100_strategy(row: dict) -> Strategy:
     """
     extra = row["extra_settings"].lower()
     mlperf = row["id"].startswith("mlperf")
-    return Strategy(
-        tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"]), dp=int(row["dp"]), zero=int(row["zero"]),
-        global_batch=int(row["global_batch"]), micro_batch=int(row["micro_batch"]),
-        interleave=int(row["interleave"]), recompute=Recompute(row["recompute"]),
-        sequence_parallel=row["sequence_parallel"].lower() == "true",
-        flash_attention=row["flash_attention"].lower() == "true", dtype=row["dtype"],
-        tp_overlap="tp-comm-overlap" in extra, cp_algorithm="all-gather" if "all-gather" in extra else "ring",
+    return _strategy(
+        row, tp_overlap="tp-comm-overlap" in extra, cp_algorithm="all-gather" if "all-gather" in extra else "ring",
         pp_overlap=mlperf, pipeline_split="balanced" if mlperf else "embedding-loss",
         attention_kernel="cudnn" if mlperf else "fa2",
     )

@@ -67,7 +67,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
                     f"ep={ep[i]:.0f} must divide the {experts} experts and dp={d[i]:.0f}")),
         ("cp_seq", ~_divides(cp, s),
          lambda i: f"cp={cp[i]:.0f} does not divide the sequence length {s}"),
-        ("attention_kernel", st.flash_attention & ~np.isfinite(kernel_rate),
+        ("attention_kernel", KNOB["attention_kernel"].applies(st) & ~np.isfinite(kernel_rate),
          lambda i: f"{cluster.accelerator.name} has no rate for the {KNOB['attention_kernel'].decode(st.attention_kernel[i]).value} "
                    f"attention kernel; it has {', '.join(sorted(cluster.accelerator.attention_efficiency))}"),
         ("dtype", ~has_rate,
