@@ -1,7 +1,5 @@
 """Design-space exploration: the batched rows equal the scalar estimate; sweeps resume; Dask is equivalent."""
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ from comet_dse.explore.search import search, strategy_at
 from comet_dse.explore.space import SearchSpace, enumerate_strategies
 from comet_dse.explore.study import load_study
 from comet_dse.presets import load_cluster, load_model
+from dask_kill import sweep_killing_a_worker
 
 STUDY = """
 name: tiny
@@ -153,18 +152,7 @@ def test_dask_equals_serial_and_survives_a_killed_worker(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "CHUNK_ROWS", 150)
     path = _study(tmp_path)
     engine.run_study(load_study(path), tmp_path / "serial.parquet", progress=False)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                  silence_logs=50) as cluster, distributed.Client(cluster) as client:
-        pids = list(client.run(os.getpid).values())
-        killed = []
-
-        def kill_one(index):
-            if not killed:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(index)
-
-        ranking = engine.run_study(load_study(path), tmp_path / "dask.parquet", progress=False, engine="dask",
-                                   scheduler=cluster.scheduler_address, on_chunk=kill_one)
+    ranking, killed = sweep_killing_a_worker(distributed, load_study(path), tmp_path / "dask.parquet")
     assert killed
     assert ranking["skipped"] == 0
     assert (tmp_path / "dask.parquet").read_bytes() == (tmp_path / "serial.parquet").read_bytes()

@@ -1,9 +1,7 @@
 """Sweeps that scale: workers write their parts, the output is a dataset folder or one file joined without
 re-encoding, a URL output works like a path, and a killed Dask worker loses and duplicates nothing."""
 import io
-import os
 import pickle
-import signal
 import socket
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from comet_dse.explore import engine
 from comet_dse.explore.output import DATASET_MARKER
 from comet_dse.explore.parquet_concat import ParquetJoinError, _write_struct, join, read_footer
 from comet_dse.explore.study import load_study
+from dask_kill import sweep_killing_a_worker
 
 STUDY = """
 name: scale
@@ -161,18 +160,7 @@ def test_dask_dataset_sweep_survives_a_killed_worker(study_path, tmp_path):
     """LocalCluster with worker processes: a worker killed mid-sweep loses and duplicates no row."""
     distributed = pytest.importorskip("distributed")
     engine.run_study(load_study(study_path), tmp_path / "serial", progress=False)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                  silence_logs=50) as cluster, distributed.Client(cluster) as client:
-        pids = list(client.run(os.getpid).values())
-        killed = []
-
-        def kill_one(index):
-            if not killed:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(index)
-
-        ranking = engine.run_study(load_study(study_path), tmp_path / "dask", progress=False, engine="dask",
-                                   scheduler=cluster.scheduler_address, on_chunk=kill_one)
+    ranking, killed = sweep_killing_a_worker(distributed, load_study(study_path), tmp_path / "dask")
     assert killed and ranking["skipped"] == 0
     assert _files(tmp_path / "dask") == _files(tmp_path / "serial")
 
