@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from comet_dse.calibrate import Run, fit, leave_one_out, parameters, read_runs, step_errors
+from comet_dse.calibrate import Run, fit, leave_one_out, parameters, step_errors
 from comet_dse.cli import main
 from comet_dse.estimate import estimate
 from comet_dse.presets import load_cluster, load_model, preset_names

@@ -133,7 +133,7 @@ def describe_peak(flops: dict) -> str:
 
 def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int) -> str:
     """Counts, infeasible reasons and the top-k table of an exhaustive search."""
-    from comet_dse.explore.table import RULE_TEXT, RULES, decode
+    from comet_dse.explore.table import RULE_TEXT, RULES
 
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "

@@ -109,7 +109,7 @@ def _slowest_stage(model: Transformer, p, slots, dense: dict, moe: dict, emb: di
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
     """Step time, breakdown and memory for every strategy in ``st`` (same model, cluster, devices)."""
     ctx = context_of(model, cluster, devices, st)
-    dev, dims, spans = ctx.dev, ctx.dims, ctx.spans
+    dev = ctx.dev
     t, p, d, v, b = st.tp, st.pp, st.dp, st.interleave, st.micro_batch
     s, h = model.seq_len, model.hidden
     e = ACTIVATION_BYTES

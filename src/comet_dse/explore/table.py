@@ -14,7 +14,7 @@ from comet_dse.cost.feasibility import violations
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import KNOB, KNOBS, StrategyArrays
+from comet_dse.strategy import KNOBS, StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
          "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp")
@@ -73,9 +73,3 @@ def reason_counts(masks: np.ndarray) -> dict:
     """Rule code -> number of points that break it (a point may break several)."""
     return {code: int(np.count_nonzero(masks & (1 << i))) for i, code in enumerate(RULES)
             if np.any(masks & (1 << i))}
-
-
-def decode(column: str, value: int) -> str:
-    """Readable value of a choice column (recompute, dtype, placement, ...) from its code."""
-    return KNOB[column].decode(value).value
-
