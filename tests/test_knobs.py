@@ -12,6 +12,7 @@ from hypothesis import strategies as hs
 
 from comet_dse import cost
 from comet_dse.cli import _space_from, _strategy_from, build_parser
+from comet_dse.cost.layout import layout_terms
 from comet_dse.cost.microbatch import context_of, microbatch_terms
 from comet_dse.estimate import estimate
 from comet_dse.explore.search import strategy_at
@@ -19,7 +20,7 @@ from comet_dse.explore.study import load_study
 from comet_dse.explore.table import evaluate_columns
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import (
-    GIVEN, KNOBS, MICROBATCH_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero,
+    GIVEN, KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero,
 )
 
 H100 = load_cluster("dgx-h100")
@@ -99,6 +100,43 @@ def test_knobs_left_out_of_the_microbatch_key_do_not_change_the_microbatch_terms
         terms = microbatch_terms(MOE, context_of(MOE, H100, DEVICES, pair), pair)
         for name, values in terms.items():
             assert values[0] == values[1], f"{knob.name} changes the micro-batch term {name}: declare microbatch=True"
+
+
+def test_the_alternation_test_catches_a_knob_missing_from_the_layout_key(monkeypatch):
+    """Without zero in the layout key, a batch differs from its points (the test can fail)."""
+    knob = next(k for k in KNOBS if k.name == "zero")
+    points = _alternating(knob)
+    monkeypatch.setattr(cost.layout, "LAYOUT_KNOBS", tuple(n for n in LAYOUT_KNOBS if n != knob.name))
+    cols = evaluate_columns(MOE, H100, DEVICES, StrategyArrays.of(points))
+    with pytest.raises(AssertionError):
+        _assert_rows_equal_estimates(cols, points)
+
+
+def _leaves(value) -> list:
+    """The arrays and numbers in a Layout (dicts, lists, tuples, dataclasses walked), each as 2 values."""
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _leaves(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _leaves(v)]
+    if dc.is_dataclass(value):
+        return [x for f in dc.fields(value) for x in _leaves(getattr(value, f.name))]
+    return [np.broadcast_to(value, (2,))]
+
+
+# Layout terms are checked at BASE and where ZeRO 3 and hybrid sharding make every one of them non-zero.
+LAYOUT_BASES = (BASE, dc.replace(BASE, zero=3, hybrid_shard=True, pp=1, dp=16))
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if not k.layout], ids=lambda k: k.name)
+def test_knobs_left_out_of_the_layout_key_do_not_change_the_layout_terms(knob):
+    for base in LAYOUT_BASES:
+        for override in alternatives(knob):
+            other = dc.replace(base, **override)
+            if any(getattr(other, n) != getattr(base, n) for n in LAYOUT_KNOBS):
+                continue       # the override also moved a layout knob (tp*cp*pp*dp stays the device count)
+            pair = StrategyArrays.of([base, other])
+            for values in _leaves(layout_terms(MOE, H100, DEVICES, pair)):
+                assert values[0] == values[1], f"{knob.name} changes a layout term: declare layout=True"
 
 
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.applies is not None], ids=lambda k: k.name)

@@ -176,6 +176,8 @@ class Knob:
     microbatch: cost/microbatch.py's per-micro-batch terms depend on it (the
       de-duplication key of those terms is every knob marked so, plus the
       placement's group strides).
+    layout: cost/layout.py's per-layout terms depend on it (their
+      de-duplication key is every knob marked so).
     applies: where False the value cannot change the result (SP with tp = 1):
       a search keeps only the first of its values there, and the text output
       leaves it out. Takes a Strategy or StrategyArrays; returns a bool or mask.
@@ -193,6 +195,7 @@ class Knob:
     help: str
     search: object
     microbatch: bool
+    layout: bool
     applies: Callable | None
     label: Callable
     shown: str
@@ -284,14 +287,16 @@ def _number(value, kind):
         return None
 
 
-def knob(default, help: str, *, search=None, microbatch: bool = False, applies: Callable | None = None,
+def knob(default, help: str, *, search=None, microbatch: bool = False, layout: bool = False,
+         applies: Callable | None = None,
          label: Callable | None = None, shown: str = CHANGED, line: int = 3, short: str = "",
          low: float | None = None, high: float | None = None, kind: type | None = None,
          default_text: str | None = None):
     """A Strategy field declared as a knob (see Knob). ``search`` defaults to the default alone."""
     return field(default=default, metadata={"knob": dict(
         kind=kind or type(default), default=default, help=help,
-        search=(default,) if search is None else search, microbatch=microbatch, applies=applies,
+        search=(default,) if search is None else search, microbatch=microbatch, layout=layout,
+        applies=applies,
         label=label, shown=shown, line=line, short=short, low=low, high=high, default_text=default_text)})
 
 
@@ -300,8 +305,8 @@ def _on_off(text: str) -> Callable:
 
 
 def _degree(name: str, help: str, microbatch: bool, shown: str = ALWAYS, default_text: str | None = None):
-    return knob(1, help, search=DERIVED, microbatch=microbatch, label=lambda v: f"{name}={v}", shown=shown,
-                line=0, short=name, low=1, default_text=default_text)
+    return knob(1, help, search=DERIVED, microbatch=microbatch, layout=True, label=lambda v: f"{name}={v}",
+                shown=shown, line=0, short=name, low=1, default_text=default_text)
 
 
 @dataclass(frozen=True)
@@ -329,11 +334,11 @@ class Strategy:
     sequence_parallel: bool = knob(False, "shard norms and dropout over the TP group (Korthikanti et al. 2022)",
                                    search=(False, True), microbatch=True, applies=lambda s: s.tp > 1,
                                    label=_on_off("sequence parallel"), shown=ALWAYS, line=2, short="sp")
-    zero: Zero = knob(Zero.NONE, "ZeRO stage over the data-parallel group", search=tuple(Zero),
+    zero: Zero = knob(Zero.NONE, "ZeRO stage over the data-parallel group", search=tuple(Zero), layout=True,
                       applies=lambda s: s.dp * s.cp > 1, label=lambda v: f"ZeRO {v.value}", shown=ALWAYS, line=2,
                       short="zero")
-    dtype: Dtype = knob(Dtype.BF16, "training precision", microbatch=True, label=lambda v: v.value, shown=ALWAYS,
-                        line=2, short="dtype")
+    dtype: Dtype = knob(Dtype.BF16, "training precision", microbatch=True, layout=True, label=lambda v: v.value,
+                        shown=ALWAYS, line=2, short="dtype")
     flash_attention: bool = knob(False, "fused attention that never stores the s x s scores", microbatch=True,
                                  label=lambda v: "flash attention" if v else "no flash attention", short="flash")
     attention_kernel: AttentionKernel = knob(
@@ -362,7 +367,7 @@ class Strategy:
     pipeline_split: PipelineSplit = knob(
         PipelineSplit.BALANCED, "how layers are split over pipeline stages: balanced, or embedding-loss (the "
         "embedding and the loss each take a layer's slot, as Megatron-LM's account-for-embedding/loss)",
-        applies=lambda s: s.pp > 1, label=lambda v: f"pipeline split {v.value}", short="split")
+        applies=lambda s: s.pp > 1, label=lambda v: f"pipeline split {v.value}", short="split", layout=True)
     pipeline_engine: PipelineEngine = knob(
         PipelineEngine.MEGATRON, "what moves activations between pipeline stages: megatron (each TP rank "
         "sends 1/t, then a TP all-gather) or deepspeed (every TP rank sends the whole activation)",
@@ -374,18 +379,18 @@ class Strategy:
                             short="ppo")
     reshard_after_forward: bool = knob(
         True, "ZeRO 3 / FSDP: free each layer's gathered weights after forward and gather them again in "
-        "backward (FSDP FULL_SHARD); off keeps them until backward (SHARD_GRAD_OP)", search=(True, False),
+        "backward (FSDP FULL_SHARD); off keeps them until backward (SHARD_GRAD_OP)", search=(True, False), layout=True,
         applies=lambda s: (s.zero >= Zero.PARAMETERS) & (s.dp * s.cp > 1),
         label=lambda v: "weights resharded after forward" if v else "weights kept gathered until backward",
         short="reshard")
     hybrid_shard: bool = knob(
         False, "ZeRO sharding only over the data-parallel ranks inside a node, replicated across nodes, whose "
-        "gradients are all-reduced once per step (FSDP HYBRID_SHARD)",
+        "gradients are all-reduced once per step (FSDP HYBRID_SHARD)", layout=True,
         applies=lambda s: (s.zero >= Zero.OPTIMIZER) & (s.dp * s.cp > 1),
         label=lambda v: "sharded inside a node (hybrid)" if v else "sharded over all DP ranks", short="hsdp")
     grad_precision: GradPrecision = knob(
         GradPrecision.MIXED, "weight gradients: mixed (fp32 main gradients in bf16/fp8, 16-bit in fp16) or 16-bit "
-        "in every dtype (as COMET's workload reduces them)", applies=lambda s: _not_fp16(s),
+        "in every dtype (as COMET's workload reduces them)", applies=lambda s: _not_fp16(s), layout=True,
         label=lambda v: f"{v.value} gradients", line=2, short="grads")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
@@ -400,6 +405,7 @@ class Strategy:
         "micro-batch (Megatron-LM before 2022)", label=lambda v: f"gradient accumulation {v.value}", short="grad-acc")
     placement: Placement = knob(Placement.TP_PP_DP, "order of the parallel axes on the devices, innermost first "
                                 "(CP sits right outside TP; EP takes consecutive DP ranks)", microbatch=True,
+                                layout=True,
                                 label=lambda v: f"placement {v.value} (innermost first)", short="placement")
     model_parallel: ModelParallel = knob(
         ModelParallel.TP_PP, "what model parallelism is: tp-pp (Megatron-LM: TP inside layers x pipeline stages) "
@@ -447,6 +453,8 @@ KNOBS = _declared(Strategy)
 KNOB = {k.name: k for k in KNOBS}
 # Knobs that cost/microbatch.py's per-micro-batch terms depend on (the de-duplication key).
 MICROBATCH_KNOBS = tuple(k.name for k in KNOBS if k.microbatch)
+# Knobs that cost/layout.py's per-layout terms depend on (their de-duplication key).
+LAYOUT_KNOBS = tuple(k.name for k in KNOBS if k.layout)
 # Rules between knobs, checked for a Strategy and for every combination a SearchSpace allows:
 # (knobs involved, holds(strategy-like) -> bool, what is needed).
 CROSS_RULES = (

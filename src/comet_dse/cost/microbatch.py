@@ -15,6 +15,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_time
+from comet_dse.cost.distinct import once_per_distinct
 from comet_dse.cost.layer import FLOPS_SOFTCAP, FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -67,6 +68,11 @@ class Context:
     strides: dict      # group name -> device-number stride (StrategyArrays.strides)
 
 
+def network_dims(cluster: Cluster, devices: int) -> tuple:
+    """The cluster's network dimensions as the cost model sees them, sized for ``devices``."""
+    return tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
+
+
 def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Context:
     """Device view, network dimensions for ``devices``, and the spans of every parallel group.
 
@@ -74,7 +80,7 @@ def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     ranks) and expert-DP (dp/ep, stepping over EP groups); strides from
     ``StrategyArrays.strides`` (placement).
     """
-    dims = tuple(coll.Dim.of(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)))
+    dims = network_dims(cluster, devices)
     shape = LayerShape(b=st.micro_batch, s=model.seq_len, t=st.tp, sp=st.sequence_parallel,
                        flash=st.flash_attention, e=ACTIVATION_BYTES, gemm_e=st.dtype_table(DTYPE_BYTES),
                        cp=st.cp, ep=st.ep, imbalance=st.moe_imbalance)
@@ -271,31 +277,15 @@ def prefixed(terms: dict, prefix: str) -> dict:
 
 
 
-def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, ctx: Context) -> dict:
-    """microbatch_terms, computed once per distinct combination of the fields it depends on.
+def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict) -> dict:
+    """microbatch_terms, computed once per distinct combination of the fields it depends on (cost/distinct.py).
 
     Those fields are the knobs declared ``microbatch=True`` on Strategy
-    (``MICROBATCH_KNOBS``) and the TP and DP strides of the placement (which
-    fix the spans of the TP, CP and EP groups). A sweep of millions of points has a few hundred distinct micro-batch shapes;
-    computing each once and gathering the results is the same math, done less
-    often. Points are grouped by a 64-bit hash of those fields; every point is
-    then checked to equal its group's representative field by field, and any
-    mismatch (a hash collision) falls back to computing every point.
+    (``MICROBATCH_KNOBS``) and the TP and DP strides of the placement
+    (``strides``, StrategyArrays.strides; they fix the spans of the TP, CP and
+    EP groups). A sweep of millions of points has a few hundred distinct
+    micro-batch shapes.
     """
-    n = len(st)
-    stride = ctx.strides
-    columns = [np.asarray(getattr(st, f), dtype=np.float64) for f in MICROBATCH_KNOBS] + [stride["tp"], stride["dp"]]
-    if n < 64:
-        return microbatch_terms(model, ctx, st)
-    key = np.zeros(n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for i, col in enumerate(columns):
-            bits = np.ascontiguousarray(col, dtype=np.float64).view(np.uint64)
-            key = (key ^ bits) * np.uint64(0x9E3779B97F4A7C15 + 2 * i)
-            key ^= key >> np.uint64(29)
-    unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    if len(unique) * 4 > n or any(np.any(col[first][inverse] != col) for col in columns):
-        return microbatch_terms(model, ctx, st)
-    sub = st.take(first)
-    terms = microbatch_terms(model, context_of(model, cluster, devices, sub), sub)
-    return {k: v[inverse] for k, v in terms.items()}
+    columns = [getattr(st, f) for f in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]]
+    return once_per_distinct(st, columns, lambda sub: microbatch_terms(
+        model, context_of(model, cluster, devices, sub), sub))

@@ -18,42 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.compute import memory_pass_time
 from comet_dse.cost.layer import FP32
-from comet_dse.cost.memory import grad_bytes, inflight_layer_microbatches, model_state_bytes, place
+from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
+from comet_dse.cost.memory import inflight_layer_microbatches, place
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, WORK_KEYS, context_of, deduplicated, prefixed,
-)
-from comet_dse.cost.params import (
-    StageParams, embedding_slots, stage_candidates, stage_layer_counts, stage_mixes, stage_params,
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, WORK_KEYS, deduplicated, network_dims, prefixed,
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (
-    Dtype, GradAccumulation, GradPrecision, PipelineEngine, Recompute, StrategyArrays, Zero,
-)
-
-FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
-
-
-def optimizer_step_bytes(dtype_is_fp16, sixteen_bit_grads=False):
-    """Bytes moved per parameter by a mixed-precision Adam step (Megatron-LM passes).
-
-    Adam itself (fused): read fp32 weight, grad, m, v (16), write weight, m, v (12);
-    grad-norm for clipping: read grad (4); copy fp32 weights to the 16-bit
-    model (read 4, write 2); zero the main gradients (write g).
-    fp16 adds loss scaling: cast the fp16 grads to fp32 (read 2, write 4) and
-    unscale with an inf/nan check (read 4, write 4).
-    fp16: 28 + 4 + 6 + 2 + 6 + 8 = 54 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 + 4 = 42;
-    bf16/fp8 with 16-bit gradients (grad_precision 16-bit): Adam, the norm and
-    the zeroing touch 2-byte gradients: 42 - 3 x 2 = 36.
-    """
-    return np.where(dtype_is_fp16, 54.0, np.where(sixteen_bit_grads, 36.0, 42.0))
-
-
-def separate_accumulation_bytes(grad_el_bytes):
-    """main_grad += grad per micro-batch: read main (g) + read grad (2) + write main (g) bytes/param."""
-    return 2.0 * grad_el_bytes + 2.0
+from comet_dse.strategy import GradAccumulation, PipelineEngine, Recompute, StrategyArrays, Zero
 
 
 @dataclass
@@ -81,15 +54,15 @@ def _total(work: dict):
     return sum(work[k] for k in WORK_KEYS)
 
 
-def _slowest_stage(model: Transformer, p, slots, dense: dict, moe: dict, emb: dict, head: dict):
-    """Per-micro-batch work of the slowest candidate stage (cost/params.py), and the layers of the fullest.
+def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -> dict:
+    """Per-micro-batch work of the slowest candidate stage (``mixes``: Layout.mixes, cost/params.py).
 
     The candidate with the largest total is chosen per point (the first one on
     ties), then its work is assembled once.
     """
     t_dense, t_moe, t_emb, t_head = _total(dense), _total(moe), _total(emb), _total(head)
     chosen, best = None, None
-    for mix in stage_mixes(model, p, slots):
+    for mix in mixes:
         n_dense, n_moe, with_emb, with_head = mix
         total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
         if chosen is None:
@@ -101,46 +74,39 @@ def _slowest_stage(model: Transformer, p, slots, dense: dict, moe: dict, emb: di
     n_dense, n_moe, with_emb, with_head = chosen
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
         n_dense, n_moe = n_dense + n_moe, 0.0
-    stage = {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k]
-             + (n_moe * moe[k] if moe is not dense else 0.0) for k in STAGE_KEYS}
-    return stage, stage_layer_counts(model.layers, p, slots)[2]
+    return {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k]
+            + (n_moe * moe[k] if moe is not dense else 0.0) for k in STAGE_KEYS}
 
 
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
-    """Step time, breakdown and memory for every strategy in ``st`` (same model, cluster, devices)."""
-    ctx = context_of(model, cluster, devices, st)
-    dev = ctx.dev
-    t, p, d, v, b = st.tp, st.pp, st.dp, st.interleave, st.micro_batch
+    """Step time, breakdown and memory for every strategy in ``st`` (same model, cluster, devices).
+
+    The layout terms (cost/layout.py) and the micro-batch terms
+    (cost/microbatch.py) are computed once per distinct layout and
+    micro-batch shape; this function combines them per point.
+    """
+    lay = layout_of(model, cluster, devices, st)
+    p, d, v, b = st.pp, st.dp, st.interleave, st.micro_batch
     s, h = model.seq_len, model.hidden
     e = ACTIVATION_BYTES
     m = st.global_batch / (d * b)
-    terms = deduplicated(model, cluster, devices, st, ctx)
+    terms = deduplicated(model, cluster, devices, st, lay.strides)
     dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
     moe_w = prefixed(terms, "moe.") if model.moe else dense_w
-    stage, stage_layers = _slowest_stage(model, p, embedding_slots(st), dense_w, moe_w, emb_w, head_w)
-
-    candidates = stage_candidates(model, st)
-    params = stage_params(candidates)
-    is_fp16 = st.uses(Dtype.FP16)
-    sixteen_grads = st.uses(GradPrecision.SIXTEEN_BIT)
-    gbytes = grad_bytes(is_fp16 | sixteen_grads)
-    accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), dev)
-    stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, accumulate.total)
+    stage = _slowest_stage(lay.mixes, dense_w, moe_w, emb_w, head_w)
+    stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, lay.accumulate)
 
     whole = st.uses(PipelineEngine.DEEPSPEED)   # every TP rank sends the whole activation, nothing to gather
-    p2p = _pipeline_p2p(st, ctx, stage, np.where(whole, 0.0, terms["regather"]),
-                        b * s / st.cp * h * e / np.where(whole, 1.0, t))
+    p2p = _pipeline_p2p(st, network_dims(cluster, devices), lay.pp_spans, stage,
+                        np.where(whole, 0.0, terms["regather"]), b * s / st.cp * h * e / np.where(whole, 1.0, st.tp))
 
     stage_mb = _total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    dp_exposed = _data_parallel(model, st, ctx, stage, params, gbytes, m, np.maximum(stage_layers, 1.0))
-    sharded = st.zero >= Zero.OPTIMIZER
-    shards = (_shard_size(st, ctx, "dp"), _shard_size(st, ctx, "edp"))
-    opt_params = params.shared / np.where(sharded, shards[0], 1) + params.expert / np.where(sharded, shards[1], 1)
-    optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16, sixteen_grads), dev).total
+    dp_exposed = _data_parallel(st, stage, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
+    optimizer = lay.optimizer
 
-    memory, act_per_mb = _memory(model, st, terms, candidates, gbytes, m, shards)
+    memory, act_per_mb = _memory(model, st, terms, lay, m)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.state_capacity, exp_cap)
@@ -174,7 +140,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         model_flops=model_flops, hardware_flops=hw_flops,
         tokens_per_second=st.global_batch * model.seq_len / step_time,
         mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
-        stage_layers=stage_layers,
+        stage_layers=lay.stage_layers,
     )
 
 
@@ -188,7 +154,7 @@ def _backward_total(stage: dict):
     return stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"] + stage[BACKWARD_COMM]
 
 
-def _pipeline_p2p(st: StrategyArrays, ctx, stage: dict, regather, nbytes):
+def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, stage: dict, regather, nbytes):
     """Exposed pipeline send/recv per micro-batch [s].
 
     A micro-batch crosses v chunk boundaries in forward and v in backward:
@@ -203,56 +169,25 @@ def _pipeline_p2p(st: StrategyArrays, ctx, stage: dict, regather, nbytes):
     time per micro-batch (Narayanan et al. 2021, Sec. 2.2; docs/model.md).
     """
     v = st.interleave
-    send = coll.send_recv_time(nbytes, ctx.dims, ctx.spans["pp"])
+    send = coll.send_recv_time(nbytes, dims, pp_spans)
     hidden = v * (np.maximum(send - _forward_total(stage) / v, 0.0) + np.maximum(send - _backward_total(stage) / v, 0.0))
     overlapped = st.pp_overlap & (v > 1)
     return np.where(st.pp > 1, np.where(overlapped, hidden, 2.0 * v * send) + 2.0 * v * regather, 0.0)
 
 
-def _joint(a: list, b: list) -> list:
-    """Spans of two orthogonal groups taken together (CP and DP reduce gradients jointly)."""
-    return [x * y for x, y in zip(a, b)]
-
-
-def _dp_groups(params: StageParams, spans: dict) -> tuple:
-    """(parameters, group spans) whose gradients are reduced together: shared over DP x CP, experts over EDP x CP.
-    A group with no parameters at any point (the experts of a dense model) is left out: it sends nothing."""
-    groups = ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
-    return tuple((count, group) for count, group in groups if np.any(count))
-
-
-def _split_shard(st: StrategyArrays, group: list) -> tuple:
-    """(shard spans, replica spans) of a DP group: all of it and nothing, or with hybrid_shard the innermost
-    network dimension (inside a node) and the rest (across nodes)."""
-    hybrid = st.hybrid_shard
-    ones = np.ones_like(np.asarray(group[0], dtype=float))
-    if not np.any(hybrid):
-        return group, [ones] * len(group)
-    shard = [group[0]] + [np.where(hybrid, ones, n) for n in group[1:]]
-    replica = [ones] + [np.where(hybrid, n, ones) for n in group[1:]]
-    return shard, replica
-
-
-def _shard_size(st: StrategyArrays, ctx, group: str):
-    """Devices a ZeRO shard is split over: the group's size, or with hybrid_shard its members inside a node."""
-    size = {"dp": st.dp, "edp": st.dp / st.ep}[group]
-    return np.where(st.hybrid_shard, np.minimum(ctx.spans[group][0], size), size)
-
-
-def _sharded_layers(st: StrategyArrays, ctx, stage: dict, params: StageParams, gbytes, units):
+def _sharded_layers(st: StrategyArrays, stage: dict, dp: DataParallelComm, units):
     """ZeRO 3 / FSDP: exposed seconds per micro-batch of gathering weights and reducing gradients layer by layer.
 
     The stage's parameters are sharded over the DP group in ``units`` equal
     units (one per layer, as FSDP wraps each transformer block and ZeRO 3
     fetches each module's parameters). Per unit and micro-batch: forward
-    all-gathers its 16-bit weights, t_ag = AG(2 P/u); backward gathers them
-    again when they were freed after forward (reshard_after_forward: FSDP
-    FULL_SHARD, ZeRO 3; SHARD_GRAD_OP keeps them) and reduce-scatters the
-    gradients, t_rs = RS(g P/u); ring collectives with a latency per step
-    (cost/collectives.py), gathers and reduce-scatters in one queue on the
-    same links. Each unit's collectives are prefetched behind the previous
-    unit's compute (prefetch depth 1); the first unit's gather and the last
-    unit's reduce-scatter have nothing to hide behind:
+    all-gathers its 16-bit weights, t_ag (DataParallelComm.unit_gather);
+    backward gathers them again when they were freed after forward
+    (reshard_after_forward: FSDP FULL_SHARD, ZeRO 3; SHARD_GRAD_OP keeps them)
+    and reduce-scatters the gradients, t_rs (unit_reduce); gathers and
+    reduce-scatters in one queue on the same links. Each unit's collectives
+    are prefetched behind the previous unit's compute (prefetch depth 1); the
+    first unit's gather and the last unit's reduce-scatter have nothing to hide behind:
         forward  = t_ag + (u - 1) max(0, t_ag - T_f/u)
         backward = t_re + t_rs + (u - 1) max(0, t_re + t_rs - T_b/u),   t_re = t_ag if resharded else 0
     T_f, T_b: the stage's forward and backward (+ recomputation, whose
@@ -261,83 +196,59 @@ def _sharded_layers(st: StrategyArrays, ctx, stage: dict, params: StageParams, g
     Sources: Rajbhandari et al. 2020 (ZeRO, Sec. 7); Zhao et al. 2023
     (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2-3.3, 4.1); docs/model.md.
     """
-    dims = ctx.dims
-    ag = rs = 0.0
-    for count, group in _dp_groups(params, ctx.spans):
-        shard, _ = _split_shard(st, group)
-        ag = ag + coll.all_gather_time(2.0 * count / units, dims, shard)
-        rs = rs + coll.reduce_scatter_time(gbytes * count / units, dims, shard)
+    ag, rs = dp.unit_gather, dp.unit_reduce
     regather = np.where(st.reshard_after_forward, ag, 0.0)
     forward = ag + (units - 1.0) * np.maximum(ag - _forward_total(stage) / units, 0.0)
     backward = regather + rs + (units - 1.0) * np.maximum(regather + rs - _backward_total(stage) / units, 0.0)
     return forward + backward
 
 
-def _data_parallel(model: Transformer, st: StrategyArrays, ctx, stage: dict, params: StageParams, gbytes, m, units):
+def _data_parallel(st: StrategyArrays, stage: dict, dp: DataParallelComm, m, units):
     """Exposed data-parallel communication per step [s].
 
-    Gradients of the shared (non-expert) weights are reduced over the DP and CP
-    ranks together; expert gradients over the expert-data-parallel group
-    (dp/ep ranks) and CP. ZeRO 0: all-reduce of the gradients; ZeRO 1/2:
-    reduce-scatter of the gradients, then all-gather of the updated 16-bit
-    weights. With overlap (bucketed, as PyTorch DDP and Megatron-LM
-    --overlap-grad-reduce / --overlap-param-gather), the gradient reduction
-    hides behind the backward work that follows the moment each chunk's
-    gradients are final, and the weight all-gather behind the next step's
-    forward work before each chunk's weights are needed:
+    The collectives (cost/layout.py, DataParallelComm): the gradient reduction
+    (all-reduce with ZeRO 0, reduce-scatter with ZeRO 1/2) and the all-gather
+    of the updated weights. With overlap (bucketed, as PyTorch DDP and
+    Megatron-LM --overlap-grad-reduce / --overlap-param-gather), the gradient
+    reduction hides behind the backward work that follows the moment each
+    chunk's gradients are final, and the weight all-gather behind the next
+    step's forward work before each chunk's weights are needed:
         window_b = T_b/v ((v-1) p + 1),  window_f = T_f/v ((v-1) p + 1)
     (with v = 1 the last micro-batch's backward, resp. the first one's
     forward; with v virtual chunks the last micro-batch's backward visits
     chunk j about j p chunk-steps before the end of the cool-down, so chunk
     j's reduction has the rest of the cool-down to hide behind). Exposed:
     max(0, reduce - window_b) + max(0, gather - window_f); without overlap
-    all of it. ZeRO 3 works layer by layer every micro-batch instead
-    (``_sharded_layers``). Tied embeddings with p > 1 add an all-reduce of the
-    embedding gradient between the first and last stage.
+    all of it. Hybrid sharding's all-reduce across nodes hides behind what is
+    left of window_b (all of it with ZeRO 3). ZeRO 3 works layer by layer
+    every micro-batch instead (``_sharded_layers``). The tied-embedding
+    gradient sync is always exposed.
     """
-    dims, spans = ctx.dims, ctx.spans
-    reduce = gather = across = 0.0
-    sharded = st.zero >= Zero.OPTIMIZER
-    for count, group in _dp_groups(params, spans):
-        grads, weights = count * gbytes, count * 2.0
-        shard, replica = _split_shard(st, group)
-        if np.any(st.hybrid_shard):
-            # Hybrid sharding: the shard's gradients are all-reduced across the node replicas once per step.
-            members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
-            across = across + np.where(sharded, coll.all_reduce_time(grads / members, dims, replica), 0.0)
-        reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, shard),
-                                   coll.all_reduce_time(grads, dims, group))
-        gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, shard), 0.0)
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
-    hidden = (np.maximum(reduce - _backward_total(stage) * chunk_steps, 0.0)
-              + np.maximum(gather - _forward_total(stage) * chunk_steps, 0.0))
-    step_level = np.where(st.dp_overlap, hidden, reduce + gather)
+    hidden = (np.maximum(dp.reduce - _backward_total(stage) * chunk_steps, 0.0)
+              + np.maximum(dp.gather - _forward_total(stage) * chunk_steps, 0.0))
+    step_level = np.where(st.dp_overlap, hidden, dp.reduce + dp.gather)
     window = _backward_total(stage) * chunk_steps
-    across_exposed = np.where(st.dp_overlap, np.maximum(across - np.where(st.zero >= Zero.PARAMETERS, window,
-                                                                          np.maximum(window - reduce, 0.0)), 0.0),
-                              across)
-    zero3 = m * _sharded_layers(st, ctx, stage, params, gbytes, units) if np.any(st.zero >= Zero.PARAMETERS) else 0.0
+    across_exposed = np.where(st.dp_overlap, np.maximum(dp.across - np.where(st.zero >= Zero.PARAMETERS, window,
+                                                                             np.maximum(window - dp.reduce, 0.0)), 0.0),
+                              dp.across)
+    zero3 = m * _sharded_layers(st, stage, dp, units) if np.any(st.zero >= Zero.PARAMETERS) else 0.0
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
                        0.0)
-    tied = model.tied_embeddings & (st.pp > 1)
-    emb_bytes = model.vocab * model.hidden / st.tp * gbytes
-    emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
-    return exposed + emb_sync
+    return exposed + dp.emb_sync
 
 
-def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: list, gbytes, m, shards):
+def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m):
     """Bytes per device of the stage that needs the most, by part; and that stage's activations per micro-batch.
 
-    Per candidate stage (cost/params.py): model states (shared weights sharded
-    by ZeRO over dp, expert weights over dp/ep, an fp8 weight copy in fp8
-    training) and activations: the in-flight micro-batches of the first stage
-    under 1F1B (an upper bound for later stages) of its dense and MoE layers,
-    one layer's transient recomputation, and the logits when the head shares
-    the stage (p = 1). The candidate with the largest total is reported.
+    Per candidate stage (cost/params.py): model states (cost/layout.py: shared
+    weights sharded by ZeRO over dp, expert weights over dp/ep, an fp8 weight
+    copy in fp8 training) and activations: the in-flight micro-batches of the
+    first stage under 1F1B (an upper bound for later stages) of its dense and
+    MoE layers, one layer's transient recomputation, and the logits when the
+    head shares the stage (p = 1). The candidate with the largest total is reported.
     """
     t, p, b = st.tp, st.pp, st.micro_batch
-    is_fp8 = st.uses(Dtype.FP8)
-    layer = model.layer_params() / t
     full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
 
     def kept(kind):
@@ -352,19 +263,12 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, candidates: lis
     logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES + capped), 0.0)
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
-    for params, n_dense, n_moe in candidates:
-        # ZeRO 3 holds the current and the prefetched layer gathered; without resharding after
-        # forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
-        keep = st.reshard_after_forward
-        shared = model_state_bytes(params.shared, shards[0], st.zero, gbytes,
-                                   gathered=np.where(keep, 2.0 * layer, params.shared))
-        expert = model_state_bytes(params.expert, shards[1], st.zero, gbytes,
-                                   gathered=np.where(keep, 0.0, params.expert))
+    for states in lay.memory:
+        n_dense, n_moe = states["n_dense"], states["n_moe"]
         layers = n_dense + n_moe
         per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
         inflight = inflight_layer_microbatches(layers, p, st.interleave, m)
-        memory = {"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
-                  "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
+        memory = {"weights": states["weights"], "gradients": states["gradients"], "optimizer": states["optimizer"],
                   "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + logits,
                   "buffers": buffers}
         total = sum(memory.values())

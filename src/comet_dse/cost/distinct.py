@@ -1,0 +1,83 @@
+"""Compute a group of terms once per distinct combination of the fields they depend on.
+
+A sweep of millions of design points has a few hundred distinct micro-batch
+shapes and a few hundred distinct parallel layouts. Terms that depend only on
+those fields (cost/microbatch.py, cost/layout.py) are computed on one
+representative point per combination and gathered back to every point: the
+same arithmetic on the same numbers, done less often, so the results are
+bit-identical to computing every point.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+MIN_POINTS = 64         # below this, grouping costs more than it saves
+MAX_SHARE = 0.25        # group only when there are at most this many combinations per point
+
+
+def distinct_rows(columns: list):
+    """(first, inverse) such that ``col[first][inverse] == col`` for every column, or None.
+
+    Points are grouped by a 64-bit hash of their fields (Arrow's hash-based
+    dictionary encoding, linear in the points, finds the groups); every point
+    is then checked to equal its group's representative field by field, and
+    any mismatch (a hash collision) gives None, as do batches under
+    MIN_POINTS points and batches with more than MAX_SHARE combinations per point.
+    """
+    n = len(columns[0])
+    if n < MIN_POINTS:
+        return None
+    import pyarrow as pa              # here, not at the top: importing comet_dse stays light (tests/test_api.py)
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(pa.array(row_hash(columns)))
+    if len(encoded.dictionary) > MAX_SHARE * n:
+        return None
+    inverse = encoded.indices.to_numpy()
+    first = np.empty(len(encoded.dictionary), dtype=np.int64)
+    first[inverse] = np.arange(n)          # a representative of each group (which one does not matter)
+    if any(np.any(np.take(np.take(col, first), inverse) != col) for col in columns):
+        return None
+    return first, inverse
+
+
+def row_hash(columns: list) -> np.ndarray:
+    """A 64-bit hash of each point's values in ``columns`` (their float64 bits, mixed column by column)."""
+    key = np.zeros(len(columns[0]), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for i, col in enumerate(columns):
+            key ^= np.ascontiguousarray(col, dtype=np.float64).view(np.uint64)
+            key *= np.uint64(0x9E3779B97F4A7C15 + 2 * i)
+            key ^= key >> np.uint64(29)
+    return key
+
+
+def gathered(value, index):
+    """``value`` with every array in it indexed by ``index`` (dicts, lists, tuples and dataclasses walked;
+    scalars, which hold for every point, kept as they are)."""
+    if isinstance(value, dict):
+        return {k: gathered(v, index) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(gathered(v, index) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: gathered(getattr(value, f.name), index)
+                                             for f in dataclasses.fields(value) if f.init})
+    if np.ndim(value) == 0:
+        return value
+    return np.take(value, index)
+
+
+def once_per_distinct(st, columns: list, compute):
+    """``compute(st)``, evaluated on one point per distinct combination of ``columns`` and gathered back.
+
+    ``st``: a StrategyArrays; ``columns``: arrays over its points that
+    together fix everything ``compute`` reads; ``compute``: StrategyArrays ->
+    a dict, list, tuple or dataclass of arrays over the points it is given.
+    """
+    rows = distinct_rows(columns)
+    if rows is None:
+        return compute(st)
+    first, inverse = rows
+    return gathered(compute(st.take(first)), inverse)

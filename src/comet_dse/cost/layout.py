@@ -1,0 +1,224 @@
+"""Everything of a training step that depends only on the parallel layout, computed once per distinct layout.
+
+The layout is the knobs declared ``layout=True`` on Strategy
+(``LAYOUT_KNOBS``): the parallel degrees and their placement, the pipeline
+split, the dtype and gradient precision, the ZeRO stage and its sharding
+switches. From them follow the spans of the parallel groups, which layers
+each candidate pipeline stage holds, its parameters and model-state bytes,
+and the data-parallel, ZeRO-3 and optimizer costs that do not depend on the
+micro-batch schedule. cost/step.py combines these per point with the
+micro-batch terms (cost/microbatch.py); a sweep has a few hundred distinct
+layouts, so this work is done a few hundred times instead of once per point
+(cost/distinct.py), with bit-identical results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from comet_dse.cost import collectives as coll
+from comet_dse.cost.compute import memory_pass_time
+from comet_dse.cost.distinct import once_per_distinct
+from comet_dse.cost.memory import grad_bytes, model_state_bytes
+from comet_dse.cost.microbatch import context_of
+from comet_dse.cost.params import (
+    StageParams, embedding_slots, stage_candidates, stage_layer_counts, stage_mixes, stage_params,
+)
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import LAYOUT_KNOBS, Dtype, GradPrecision, StrategyArrays, Zero
+
+FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
+
+
+def optimizer_step_bytes(dtype_is_fp16, sixteen_bit_grads=False):
+    """Bytes moved per parameter by a mixed-precision Adam step (Megatron-LM passes).
+
+    Adam itself (fused): read fp32 weight, grad, m, v (16), write weight, m, v (12);
+    grad-norm for clipping: read grad (4); copy fp32 weights to the 16-bit
+    model (read 4, write 2); zero the main gradients (write g).
+    fp16 adds loss scaling: cast the fp16 grads to fp32 (read 2, write 4) and
+    unscale with an inf/nan check (read 4, write 4).
+    fp16: 28 + 4 + 6 + 2 + 6 + 8 = 54 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 + 4 = 42;
+    bf16/fp8 with 16-bit gradients (grad_precision 16-bit): Adam, the norm and
+    the zeroing touch 2-byte gradients: 42 - 3 x 2 = 36.
+    """
+    return np.where(dtype_is_fp16, 54.0, np.where(sixteen_bit_grads, 36.0, 42.0))
+
+
+def separate_accumulation_bytes(grad_el_bytes):
+    """main_grad += grad per micro-batch: read main (g) + read grad (2) + write main (g) bytes/param."""
+    return 2.0 * grad_el_bytes + 2.0
+
+
+@dataclass(frozen=True)
+class DataParallelComm:
+    """Data-parallel collectives of one step, before any overlap [s] (arrays over points, or 0.0).
+
+    reduce: the gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO >= 1);
+    gather: the all-gather of the updated 16-bit weights (ZeRO >= 1);
+    across: hybrid sharding's all-reduce of the shard's gradients across nodes;
+    emb_sync: the tied-embedding gradient all-reduce between first and last stage;
+    unit_gather, unit_reduce: ZeRO 3's all-gather of one layer's 16-bit weights
+    and reduce-scatter of its gradients (0.0 when no point uses ZeRO 3).
+    """
+
+    reduce: object
+    gather: object
+    across: object
+    emb_sync: object
+    unit_gather: object
+    unit_reduce: object
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout terms of a batch of points (arrays over the points; a scalar where equal for all).
+
+    strides: the TP and DP device-number strides (StrategyArrays.strides), part
+      of the micro-batch terms' de-duplication key;
+    pp_spans: the pipeline group's span per network dimension;
+    mixes: (dense layers, MoE layers, holds embedding, holds head) of each
+      candidate stage (params.stage_mixes);
+    stage_layers: transformer layers of the fullest stage;
+    memory: per candidate stage, model-state bytes per device ("weights",
+      "gradients", "optimizer") and its "n_dense" and "n_moe" layers;
+    accumulate: one separate fp32 gradient accumulation pass [s];
+    optimizer: the optimizer step [s];
+    dp: the data-parallel collectives (DataParallelComm).
+    """
+
+    strides: dict
+    pp_spans: list
+    mixes: list
+    stage_layers: object
+    memory: list
+    accumulate: object
+    optimizer: object
+    dp: DataParallelComm
+
+
+def layout_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Layout:
+    """``layout_terms`` for every point of ``st``, computed once per distinct layout (cost/distinct.py)."""
+    columns = [getattr(st, name) for name in LAYOUT_KNOBS]
+    return once_per_distinct(st, columns, lambda sub: layout_terms(model, cluster, devices, sub))
+
+
+def layout_terms(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Layout:
+    """The Layout of the points of ``st``; reads only the LAYOUT_KNOBS of ``st``."""
+    ctx = context_of(model, cluster, devices, st)
+    slots = embedding_slots(st)
+    candidates = stage_candidates(model, st)
+    params = stage_params(candidates)
+    is_fp16 = st.uses(Dtype.FP16)
+    sixteen_grads = st.uses(GradPrecision.SIXTEEN_BIT)
+    gbytes = grad_bytes(is_fp16 | sixteen_grads)
+    accumulate = memory_pass_time(params.total * separate_accumulation_bytes(gbytes), ctx.dev).total
+    sharded = st.zero >= Zero.OPTIMIZER
+    shards = (_shard_size(st, ctx, "dp"), _shard_size(st, ctx, "edp"))
+    opt_params = params.shared / np.where(sharded, shards[0], 1) + params.expert / np.where(sharded, shards[1], 1)
+    optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16, sixteen_grads), ctx.dev).total
+    stage_layers = stage_layer_counts(model.layers, st.pp, slots)[2]
+    return Layout(
+        strides={"tp": ctx.strides["tp"], "dp": ctx.strides["dp"]}, pp_spans=ctx.spans["pp"],
+        mixes=stage_mixes(model, st.pp, slots), stage_layers=stage_layers,
+        memory=_state_bytes(model, st, candidates, gbytes, shards), accumulate=accumulate, optimizer=optimizer,
+        dp=_data_parallel_comm(model, st, ctx, params, gbytes, np.maximum(stage_layers, 1.0)),
+    )
+
+
+def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes, shards) -> list:
+    """Per candidate stage: weights, gradients and optimizer bytes per device, and its dense and MoE layers.
+
+    Shared weights are sharded by ZeRO over the dp shard, expert weights over
+    dp/ep (cost/memory.py: model_state_bytes); fp8 training keeps an fp8 copy
+    of the weights (FP8_WEIGHT_COPY bytes per parameter). ZeRO 3 holds the
+    current and the prefetched layer gathered; without resharding after
+    forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
+    """
+    is_fp8 = st.uses(Dtype.FP8)
+    layer = model.layer_params() / st.tp
+    keep = st.reshard_after_forward
+    out = []
+    for params, n_dense, n_moe in candidates:
+        shared = model_state_bytes(params.shared, shards[0], st.zero, gbytes,
+                                   gathered=np.where(keep, 2.0 * layer, params.shared))
+        expert = model_state_bytes(params.expert, shards[1], st.zero, gbytes,
+                                   gathered=np.where(keep, 0.0, params.expert))
+        out.append({"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
+                    "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
+                    "n_dense": n_dense, "n_moe": n_moe})
+    return out
+
+
+def _joint(a: list, b: list) -> list:
+    """Spans of two orthogonal groups taken together (CP and DP reduce gradients jointly)."""
+    return [x * y for x, y in zip(a, b)]
+
+
+def _dp_groups(params: StageParams, spans: dict) -> tuple:
+    """(parameters, group spans) whose gradients are reduced together: shared over DP x CP, experts over EDP x CP.
+    A group with no parameters at any point (the experts of a dense model) is left out: it sends nothing."""
+    groups = ((params.shared, _joint(spans["dp"], spans["cp"])), (params.expert, _joint(spans["edp"], spans["cp"])))
+    return tuple((count, group) for count, group in groups if np.any(count))
+
+
+def _split_shard(st: StrategyArrays, group: list) -> tuple:
+    """(shard spans, replica spans) of a DP group: all of it and nothing, or with hybrid_shard the innermost
+    network dimension (inside a node) and the rest (across nodes)."""
+    hybrid = st.hybrid_shard
+    ones = np.ones_like(np.asarray(group[0], dtype=float))
+    if not np.any(hybrid):
+        return group, [ones] * len(group)
+    shard = [group[0]] + [np.where(hybrid, ones, n) for n in group[1:]]
+    replica = [ones] + [np.where(hybrid, n, ones) for n in group[1:]]
+    return shard, replica
+
+
+def _shard_size(st: StrategyArrays, ctx, group: str):
+    """Devices a ZeRO shard is split over: the group's size, or with hybrid_shard its members inside a node."""
+    size = {"dp": st.dp, "edp": st.dp / st.ep}[group]
+    return np.where(st.hybrid_shard, np.minimum(ctx.spans[group][0], size), size)
+
+
+def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: StageParams, gbytes, units):
+    """The data-parallel collectives of one step (DataParallelComm), before overlap [s].
+
+    Gradients of the shared (non-expert) weights are reduced over the DP and CP
+    ranks together; expert gradients over the expert-data-parallel group
+    (dp/ep ranks) and CP. ZeRO 0: all-reduce of the g P gradient bytes;
+    ZeRO 1/2: reduce-scatter of them, then all-gather of the updated 16-bit
+    weights (2 P bytes). With hybrid_shard the shard is the DP ranks inside a
+    node, and its g P / N_shard gradient bytes are all-reduced across the
+    node replicas once per step. Tied embeddings with p > 1 add an
+    all-reduce (a send/recv between the two stages) of the V h / t embedding
+    gradient. ZeRO 3's per-layer collectives (``units`` equal units per
+    stage): t_ag = AG(2 P/u) of the 16-bit weights and t_rs = RS(g P/u) of the
+    gradients. Ring collectives on the spanned dimensions (cost/collectives.py);
+    cost/step.py decides what of them is exposed.
+    """
+    dims, spans = ctx.dims, ctx.spans
+    reduce = gather = across = 0.0
+    sharded = st.zero >= Zero.OPTIMIZER
+    for count, group in _dp_groups(params, spans):
+        grads, weights = count * gbytes, count * 2.0
+        shard, replica = _split_shard(st, group)
+        if np.any(st.hybrid_shard):
+            # Hybrid sharding: the shard's gradients are all-reduced across the node replicas once per step.
+            members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
+            across = across + np.where(sharded, coll.all_reduce_time(grads / members, dims, replica), 0.0)
+        reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, shard),
+                                   coll.all_reduce_time(grads, dims, group))
+        gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, shard), 0.0)
+    tied = model.tied_embeddings & (st.pp > 1)
+    emb_bytes = model.vocab * model.hidden / st.tp * gbytes
+    emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
+    unit_gather = unit_reduce = 0.0
+    if np.any(st.zero >= Zero.PARAMETERS):
+        for count, group in _dp_groups(params, spans):
+            shard, _ = _split_shard(st, group)
+            unit_gather = unit_gather + coll.all_gather_time(2.0 * count / units, dims, shard)
+            unit_reduce = unit_reduce + coll.reduce_scatter_time(gbytes * count / units, dims, shard)
+    return DataParallelComm(reduce=reduce, gather=gather, across=across, emb_sync=emb_sync,
+                            unit_gather=unit_gather, unit_reduce=unit_reduce)

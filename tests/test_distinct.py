@@ -1,0 +1,55 @@
+"""cost/distinct.py: terms computed once per distinct combination equal the terms computed for every point."""
+import dataclasses as dc
+
+import numpy as np
+
+from comet_dse.cost import distinct
+from comet_dse.cost.distinct import distinct_rows, gathered, once_per_distinct
+from comet_dse.explore.space import SearchSpace, enumerate_strategies
+from comet_dse.presets import load_model
+
+
+def test_groups_hold_equal_rows_and_every_point_maps_back():
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(0, 5, 1000), rng.choice([0.5, 1.5, 2.0], 1000)
+    first, inverse = distinct_rows([a, b])
+    assert len(first) == len({(x, y) for x, y in zip(a, b)})
+    assert np.array_equal(a[first][inverse], a) and np.array_equal(b[first][inverse], b)
+
+
+def test_a_hash_collision_falls_back_to_every_point(monkeypatch):
+    """If different rows hash alike, grouping is refused rather than giving them one row's terms."""
+    monkeypatch.setattr(distinct, "row_hash", lambda columns: np.zeros(len(columns[0]), dtype=np.uint64))
+    a = np.arange(100) % 3
+    assert distinct_rows([a]) is None
+
+
+def test_small_batches_and_batches_of_mostly_distinct_rows_are_not_grouped():
+    assert distinct_rows([np.zeros(10)]) is None
+    assert distinct_rows([np.arange(1000)]) is None          # 1000 combinations for 1000 points
+    assert distinct_rows([np.arange(1000) % 250]) is not None
+
+
+def test_gathered_walks_structures_and_keeps_scalars():
+    @dc.dataclass(frozen=True)
+    class Pair:
+        x: object
+        y: object
+
+    value = {"a": [np.array([1.0, 2.0]), 3.0], "b": (Pair(np.array([4, 5]), 0.0),)}
+    out = gathered(value, np.array([1, 1, 0]))
+    assert np.array_equal(out["a"][0], [2.0, 2.0, 1.0]) and out["a"][1] == 3.0
+    assert np.array_equal(out["b"][0].x, [5, 5, 4]) and out["b"][0].y == 0.0
+
+
+def test_once_per_distinct_equals_computing_every_point():
+    model = load_model("gpt3-175b")
+    st = enumerate_strategies(model, 1024, 1536, SearchSpace(max_micro_batch=8))
+
+    def compute(sub):
+        return {"work": sub.tp * 3.0 + sub.micro_batch / sub.pp, "ones": 1.0}
+
+    columns = [st.tp, st.micro_batch, st.pp]
+    assert distinct_rows(columns) is not None
+    grouped = once_per_distinct(st, columns, compute)
+    assert np.array_equal(grouped["work"], compute(st)["work"]) and grouped["ones"] == 1.0
