@@ -30,6 +30,11 @@ def test_small_batches_and_batches_of_mostly_distinct_rows_are_not_grouped():
     assert distinct_rows([np.arange(1000) % 250]) is not None
 
 
+def test_columns_that_never_vary_make_one_group():
+    first, inverse = distinct_rows([np.ones(100), np.full(100, 7)])
+    assert list(first) == [0] and not inverse.any() and len(inverse) == 100
+
+
 def test_gathered_walks_structures_and_keeps_scalars():
     @dc.dataclass(frozen=True)
     class Pair:

@@ -20,9 +20,9 @@ MAX_SHARE = 0.25        # group only when there are at most this many combinatio
 def distinct_rows(columns: list):
     """(first, inverse) such that ``col[first][inverse] == col`` for every column, or None.
 
-    Points are grouped by a 64-bit hash of their fields (Arrow's hash-based
-    dictionary encoding, linear in the points, finds the groups); every point
-    is then checked to equal its group's representative field by field, and
+    Points are grouped by a 64-bit hash of the fields that vary (Arrow's
+    hash-based dictionary encoding, linear in the points, finds the groups);
+    every point is then checked to equal its group's representative field by field, and
     any mismatch (a hash collision) gives None, as do batches under
     MIN_POINTS points and batches with more than MAX_SHARE combinations per point.
     """
@@ -32,13 +32,16 @@ def distinct_rows(columns: list):
     import pyarrow as pa              # here, not at the top: importing comet_dse stays light (tests/test_api.py)
     import pyarrow.compute as pc
 
-    encoded = pc.dictionary_encode(pa.array(row_hash(columns)))
+    varying = [col for col in columns if np.ndim(col) and np.min(col) != np.max(col)]
+    if not varying:                   # one combination: every point is the first
+        return np.zeros(1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    encoded = pc.dictionary_encode(pa.array(row_hash(varying)))
     if len(encoded.dictionary) > MAX_SHARE * n:
         return None
     inverse = encoded.indices.to_numpy()
     first = np.empty(len(encoded.dictionary), dtype=np.int64)
     first[inverse] = np.arange(n)          # a representative of each group (which one does not matter)
-    if any(np.any(np.take(np.take(col, first), inverse) != col) for col in columns):
+    if any(np.any(np.take(np.take(col, first), inverse) != col) for col in varying):
         return None
     return first, inverse
 

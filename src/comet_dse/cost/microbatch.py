@@ -95,6 +95,11 @@ def work(fwd: KernelTime, bwd: KernelTime, rec: KernelTime, tp=0.0, ep=0.0, cp=0
             "rec_math": rec.math, "rec_mem": rec.memory, "tp": tp, "ep": ep, "cp": cp, BACKWARD_COMM: bwd_comm}
 
 
+def work_total(w: dict):
+    """Seconds of a work dict per micro-batch: the sum of its WORK_KEYS (communication counted once)."""
+    return sum(w[k] for k in WORK_KEYS)
+
+
 def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: bool = False):
     """One layer, one micro-batch: kernel times by phase plus exposed in-layer communication.
 
@@ -244,7 +249,7 @@ def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> di
     """Everything that depends only on the micro-batch shape, the TP/EP/CP groups and dtype, flat by name.
 
     Keys: dense.<work>, emb.<work>, head.<work>, moe.<work> (MoE models only),
-    and per layer kind the saved activation bytes (dense.saved,
+    <kind>.total (``work_total``), and per layer kind the saved activation bytes (dense.saved,
     dense.core_saved, dense.input, ...), plus tp_message and regather (the TP
     all-gather after a pipeline receive). ``prefixed`` reads moe.* as dense.*
     for a dense model.
@@ -266,14 +271,16 @@ def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> di
                       kind + "input": layer.input_bytes})
     for prefix, w in works:
         terms.update({prefix + k: v for k, v in w.items()})
+        terms[prefix + "total"] = work_total(w)
     return {k: np.broadcast_to(v, st.tp.shape) for k, v in terms.items()}
 
 
 def prefixed(terms: dict, prefix: str) -> dict:
-    """The work dict stored under ``prefix`` (the STAGE_KEYS); moe.* falls back to dense.*."""
+    """The work dict stored under ``prefix`` (the STAGE_KEYS and its "total", ``work_total``); moe.* falls back
+    to dense.*."""
     if prefix + WORK_KEYS[0] not in terms:
         prefix = "dense."
-    return {k: terms[prefix + k] for k in STAGE_KEYS}
+    return {k: terms[prefix + k] for k in STAGE_KEYS + ("total",)}
 
 
 

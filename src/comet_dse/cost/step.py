@@ -22,7 +22,7 @@ from comet_dse.cost.layer import FP32
 from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
 from comet_dse.cost.memory import inflight_layer_microbatches, place
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, WORK_KEYS, deduplicated, network_dims, prefixed,
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, deduplicated, network_dims, prefixed, work_total,
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -50,17 +50,14 @@ class StepArrays:
     stage_layers: np.ndarray
 
 
-def _total(work: dict):
-    return sum(work[k] for k in WORK_KEYS)
-
-
 def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -> dict:
-    """Per-micro-batch work of the slowest candidate stage (``mixes``: Layout.mixes, cost/params.py).
+    """Per-micro-batch work of the slowest candidate stage (``mixes``: Layout.mixes, cost/params.py; the work
+    dicts with their "total", cost/microbatch.py: prefixed).
 
     The candidate with the largest total is chosen per point (the first one on
     ties), then its work is assembled once.
     """
-    t_dense, t_moe, t_emb, t_head = _total(dense), _total(moe), _total(emb), _total(head)
+    t_dense, t_moe, t_emb, t_head = dense["total"], moe["total"], emb["total"], head["total"]
     chosen, best = None, None
     for mix in mixes:
         n_dense, n_moe, with_emb, with_head = mix
@@ -96,14 +93,16 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     stage = _slowest_stage(lay.mixes, dense_w, moe_w, emb_w, head_w)
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, lay.accumulate)
 
+    fwd, bwd = _forward_total(stage), _backward_total(stage)
+
     whole = st.uses(PipelineEngine.DEEPSPEED)   # every TP rank sends the whole activation, nothing to gather
-    p2p = _pipeline_p2p(st, network_dims(cluster, devices), lay.pp_spans, stage,
+    p2p = _pipeline_p2p(st, network_dims(cluster, devices), lay.pp_spans, fwd, bwd,
                         np.where(whole, 0.0, terms["regather"]), b * s / st.cp * h * e / np.where(whole, 1.0, st.tp))
 
-    stage_mb = _total(stage)
+    stage_mb = work_total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    dp_exposed = _data_parallel(st, stage, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
+    dp_exposed = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
     optimizer = lay.optimizer
 
     memory, act_per_mb = _memory(model, st, terms, lay, m)
@@ -111,7 +110,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.state_capacity, exp_cap)
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
-                            overlap=(st.expansion_overlap, _forward_total(stage), _backward_total(stage), optimizer))
+                            overlap=(st.expansion_overlap, fwd, bwd, optimizer))
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]),
@@ -154,7 +153,7 @@ def _backward_total(stage: dict):
     return stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"] + stage[BACKWARD_COMM]
 
 
-def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, stage: dict, regather, nbytes):
+def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, regather, nbytes):
     """Exposed pipeline send/recv per micro-batch [s].
 
     A micro-batch crosses v chunk boundaries in forward and v in backward:
@@ -170,12 +169,12 @@ def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, stage: dict, 
     """
     v = st.interleave
     send = coll.send_recv_time(nbytes, dims, pp_spans)
-    hidden = v * (np.maximum(send - _forward_total(stage) / v, 0.0) + np.maximum(send - _backward_total(stage) / v, 0.0))
+    hidden = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
     overlapped = st.pp_overlap & (v > 1)
     return np.where(st.pp > 1, np.where(overlapped, hidden, 2.0 * v * send) + 2.0 * v * regather, 0.0)
 
 
-def _sharded_layers(st: StrategyArrays, stage: dict, dp: DataParallelComm, units):
+def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units):
     """ZeRO 3 / FSDP: exposed seconds per micro-batch of gathering weights and reducing gradients layer by layer.
 
     The stage's parameters are sharded over the DP group in ``units`` equal
@@ -198,12 +197,12 @@ def _sharded_layers(st: StrategyArrays, stage: dict, dp: DataParallelComm, units
     """
     ag, rs = dp.unit_gather, dp.unit_reduce
     regather = np.where(st.reshard_after_forward, ag, 0.0)
-    forward = ag + (units - 1.0) * np.maximum(ag - _forward_total(stage) / units, 0.0)
-    backward = regather + rs + (units - 1.0) * np.maximum(regather + rs - _backward_total(stage) / units, 0.0)
+    forward = ag + (units - 1.0) * np.maximum(ag - fwd / units, 0.0)
+    backward = regather + rs + (units - 1.0) * np.maximum(regather + rs - bwd / units, 0.0)
     return forward + backward
 
 
-def _data_parallel(st: StrategyArrays, stage: dict, dp: DataParallelComm, m, units):
+def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units):
     """Exposed data-parallel communication per step [s].
 
     The collectives (cost/layout.py, DataParallelComm): the gradient reduction
@@ -225,14 +224,14 @@ def _data_parallel(st: StrategyArrays, stage: dict, dp: DataParallelComm, m, uni
     gradient sync is always exposed.
     """
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
-    hidden = (np.maximum(dp.reduce - _backward_total(stage) * chunk_steps, 0.0)
-              + np.maximum(dp.gather - _forward_total(stage) * chunk_steps, 0.0))
+    hidden = (np.maximum(dp.reduce - bwd * chunk_steps, 0.0)
+              + np.maximum(dp.gather - fwd * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, dp.reduce + dp.gather)
-    window = _backward_total(stage) * chunk_steps
+    window = bwd * chunk_steps
     across_exposed = np.where(st.dp_overlap, np.maximum(dp.across - np.where(st.zero >= Zero.PARAMETERS, window,
                                                                              np.maximum(window - dp.reduce, 0.0)), 0.0),
                               dp.across)
-    zero3 = m * _sharded_layers(st, stage, dp, units) if np.any(st.zero >= Zero.PARAMETERS) else 0.0
+    zero3 = m * _sharded_layers(st, fwd, bwd, dp, units) if np.any(st.zero >= Zero.PARAMETERS) else 0.0
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
                        0.0)
     return exposed + dp.emb_sync
