@@ -1,0 +1,119 @@
+"""The batched cost model's rate in this checkout against another git revision, on one core, as a ratio.
+
+Run:  python benchmarks/bench_model_ab.py --against REV [--rounds 5] [--points 250000]
+
+Both sides evaluate the same design points (every strategy of megatron-1t on
+4096 TPU v4 chips with micro-batches up to 64, repeated to --points, the set
+benchmarks/bench_speed.py uses) through ``evaluate_columns``, each in a fresh
+process pinned to one core, alternating A and B for --rounds rounds so that
+the machine's drift hits both alike. Prints each side's median rate, the ratio
+of the medians, and whether the two sides' result columns are bit-identical
+(NaN equal to NaN). REV is any git revision (a commit, a tag, HEAD~3); its
+``src`` tree is exported to a temporary folder with ``git archive``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def child(points: int, out: Path) -> None:
+    """Evaluate the benchmark points with whichever comet_dse is first on the path; write rate and columns."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    import comet_dse
+    from comet_dse.allocator import keep_freed_memory
+    from comet_dse.explore.space import SearchSpace, enumerate_strategies
+    from comet_dse.explore.table import evaluate_columns
+    from comet_dse.presets import load_cluster, load_model
+
+    keep_freed_memory()
+    model, cluster = load_model("megatron-1t"), load_cluster("tpu-v4")
+    st = enumerate_strategies(model, 4096, 2048, SearchSpace(max_micro_batch=64))
+    big = st.take(np.resize(np.arange(len(st)), points))
+    evaluate_columns(model, cluster, 4096, big)           # warm up (imports, allocator)
+    seconds = []
+    for _ in range(3):
+        started = time.perf_counter()
+        cols = evaluate_columns(model, cluster, 4096, big)
+        seconds.append(time.perf_counter() - started)
+    np.savez(out, **{k: np.asarray(v) for k, v in cols.items()})
+    out.with_suffix(".json").write_text(json.dumps({"rate": points / min(seconds), "module": comet_dse.__file__}))
+
+
+def export(revision: str, into: Path) -> Path:
+    """The ``src`` tree of ``revision``, extracted under ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = into / "src.tar"
+    with archive.open("wb") as f:
+        subprocess.run(["git", "archive", revision, "src"], cwd=ROOT, stdout=f, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def run_side(src: Path, points: int, out: Path) -> float:
+    env = dict(os.environ, PYTHONPATH=str(src))
+    subprocess.run([sys.executable, __file__, "--child", str(out), "--points", str(points)], env=env, check=True)
+    info = json.loads(out.with_suffix(".json").read_text())
+    if not Path(info["module"]).resolve().is_relative_to(src.resolve()):
+        raise SystemExit(f"the child imported {info['module']}, not the tree under {src}")
+    return info["rate"]
+
+
+def identical(a: Path, b: Path) -> list:
+    """Columns that differ between two result files (NaN equals NaN)."""
+    x, y = np.load(a), np.load(b)
+    differ = sorted(set(x.files) ^ set(y.files))
+    for name in set(x.files) & set(y.files):
+        u, v = x[name], y[name]
+        same = (u == v) | (np.isnan(u) & np.isnan(v)) if u.dtype.kind == "f" else u == v
+        if u.shape != v.shape or not np.all(same):
+            differ.append(name)
+    return differ
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", help="the git revision to compare with (B); A is this checkout's src")
+    parser.add_argument("--rounds", type=int, default=5, help="A/B rounds (default 5)")
+    parser.add_argument("--points", type=int, default=250_000, help="design points per evaluation (default 250000)")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.points, args.child)
+        return 0
+    if not args.against:
+        parser.error("--against REV is required")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        other = export(args.against, tmp / "b")
+        rates = {"A": [], "B": []}
+        for i in range(args.rounds):
+            for side, src in (("A", ROOT / "src"), ("B", other)):
+                rates[side].append(run_side(src, args.points, tmp / f"{side}.npz"))
+            print(f"round {i + 1}: A {rates['A'][-1] / 1e6:.2f} M/s, B {rates['B'][-1] / 1e6:.2f} M/s", flush=True)
+        differ = identical(tmp / "A.npz", tmp / "B.npz")
+    a, b = statistics.median(rates["A"]), statistics.median(rates["B"])
+    print(f"A (this checkout): {a / 1e6:.2f} M points/s on one core (median of {args.rounds})")
+    print(f"B ({args.against}): {b / 1e6:.2f} M points/s on one core")
+    print(f"A / B: {a / b:.2f}x")
+    print("results: bit-identical" if not differ else f"results differ in {len(differ)} columns: {differ[:8]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
