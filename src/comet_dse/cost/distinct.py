@@ -59,7 +59,8 @@ def row_hash(columns: list) -> np.ndarray:
 
 def gathered(value, index):
     """``value`` with every array in it indexed by ``index`` (dicts, lists, tuples and dataclasses walked;
-    scalars, which hold for every point, kept as they are)."""
+    scalars, which hold for every point, kept as they are; an array whose rows are all equal becomes a
+    read-only broadcast view of its first row, which holds the same numbers without copying them)."""
     if isinstance(value, dict):
         return {k: gathered(v, index) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -69,7 +70,10 @@ def gathered(value, index):
                                              for f in dataclasses.fields(value) if f.init})
     if np.ndim(value) == 0:
         return value
-    return np.take(value, index)
+    value = np.asarray(value)
+    if len(value) and np.all(value == value[0]):
+        return np.broadcast_to(value[:1], (len(index),) + value.shape[1:])
+    return np.take(value, index, axis=0)
 
 
 def once_per_distinct(st, columns: list, compute):
