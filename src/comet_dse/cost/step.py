@@ -71,8 +71,10 @@ def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -
     n_dense, n_moe, with_emb, with_head = chosen
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
         n_dense, n_moe = n_dense + n_moe, 0.0
-    return {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k]
-            + (n_moe * moe[k] if moe is not dense else 0.0) for k in STAGE_KEYS}
+    stage = {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k] for k in STAGE_KEYS}
+    if moe is not dense:
+        stage = {k: stage[k] + n_moe * moe[k] for k in STAGE_KEYS}
+    return stage
 
 
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:

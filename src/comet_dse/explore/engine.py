@@ -48,7 +48,7 @@ from comet_dse.explore.output import (check_output_file, output_parent, remove_s
 from comet_dse.explore.parquet_concat import ParquetJoinError, join
 from comet_dse.explore.rank import chunk_summary, merge
 from comet_dse.explore.space import enumerate_strategies
-from comet_dse.explore.storage import Folder, is_url
+from comet_dse.explore.storage import Folder, is_url, parquet_options
 from comet_dse.explore.study import Study
 from comet_dse.explore.table import RULES, evaluate_columns
 
@@ -334,7 +334,7 @@ def _join_parts(parts: Folder, total: int, handle) -> None:
     writer = None
     for n in names:
         table = pq.read_table(parts.open(n))
-        writer = writer or pq.ParquetWriter(handle, table.schema, compression="zstd")
+        writer = writer or pq.ParquetWriter(handle, table.schema, **parquet_options(table.schema))
         writer.write_table(table)
     if writer is not None:
         writer.close()

@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from comet_dse.errors import InputError
-from comet_dse.explore.storage import Folder, is_url, temp_name
+from comet_dse.explore.storage import Folder, is_url, parquet_options, temp_name
 from comet_dse.strategy import KNOBS, Choice
 
 DATASET_MARKER = "_comet-dse.json"      # in a dataset folder this tool wrote; readers skip names starting with _
@@ -199,7 +199,7 @@ def write_atomically(table: pa.Table, path: Path) -> None:
     tmp = temp_path(path)
     try:
         if fmt == "parquet":
-            pq.write_table(table, tmp, compression="zstd")
+            pq.write_table(table, tmp, **parquet_options(table.schema))
         else:
             pacsv.write_csv(_plain(table), tmp)
         os.replace(tmp, path)
