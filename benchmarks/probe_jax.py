@@ -100,7 +100,8 @@ def _rebuild(skeleton, values, index=None):
 def grouped_inputs(model, cluster, devices, st):
     """numpy: the layout and micro-batch terms of the distinct rows, and each point's row (as evaluate groups)."""
     first_l, inv_l = distinct_rows([getattr(st, n) for n in LAYOUT_KNOBS])
-    lay = layout_terms(model, cluster, devices, st.take(first_l))
+    sub = st.take(first_l)
+    lay = layout_terms(model, sub, microbatch.context_of(model, cluster, devices, sub))
     strides = {k: v[inv_l] for k, v in lay.strides.items()}
     first_m, inv_m = distinct_rows([getattr(st, n) for n in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]])
     sub = st.take(first_m)

@@ -135,7 +135,7 @@ def test_knobs_left_out_of_the_layout_key_do_not_change_the_layout_terms(knob):
             if any(getattr(other, n) != getattr(base, n) for n in LAYOUT_KNOBS):
                 continue       # the override also moved a layout knob (tp*cp*pp*dp stays the device count)
             pair = StrategyArrays.of([base, other])
-            for values in _leaves(layout_terms(MOE, H100, DEVICES, pair)):
+            for values in _leaves(layout_terms(MOE, pair, context_of(MOE, H100, DEVICES, pair))):
                 assert values[0] == values[1], f"{knob.name} changes a layout term: declare layout=True"
 
 

@@ -99,15 +99,17 @@ class Layout:
     dp: DataParallelComm
 
 
-def layout_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Layout:
-    """``layout_terms`` for every point of ``st``, computed once per distinct layout (cost/distinct.py)."""
+def layout_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, context=None) -> Layout:
+    """``layout_terms`` for every point of ``st``, computed once per distinct layout (cost/distinct.py).
+    ``context``: StrategyArrays -> Context (default ``context_of``), to share one between callers."""
+    context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, name) for name in LAYOUT_KNOBS]
-    return once_per_distinct(st, columns, lambda sub: layout_terms(model, cluster, devices, sub))
+    return once_per_distinct(st, columns, lambda sub: layout_terms(model, st=sub, ctx=context(sub)))
 
 
-def layout_terms(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> Layout:
-    """The Layout of the points of ``st``; reads only the LAYOUT_KNOBS of ``st``."""
-    ctx = context_of(model, cluster, devices, st)
+def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
+    """The Layout of the points of ``st`` (``ctx``: their Context, cost/microbatch.py: context_of);
+    reads only the LAYOUT_KNOBS of ``st``."""
     slots = embedding_slots(st)
     candidates = stage_candidates(model, st)
     params = stage_params(candidates)

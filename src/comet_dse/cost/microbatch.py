@@ -284,15 +284,16 @@ def prefixed(terms: dict, prefix: str) -> dict:
 
 
 
-def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict) -> dict:
+def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict,
+                 context=None) -> dict:
     """microbatch_terms, computed once per distinct combination of the fields it depends on (cost/distinct.py).
 
     Those fields are the knobs declared ``microbatch=True`` on Strategy
     (``MICROBATCH_KNOBS``) and the TP and DP strides of the placement
     (``strides``, StrategyArrays.strides; they fix the spans of the TP, CP and
     EP groups). A sweep of millions of points has a few hundred distinct
-    micro-batch shapes.
+    micro-batch shapes. ``context``: StrategyArrays -> Context (default ``context_of``).
     """
+    context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, f) for f in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]]
-    return once_per_distinct(st, columns, lambda sub: microbatch_terms(
-        model, context_of(model, cluster, devices, sub), sub))
+    return once_per_distinct(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))

@@ -22,7 +22,7 @@ from comet_dse.cost.layer import FP32
 from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
 from comet_dse.cost.memory import inflight_layer_microbatches, place
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, deduplicated, network_dims, prefixed, work_total,
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, deduplicated, network_dims, prefixed, work_total,
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -84,12 +84,19 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     (cost/microbatch.py) are computed once per distinct layout and
     micro-batch shape; this function combines them per point.
     """
-    lay = layout_of(model, cluster, devices, st)
+    contexts = {}      # one Context per batch it is asked for: the whole batch when neither term groups
+
+    def context(sub: StrategyArrays):
+        if id(sub) not in contexts:
+            contexts[id(sub)] = (sub, context_of(model, cluster, devices, sub))
+        return contexts[id(sub)][1]
+
+    lay = layout_of(model, cluster, devices, st, context)
     p, d, v, b = st.pp, st.dp, st.interleave, st.micro_batch
     s, h = model.seq_len, model.hidden
     e = ACTIVATION_BYTES
     m = st.global_batch / (d * b)
-    terms = deduplicated(model, cluster, devices, st, lay.strides)
+    terms = deduplicated(model, cluster, devices, st, lay.strides, context)
     dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
     moe_w = prefixed(terms, "moe.") if model.moe else dense_w
     stage = _slowest_stage(lay.mixes, dense_w, moe_w, emb_w, head_w)
