@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet_dse.cost.microbatch import device_of
+from comet_dse.cost.microbatch import attention_efficiencies
 from comet_dse.cost.params import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -32,7 +32,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     hbm = cluster.accelerator.state_capacity
     exp = cluster.accelerator.expansion
     has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
-    kernel_rate = device_of(cluster, st).attn_fwd
+    kernel_rate = attention_efficiencies(cluster, st)[0]
     cp, ep = st.cp, st.ep
     slots = L + 2.0 * embedding_slots(st)      # layer slots of the pipeline split (cost/params.py)
     experts = model.moe.experts if model.moe else 1

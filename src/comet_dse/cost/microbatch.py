@@ -43,8 +43,7 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
     peaks = acc.peak_flops
     bf16 = peaks.get("bf16", peaks.get("fp16", np.nan))
     sixteen = st.dtype_table({"bf16": bf16, "fp16": peaks.get("fp16", bf16), "fp8": bf16})
-    rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
-    per_kernel = [rates.get(k.value, (np.nan, np.nan)) for k in AttentionKernel]
+    attn_fwd, attn_bwd = attention_efficiencies(cluster, st)
     return Device(
         peak=st.dtype_table(acc.peak_flops), matmul_eff=st.dtype_table(acc.matmul_efficiencies()),
         matmul_eff16=acc.matmul_efficiency, units=acc.compute_units,
@@ -52,9 +51,19 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
         pipeline_overhead=acc.matmul_pipeline_overhead,
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
-        peak16=sixteen, attn_fwd=st.select(st.attention_kernel, [r[0] for r in per_kernel]),
-        attn_bwd=st.select(st.attention_kernel, [r[1] for r in per_kernel]),
+        peak16=sixteen, attn_fwd=attn_fwd, attn_bwd=attn_bwd,
     )
+
+
+def attention_efficiencies(cluster: Cluster, st: StrategyArrays) -> tuple:
+    """(forward, backward) efficiency of each point's attention kernel (the accelerator's
+    attention_efficiency; NaN for a kernel it has none for; matmul_efficiency for every kernel when it
+    has none at all)."""
+    acc = cluster.accelerator
+    rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
+    per_kernel = [rates.get(k.value, (np.nan, np.nan)) for k in AttentionKernel]
+    return (st.select(st.attention_kernel, [r[0] for r in per_kernel]),
+            st.select(st.attention_kernel, [r[1] for r in per_kernel]))
 
 
 @dataclass(frozen=True)
