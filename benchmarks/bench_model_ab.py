@@ -1,6 +1,6 @@
-"""The batched cost model's rate in this checkout against another git revision, on one core, as a ratio.
+"""The batched cost model's rate (or a sweep's) in this checkout against another git revision, as a ratio.
 
-Run:  python benchmarks/bench_model_ab.py --against REV [--rounds 5] [--points 250000]
+Run:  python benchmarks/bench_model_ab.py --against REV [--rounds 5] [--points 250000] [--sweep]
 
 Both sides evaluate the same design points (every strategy of megatron-1t on
 4096 TPU v4 chips with micro-batches up to 64, repeated to --points, the set
@@ -10,6 +10,9 @@ the machine's drift hits both alike. Prints each side's median rate, the ratio
 of the medians, and whether the two sides' result columns are bit-identical
 (NaN equal to NaN). REV is any git revision (a commit, a tag, HEAD~3); its
 ``src`` tree is exported to a temporary folder with ``git archive``.
+With --sweep, each round instead times benchmarks/sweep-10m.yaml on 2 local
+worker processes into a dataset folder (as ``comet-dse sweep --workers 2``),
+and the ratio is of the sweeps' median times.
 """
 from __future__ import annotations
 
@@ -54,6 +57,22 @@ def child(points: int, out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps({"rate": points / min(seconds), "module": comet_dse.__file__}))
 
 
+def child_sweep(out: Path) -> None:
+    """Time the 10-million-point study on 2 local worker processes with whichever comet_dse is first on the path."""
+    import comet_dse
+    from comet_dse.allocator import keep_freed_memory
+    from comet_dse.explore.engine import run_study
+    from comet_dse.explore.study import load_study
+
+    keep_freed_memory()
+    study = load_study(HERE / "sweep-10m.yaml")
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        ranking = run_study(study, Path(tmp) / "dataset", workers=2, progress=False)
+        seconds = time.perf_counter() - started
+    out.with_suffix(".json").write_text(json.dumps({"rate": ranking["points"] / seconds, "module": comet_dse.__file__}))
+
+
 def export(revision: str, into: Path) -> Path:
     """The ``src`` tree of ``revision``, extracted under ``into``."""
     into.mkdir(parents=True, exist_ok=True)
@@ -65,9 +84,10 @@ def export(revision: str, into: Path) -> Path:
     return into / "src"
 
 
-def run_side(src: Path, points: int, out: Path) -> float:
+def run_side(src: Path, points: int, out: Path, sweep: bool) -> float:
     env = dict(os.environ, PYTHONPATH=str(src))
-    subprocess.run([sys.executable, __file__, "--child", str(out), "--points", str(points)], env=env, check=True)
+    mode = ["--sweep"] if sweep else []
+    subprocess.run([sys.executable, __file__, "--child", str(out), "--points", str(points)] + mode, env=env, check=True)
     info = json.loads(out.with_suffix(".json").read_text())
     if not Path(info["module"]).resolve().is_relative_to(src.resolve()):
         raise SystemExit(f"the child imported {info['module']}, not the tree under {src}")
@@ -91,10 +111,11 @@ def main() -> int:
     parser.add_argument("--against", help="the git revision to compare with (B); A is this checkout's src")
     parser.add_argument("--rounds", type=int, default=5, help="A/B rounds (default 5)")
     parser.add_argument("--points", type=int, default=250_000, help="design points per evaluation (default 250000)")
+    parser.add_argument("--sweep", action="store_true", help="compare the sweep of benchmarks/sweep-10m.yaml instead")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.points, args.child)
+        child_sweep(args.child) if args.sweep else child(args.points, args.child)
         return 0
     if not args.against:
         parser.error("--against REV is required")
@@ -104,14 +125,16 @@ def main() -> int:
         rates = {"A": [], "B": []}
         for i in range(args.rounds):
             for side, src in (("A", ROOT / "src"), ("B", other)):
-                rates[side].append(run_side(src, args.points, tmp / f"{side}.npz"))
+                rates[side].append(run_side(src, args.points, tmp / f"{side}.npz", args.sweep))
             print(f"round {i + 1}: A {rates['A'][-1] / 1e6:.2f} M/s, B {rates['B'][-1] / 1e6:.2f} M/s", flush=True)
-        differ = identical(tmp / "A.npz", tmp / "B.npz")
+        differ = None if args.sweep else identical(tmp / "A.npz", tmp / "B.npz")
     a, b = statistics.median(rates["A"]), statistics.median(rates["B"])
-    print(f"A (this checkout): {a / 1e6:.2f} M points/s on one core (median of {args.rounds})")
-    print(f"B ({args.against}): {b / 1e6:.2f} M points/s on one core")
+    where = "a sweep on 2 worker processes" if args.sweep else "one core"
+    print(f"A (this checkout): {a / 1e6:.2f} M points/s, {where} (median of {args.rounds})")
+    print(f"B ({args.against}): {b / 1e6:.2f} M points/s, {where}")
     print(f"A / B: {a / b:.2f}x")
-    print("results: bit-identical" if not differ else f"results differ in {len(differ)} columns: {differ[:8]}")
+    if differ is not None:
+        print("results: bit-identical" if not differ else f"results differ in {len(differ)} columns: {differ[:8]}")
     return 0
 
 
