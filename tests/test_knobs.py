@@ -20,7 +20,7 @@ from comet_dse.explore.study import load_study
 from comet_dse.explore.table import evaluate_columns
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import (
-    GIVEN, KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero,
+    GIVEN, KNOBS, LAYOUT_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero,
 )
 
 H100 = load_cluster("dgx-h100")
@@ -79,11 +79,14 @@ def test_a_batch_in_which_the_knob_alternates_equals_the_per_point_estimates(kno
     _assert_rows_equal_estimates(cols, points)
 
 
-def test_the_alternation_test_catches_a_knob_missing_from_the_microbatch_key(monkeypatch):
-    """Without flash_attention in the de-duplication key, a batch differs from its points (the test can fail)."""
-    knob = next(k for k in KNOBS if k.name == "flash_attention")
+@pytest.mark.parametrize("module, key, knob_name", [("microbatch", "MICROBATCH_KNOBS", "flash_attention"),
+                                                     ("layout", "LAYOUT_KNOBS", "zero")])
+def test_the_alternation_test_catches_a_knob_missing_from_a_grouping_key(monkeypatch, module, key, knob_name):
+    """Without the knob in the key its terms are grouped by, a batch differs from its points (the test can fail)."""
+    knob = next(k for k in KNOBS if k.name == knob_name)
     points = _alternating(knob)
-    monkeypatch.setattr(cost.microbatch, "MICROBATCH_KNOBS", tuple(n for n in MICROBATCH_KNOBS if n != knob.name))
+    where = getattr(cost, module)
+    monkeypatch.setattr(where, key, tuple(n for n in getattr(where, key) if n != knob.name))
     cols = evaluate_columns(MOE, H100, DEVICES, StrategyArrays.of(points))
     with pytest.raises(AssertionError):
         _assert_rows_equal_estimates(cols, points)
@@ -100,16 +103,6 @@ def test_knobs_left_out_of_the_microbatch_key_do_not_change_the_microbatch_terms
         terms = microbatch_terms(MOE, context_of(MOE, H100, DEVICES, pair), pair)
         for name, values in terms.items():
             assert values[0] == values[1], f"{knob.name} changes the micro-batch term {name}: declare microbatch=True"
-
-
-def test_the_alternation_test_catches_a_knob_missing_from_the_layout_key(monkeypatch):
-    """Without zero in the layout key, a batch differs from its points (the test can fail)."""
-    knob = next(k for k in KNOBS if k.name == "zero")
-    points = _alternating(knob)
-    monkeypatch.setattr(cost.layout, "LAYOUT_KNOBS", tuple(n for n in LAYOUT_KNOBS if n != knob.name))
-    cols = evaluate_columns(MOE, H100, DEVICES, StrategyArrays.of(points))
-    with pytest.raises(AssertionError):
-        _assert_rows_equal_estimates(cols, points)
 
 
 def _leaves(value) -> list:
