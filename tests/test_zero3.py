@@ -113,3 +113,43 @@ def test_hybrid_sharding_shards_inside_a_node_and_all_reduces_across_nodes():
     assert e.breakdown_s["dp_communication"] == pytest.approx(rs + ag + across, rel=1e-9)
     assert e.memory_bytes["optimizer"] == pytest.approx(12.0 * params / 8, rel=1e-6)
     assert flat.memory_bytes["optimizer"] == pytest.approx(12.0 * params / 512, rel=1e-6)
+
+
+def test_hybrid_zero3_queues_the_across_node_all_reduce_behind_each_reduce_scatter():
+    """FSDP HYBRID_SHARD with ZeRO 3, llama3-8b over 512 H100s (64 nodes of 8), by hand: per unit, gathers and
+    reduce-scatters inside the node; in the last micro-batch's backward each unit's gradient shard is also
+    all-reduced across the 64 nodes, in the same queue, so it shares the backward window instead of hiding
+    a second time behind all of it."""
+    h100 = load_cluster("dgx-h100")
+    model = load_model("llama3-8b")
+    st = Strategy(dp=512, zero=3, global_batch=1024, micro_batch=1, recompute=Recompute.FULL, flash_attention=True,
+                  hybrid_shard=True)
+    e = estimate(model, h100, 512, st)
+    m, units = 2, model.layers
+    unit_params = model.total_params() / units
+    nvlink, ib = h100.network
+    t_ag = _ring_phase(2.0 * unit_params, h100, (8, 1))
+    t_rs = _ring_phase(4.0 * unit_params, h100, (8, 1))
+    tree = min(63, 2 * 6)                       # NCCL's all-reduce takes the tree's latency at 64 ranks
+    t_ar = 2 * (63 / 64 * 4.0 * unit_params / 8 / ib.device_bandwidth + tree * ib.latency)
+    t_f = e.phases_s["forward"] / m / units
+    t_b = (e.phases_s["backward"] + e.phases_s["recompute"]) / m / units
+
+    def queue(x, window):
+        return x + (units - 1) * max(0.0, x - window)
+
+    per_microbatch = queue(t_ag, t_f) + queue(t_ag + t_rs, t_b)
+    across = queue(t_ag + t_rs + t_ar, t_b) - queue(t_ag + t_rs, t_b)
+    assert e.breakdown_s["dp_communication"] == pytest.approx(m * per_microbatch + across, rel=1e-9)
+    assert across >= t_ar * (1 - 1e-9)           # the last unit's all-reduce has nothing to hide behind
+
+
+def test_hybrid_zero3_more_flops_never_slower():
+    """Found by tests/test_monotonic.py: the across-node all-reduce used to hide behind the whole backward window
+    that the per-unit reduce-scatters also hid behind, so 1.5x the FLOP/s made this step 0.9 % slower."""
+    mi300x = load_cluster("mi300x")
+    model = LLAMA8.with_seq_len(8192)
+    st = Strategy(tp=2, cp=2, dp=16, global_batch=64, micro_batch=1, zero=3, dtype="fp8", flash_attention=True,
+                  tp_overlap=True, hybrid_shard=True)
+    base = estimate(model, mi300x, 64, st).step_time_s
+    assert estimate(model, _scaled(mi300x, 1.5), 64, st).step_time_s <= base * (1 + 1e-12)

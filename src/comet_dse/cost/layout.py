@@ -61,7 +61,9 @@ class DataParallelComm:
     across: hybrid sharding's all-reduce of the shard's gradients across nodes;
     emb_sync: the tied-embedding gradient all-reduce between first and last stage;
     unit_gather, unit_reduce: ZeRO 3's all-gather of one layer's 16-bit weights
-    and reduce-scatter of its gradients (0.0 when no point uses ZeRO 3).
+    and reduce-scatter of its gradients; unit_across: with hybrid sharding, the
+    all-reduce of that unit's gradient shard across nodes (each 0.0 when no
+    point uses ZeRO 3, unit_across also when none uses hybrid sharding).
     """
 
     reduce: object
@@ -70,6 +72,7 @@ class DataParallelComm:
     emb_sync: object
     unit_gather: object
     unit_reduce: object
+    unit_across: object
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,9 @@ def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: Sta
     all-reduce (a send/recv between the two stages) of the V h / t embedding
     gradient. ZeRO 3's per-layer collectives (``units`` equal units per
     stage): t_ag = AG(2 P/u) of the 16-bit weights and t_rs = RS(g P/u) of the
-    gradients. Ring collectives on the spanned dimensions (cost/collectives.py);
-    cost/step.py decides what of them is exposed.
+    gradients, and with hybrid sharding t_ar = AR(g P/(u N_shard)) of the unit's
+    gradient shard across the node replicas. Ring collectives on the spanned
+    dimensions (cost/collectives.py); cost/step.py decides what of them is exposed.
     """
     dims, spans = ctx.dims, ctx.spans
     reduce = gather = across = 0.0
@@ -216,11 +220,14 @@ def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: Sta
     tied = model.tied_embeddings & (st.pp > 1)
     emb_bytes = model.vocab * model.hidden / st.tp * gbytes
     emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
-    unit_gather = unit_reduce = 0.0
+    unit_gather = unit_reduce = unit_across = 0.0
     if np.any(st.zero >= Zero.PARAMETERS):
         for count, group in _dp_groups(params, spans):
-            shard, _ = _split_shard(st, group)
+            shard, replica = _split_shard(st, group)
             unit_gather = unit_gather + coll.all_gather_time(2.0 * count / units, dims, shard)
             unit_reduce = unit_reduce + coll.reduce_scatter_time(gbytes * count / units, dims, shard)
+            if np.any(st.hybrid_shard):
+                members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
+                unit_across = unit_across + coll.all_reduce_time(gbytes * count / units / members, dims, replica)
     return DataParallelComm(reduce=reduce, gather=gather, across=across, emb_sync=emb_sync,
-                            unit_gather=unit_gather, unit_reduce=unit_reduce)
+                            unit_gather=unit_gather, unit_reduce=unit_reduce, unit_across=unit_across)

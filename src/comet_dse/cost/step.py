@@ -183,6 +183,13 @@ def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, reg
     return np.where(st.pp > 1, np.where(overlapped, hidden, 2.0 * v * send) + 2.0 * v * regather, 0.0)
 
 
+def _prefetched(per_unit, window, units):
+    """Exposed seconds of ``units`` equal collectives of ``per_unit`` seconds each, every one prefetched
+    behind one unit's share of ``window`` seconds of compute (prefetch depth 1; the first, or last, has
+    nothing to hide behind): per_unit + (u - 1) max(0, per_unit - window / u)."""
+    return per_unit + (units - 1.0) * np.maximum(per_unit - window / units, 0.0)
+
+
 def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units):
     """ZeRO 3 / FSDP: exposed seconds per micro-batch of gathering weights and reducing gradients layer by layer.
 
@@ -194,8 +201,7 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units):
     (reshard_after_forward: FSDP FULL_SHARD, ZeRO 3; SHARD_GRAD_OP keeps them)
     and reduce-scatters the gradients, t_rs (unit_reduce); gathers and
     reduce-scatters in one queue on the same links. Each unit's collectives
-    are prefetched behind the previous unit's compute (prefetch depth 1); the
-    first unit's gather and the last unit's reduce-scatter have nothing to hide behind:
+    are prefetched behind the previous unit's compute (``_prefetched``):
         forward  = t_ag + (u - 1) max(0, t_ag - T_f/u)
         backward = t_re + t_rs + (u - 1) max(0, t_re + t_rs - T_b/u),   t_re = t_ag if resharded else 0
     T_f, T_b: the stage's forward and backward (+ recomputation, whose
@@ -204,11 +210,24 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units):
     Sources: Rajbhandari et al. 2020 (ZeRO, Sec. 7); Zhao et al. 2023
     (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2-3.3, 4.1); docs/model.md.
     """
-    ag, rs = dp.unit_gather, dp.unit_reduce
-    regather = np.where(st.reshard_after_forward, ag, 0.0)
-    forward = ag + (units - 1.0) * np.maximum(ag - fwd / units, 0.0)
-    backward = regather + rs + (units - 1.0) * np.maximum(regather + rs - bwd / units, 0.0)
-    return forward + backward
+    regather = np.where(st.reshard_after_forward, dp.unit_gather, 0.0)
+    return _prefetched(dp.unit_gather, fwd, units) + _prefetched(regather + dp.unit_reduce, bwd, units)
+
+
+def _sharded_across(st: StrategyArrays, bwd, dp: DataParallelComm, units):
+    """ZeRO 3 with hybrid sharding: exposed seconds per step of the all-reduces across nodes [s].
+
+    FSDP HYBRID_SHARD all-reduces each unit's gradient shard across the node
+    replicas (t_ar, DataParallelComm.unit_across) right after the unit's
+    reduce-scatter, in the same queue, once per step: in the last
+    micro-batch's backward. What that adds to the backward it queues in:
+        across = B(t_re + t_rs + t_ar) - B(t_re + t_rs),   B(x) = x + (u - 1) max(0, x - T_b/u)
+    It shares the backward compute window with the reduce-scatters instead
+    of being hidden a second time behind the whole of it. Source: Zhao et
+    al. 2023 (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2.2, hybrid sharding); docs/model.md.
+    """
+    queue = np.where(st.reshard_after_forward, dp.unit_gather, 0.0) + dp.unit_reduce
+    return _prefetched(queue + dp.unit_across, bwd, units) - _prefetched(queue, bwd, units)
 
 
 def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units):
@@ -228,19 +247,23 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     j's reduction has the rest of the cool-down to hide behind). Exposed:
     max(0, reduce - window_b) + max(0, gather - window_f); without overlap
     all of it. Hybrid sharding's all-reduce across nodes hides behind what is
-    left of window_b (all of it with ZeRO 3). ZeRO 3 works layer by layer
-    every micro-batch instead (``_sharded_layers``). The tied-embedding
-    gradient sync is always exposed.
+    left of window_b after the reduction: max(0, across - max(0, window_b - reduce)).
+    ZeRO 3 works layer by layer every micro-batch instead (``_sharded_layers``),
+    and its hybrid all-reduces queue behind each unit's reduce-scatter
+    (``_sharded_across``). The tied-embedding gradient sync is always exposed.
     """
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
     hidden = (np.maximum(dp.reduce - bwd * chunk_steps, 0.0)
               + np.maximum(dp.gather - fwd * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, dp.reduce + dp.gather)
     window = bwd * chunk_steps
-    across_exposed = np.where(st.dp_overlap, np.maximum(dp.across - np.where(st.zero >= Zero.PARAMETERS, window,
-                                                                             np.maximum(window - dp.reduce, 0.0)), 0.0),
+    zero3 = zero3_across = 0.0
+    if np.any(st.zero >= Zero.PARAMETERS):
+        zero3 = m * _sharded_layers(st, fwd, bwd, dp, units)
+        zero3_across = _sharded_across(st, bwd, dp, units)
+    across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
+                                                      np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0), 0.0)),
                               dp.across)
-    zero3 = m * _sharded_layers(st, fwd, bwd, dp, units) if np.any(st.zero >= Zero.PARAMETERS) else 0.0
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
                        0.0)
     return exposed + dp.emb_sync
