@@ -4,8 +4,10 @@ Run:  python benchmarks/bench_speed.py [--skip-sweep]
 
 Prints, on this machine:
 1. design points per second per core of the full estimate (step time, breakdown,
-   memory, every validity rule), batched, next to the same model evaluated one
-   point at a time through ``estimate()`` (the ratio is measured in this run);
+   memory, every validity rule), batched (a ~1M-point set that repeats 36,750
+   strategies, and those strategies each once), next to the same model
+   evaluated one point at a time through ``estimate()`` (the ratio is measured
+   in this run);
 2. the wall time of the exhaustive strategy search for megatron-1t on 4096 TPU v4
    chips;
 3. the wall time, rate and peak memory of the ~12.5-million-point sweep
@@ -71,6 +73,17 @@ def batched_rate() -> tuple:
     return len(big) / seconds, scalar_points / scalar
 
 
+def distinct_rate() -> float:
+    """Points/s of evaluate_columns on one core over distinct strategies only: the 36,750 strategies of
+    megatron-1t on 4096 TPU v4 chips (micro-batches up to 64), each once. The ~1M-point set of
+    ``batched_rate`` repeats them, which makes the micro-batch and layout groups larger than in a sweep
+    chunk; this is the rate without that help."""
+    model, cluster = load_model("megatron-1t"), load_cluster("tpu-v4")
+    st = enumerate_strategies(model, 4096, 2048, SearchSpace(max_micro_batch=64))
+    evaluate_columns(model, cluster, 4096, st)
+    return len(st) / best_of(lambda: evaluate_columns(model, cluster, 4096, st), 5)
+
+
 def search_time() -> tuple:
     model, cluster = load_model("megatron-1t"), load_cluster("tpu-v4")
     result = {}
@@ -99,6 +112,7 @@ def main() -> int:
     keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
     rate, scalar_rate = batched_rate()
     print(f"full estimate, batched:    {rate:>12,.0f} points/s on one core")
+    print(f"full estimate, distinct:   {distinct_rate():>12,.0f} points/s on one core (36,750 strategies, each once)")
     print(f"full estimate, one by one: {scalar_rate:>12,.0f} points/s (estimate() per point)")
     print(f"  batched / one by one:    {rate / scalar_rate:>12,.0f}x")
     print(f"  batched / Calculon (quoted {CALCULON_QUOTED:.0f}/s/core): {rate / CALCULON_QUOTED:,.0f}x")
