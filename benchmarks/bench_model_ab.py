@@ -78,7 +78,11 @@ def export(revision: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     archive = into / "src.tar"
     with archive.open("wb") as f:
-        subprocess.run(["git", "archive", revision, "src"], cwd=ROOT, stdout=f, check=True)
+        done = subprocess.run(["git", "archive", revision, "src"], cwd=ROOT, stdout=f, stderr=subprocess.PIPE)
+    if done.returncode != 0:
+        print(f"bench_model_ab.py: error: --against: git cannot export src at {revision!r} "
+              "(give a commit, tag or branch of this repository)", file=sys.stderr)
+        raise SystemExit(2)
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     return into / "src"
