@@ -5,8 +5,9 @@ Run:  python benchmarks/bench_model_ab.py --against REV [--rounds 5] [--points 2
 Both sides evaluate the same design points (every strategy of megatron-1t on
 4096 TPU v4 chips with micro-batches up to 64, repeated to --points, the set
 benchmarks/bench_speed.py uses) through ``evaluate_columns``, each in a fresh
-process pinned to one core, alternating A and B for --rounds rounds so that
-the machine's drift hits both alike. Prints each side's median rate, the ratio
+process pinned to one core, alternating A and B for --rounds rounds (A first
+in odd rounds, B first in even ones) so that the machine's drift and any
+advantage of going first hit both alike. Prints each side's median rate, the ratio
 of the medians, and whether the two sides' result columns are bit-identical
 (NaN equal to NaN). REV is any git revision (a commit, a tag, HEAD~3); its
 ``src`` tree is exported to a temporary folder with ``git archive``.
@@ -127,8 +128,9 @@ def main() -> int:
         tmp = Path(tmp)
         other = export(args.against, tmp / "b")
         rates = {"A": [], "B": []}
+        sides = (("A", ROOT / "src"), ("B", other))
         for i in range(args.rounds):
-            for side, src in (("A", ROOT / "src"), ("B", other)):
+            for side, src in (sides if i % 2 == 0 else sides[::-1]):    # A first, then B first: no order bias
                 rates[side].append(run_side(src, args.points, tmp / f"{side}.npz", args.sweep))
             print(f"round {i + 1}: A {rates['A'][-1] / 1e6:.2f} M/s, B {rates['B'][-1] / 1e6:.2f} M/s", flush=True)
         differ = None if args.sweep else identical(tmp / "A.npz", tmp / "B.npz")
