@@ -47,6 +47,14 @@ def test_gathered_walks_structures_and_keeps_scalars():
     assert np.array_equal(out["b"][0].x, [5, 5, 4]) and out["b"][0].y == 0.0
 
 
+def test_rows_equal_in_value_but_not_in_bits_are_gathered_not_broadcast():
+    """-0.0 == 0.0, but a broadcast of the first would change the other's bits."""
+    out = gathered(np.array([0.0, -0.0]), np.array([1, 1, 0]))
+    assert list(np.signbit(out)) == [True, True, False]
+    same = gathered(np.array([np.nan, np.nan]), np.array([0, 1, 1]))
+    assert np.isnan(same).all() and same.strides == (0,)      # equal bits: a view, no copy
+
+
 def test_once_per_distinct_equals_computing_every_point():
     model = load_model("gpt3-175b")
     st = enumerate_strategies(model, 1024, 1536, SearchSpace(max_micro_batch=8))

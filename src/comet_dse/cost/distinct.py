@@ -71,9 +71,18 @@ def gathered(value, index):
     if np.ndim(value) == 0:
         return value
     value = np.asarray(value)
-    if len(value) and np.all(value == value[0]):
+    if _rows_all_alike(value):
         return np.broadcast_to(value[:1], (len(index),) + value.shape[1:])
     return np.take(value, index, axis=0)
+
+
+def _rows_all_alike(value: np.ndarray) -> bool:
+    """True when every row has the same bits as the first (so -0.0 and 0.0 differ, and a NaN equals itself)."""
+    if not len(value):
+        return False
+    if value.dtype.kind == "f":
+        value = np.ascontiguousarray(value).view(f"u{value.dtype.itemsize}")
+    return bool(np.all(value == value[0]))
 
 
 def once_per_distinct(st, columns: list, compute):
