@@ -184,6 +184,18 @@ def test_a_strategy_survives_the_round_trip_through_arrays_and_the_result_table(
     assert Strategy(**strategy.to_dict()) == strategy
 
 
+@settings(max_examples=25, deadline=None)
+@given(hs.lists(random_strategies(), min_size=2, max_size=6), hs.randoms(use_true_random=False))
+def test_a_grouped_batch_of_random_strategies_equals_its_points(strategies, rng):
+    """Each strategy repeated to 96 points in a shuffled batch: the micro-batch and layout terms are then
+    grouped (cost/distinct.py), and every row must still equal the strategy's own estimate."""
+    points = [strategies[i % len(strategies)] for i in range(96)]
+    rng.shuffle(points)
+    cols = evaluate_columns(MOE, H100, DEVICES, StrategyArrays.of(points))
+    rows = sorted({point: i for i, point in enumerate(points)}.values())      # one row of each strategy
+    _assert_rows_equal_estimates({k: np.asarray(v)[rows] for k, v in cols.items()}, [points[i] for i in rows])
+
+
 def _nondefault(knob):
     """A valid value other than the default, as Python value and as command-line text."""
     if knob.kind is bool:
