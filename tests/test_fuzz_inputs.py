@@ -148,3 +148,13 @@ def test_arbitrary_bytes_as_study_or_cluster_exit_2(raw):
         _run(["sweep", path, "--output", Path(folder) / "r.parquet", "--no-progress", "--max-points", 4000])
         _run(["estimate", "--model", "megatron-1.7b", "--cluster", path, "--devices", 8, "--tp", 8,
               "--global-batch", 8])
+
+
+def test_a_baseline_beyond_float_range_is_one_line():
+    """Found by the fuzzer: baseline {hbm_capacity: 10**400} raised OverflowError (int too large for a float)."""
+    data = copy.deepcopy(STUDY)
+    data["baseline"] = {"hbm_capacity": 10**400}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "study.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        _run(["sweep", path, "--output", Path(folder) / "r.parquet", "--no-progress", "--max-points", 4000])

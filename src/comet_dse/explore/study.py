@@ -432,6 +432,16 @@ def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: d
     return variants
 
 
+def _scale_label(value):
+    """A scale axis's label for ``value`` ("x1.5"), or None when it is not a number a float can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return f"x{float(value):g}"
+    except OverflowError:          # an integer beyond float range
+        return None
+
+
 def _baseline(f: Fields, axes: dict, variants: list, several_clusters: bool) -> int:
     """Index of the baseline variant: `baseline: {axis: label}`; default every axis at its first value."""
     if not f.has("baseline"):
@@ -446,7 +456,8 @@ def _baseline(f: Fields, axes: dict, variants: list, several_clusters: bool) -> 
     for name, value in raw.items():
         if name not in choices:
             raise InputError(f"baseline.{name}", f"is not an axis of this study ({', '.join(choices) or 'none'})")
-        text = f"x{value:g}" if isinstance(value, (int, float)) and f"x{value:g}" in choices[name] else str(value)
+        scaled = _scale_label(value)
+        text = scaled if scaled in choices[name] else str(value)
         if text not in choices[name]:
             raise InputError(f"baseline.{name}", f"{value!r} is not one of {', '.join(choices[name])}")
         wanted[name] = text
