@@ -1,7 +1,19 @@
-"""Shared fixtures: presets loaded once per session."""
+"""Shared fixtures: presets loaded once per session; the Hypothesis profile.
+
+HYPOTHESIS_PROFILE=ci (set by .ci/run) derandomizes every property test: CI
+draws the same examples on every run, so a landing never fails on a new
+random draw. Without it, each local run draws fresh examples and keeps
+hunting (a failure it finds becomes a fixed regression test).
+"""
+import os
+
 import pytest
+from hypothesis import settings
 
 from comet_dse.presets import load_cluster, load_model
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")
