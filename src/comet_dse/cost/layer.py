@@ -130,7 +130,7 @@ class _Block:
     forward, backward: kernel times; saved: bytes kept for backward;
     tp_gemm_forward, tp_gemm_backward: seconds of its GEMMs that a TP collective
     feeds or drains (the TP-split projections), which a chunked collective can
-    be pipelined with (tp_overlap).
+    be pipelined with (cost/microbatch.py: _pipelined).
     """
 
     forward: KernelTime
