@@ -205,29 +205,25 @@ def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: Sta
     dimensions (cost/collectives.py); cost/step.py decides what of them is exposed.
     """
     dims, spans = ctx.dims, ctx.spans
-    reduce = gather = across = 0.0
+    reduce = gather = across = unit_gather = unit_reduce = unit_across = 0.0
     sharded = st.zero >= Zero.OPTIMIZER
+    hybrid, zero3 = np.any(st.hybrid_shard), np.any(st.zero >= Zero.PARAMETERS)
     for count, group in _dp_groups(params, spans):
         grads, weights = count * gbytes, count * 2.0
         shard, replica = _split_shard(st, group)
-        if np.any(st.hybrid_shard):
-            # Hybrid sharding: the shard's gradients are all-reduced across the node replicas once per step.
-            members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
+        members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0) if hybrid else 1.0
+        if hybrid:      # the shard's gradients are all-reduced across the node replicas once per step
             across = across + np.where(sharded, coll.all_reduce_time(grads / members, dims, replica), 0.0)
         reduce = reduce + np.where(sharded, coll.reduce_scatter_time(grads, dims, shard),
                                    coll.all_reduce_time(grads, dims, group))
         gather = gather + np.where(sharded, coll.all_gather_time(weights, dims, shard), 0.0)
+        if zero3:       # the same collectives unit by unit
+            unit_gather = unit_gather + coll.all_gather_time(weights / units, dims, shard)
+            unit_reduce = unit_reduce + coll.reduce_scatter_time(grads / units, dims, shard)
+            if hybrid:
+                unit_across = unit_across + coll.all_reduce_time(grads / units / members, dims, replica)
     tied = model.tied_embeddings & (st.pp > 1)
     emb_bytes = model.vocab * model.hidden / st.tp * gbytes
     emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
-    unit_gather = unit_reduce = unit_across = 0.0
-    if np.any(st.zero >= Zero.PARAMETERS):
-        for count, group in _dp_groups(params, spans):
-            shard, replica = _split_shard(st, group)
-            unit_gather = unit_gather + coll.all_gather_time(2.0 * count / units, dims, shard)
-            unit_reduce = unit_reduce + coll.reduce_scatter_time(gbytes * count / units, dims, shard)
-            if np.any(st.hybrid_shard):
-                members = np.prod(np.array(np.broadcast_arrays(*shard)), axis=0)
-                unit_across = unit_across + coll.all_reduce_time(gbytes * count / units / members, dims, replica)
     return DataParallelComm(reduce=reduce, gather=gather, across=across, emb_sync=emb_sync,
                             unit_gather=unit_gather, unit_reduce=unit_reduce, unit_across=unit_across)
