@@ -190,8 +190,9 @@ def _prefetched(per_unit, window, units):
     return per_unit + (units - 1.0) * np.maximum(per_unit - window / units, 0.0)
 
 
-def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units):
-    """ZeRO 3 / FSDP: exposed seconds per micro-batch of gathering weights and reducing gradients layer by layer.
+def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units) -> tuple:
+    """ZeRO 3 / FSDP, layer by layer: (exposed seconds per micro-batch, extra exposed seconds per step of
+    hybrid sharding's all-reduces across nodes).
 
     The stage's parameters are sharded over the DP group in ``units`` equal
     units (one per layer, as FSDP wraps each transformer block and ZeRO 3
@@ -201,33 +202,26 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units):
     (reshard_after_forward: FSDP FULL_SHARD, ZeRO 3; SHARD_GRAD_OP keeps them)
     and reduce-scatters the gradients, t_rs (unit_reduce); gathers and
     reduce-scatters in one queue on the same links. Each unit's collectives
-    are prefetched behind the previous unit's compute (``_prefetched``):
-        forward  = t_ag + (u - 1) max(0, t_ag - T_f/u)
-        backward = t_re + t_rs + (u - 1) max(0, t_re + t_rs - T_b/u),   t_re = t_ag if resharded else 0
+    are prefetched behind the previous unit's compute (``_prefetched``, B):
+        forward  = B(t_ag, T_f) = t_ag + (u - 1) max(0, t_ag - T_f/u)
+        backward = B(t_re + t_rs, T_b),   t_re = t_ag if resharded else 0
+    With hybrid sharding (FSDP HYBRID_SHARD) each unit's gradient shard is
+    also all-reduced across the node replicas (t_ar, unit_across) right
+    after its reduce-scatter, in the same queue, once per step: in the last
+    micro-batch's backward, which it lengthens by
+        across = B(t_re + t_rs + t_ar, T_b) - B(t_re + t_rs, T_b)
+    (it shares the backward window with the reduce-scatters instead of
+    being hidden a second time behind all of it).
     T_f, T_b: the stage's forward and backward (+ recomputation, whose
     forward reuses the weights backward gathers) time per micro-batch,
     including exposed in-layer communication (it uses other links).
     Sources: Rajbhandari et al. 2020 (ZeRO, Sec. 7); Zhao et al. 2023
     (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2-3.3, 4.1); docs/model.md.
     """
-    regather = np.where(st.reshard_after_forward, dp.unit_gather, 0.0)
-    return _prefetched(dp.unit_gather, fwd, units) + _prefetched(regather + dp.unit_reduce, bwd, units)
-
-
-def _sharded_across(st: StrategyArrays, bwd, dp: DataParallelComm, units):
-    """ZeRO 3 with hybrid sharding: exposed seconds per step of the all-reduces across nodes [s].
-
-    FSDP HYBRID_SHARD all-reduces each unit's gradient shard across the node
-    replicas (t_ar, DataParallelComm.unit_across) right after the unit's
-    reduce-scatter, in the same queue, once per step: in the last
-    micro-batch's backward. What that adds to the backward it queues in:
-        across = B(t_re + t_rs + t_ar) - B(t_re + t_rs),   B(x) = x + (u - 1) max(0, x - T_b/u)
-    It shares the backward compute window with the reduce-scatters instead
-    of being hidden a second time behind the whole of it. Source: Zhao et
-    al. 2023 (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2.2, hybrid sharding); docs/model.md.
-    """
     queue = np.where(st.reshard_after_forward, dp.unit_gather, 0.0) + dp.unit_reduce
-    return _prefetched(queue + dp.unit_across, bwd, units) - _prefetched(queue, bwd, units)
+    backward = _prefetched(queue, bwd, units)
+    across = _prefetched(queue + dp.unit_across, bwd, units) - backward
+    return _prefetched(dp.unit_gather, fwd, units) + backward, across
 
 
 def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units):
@@ -249,8 +243,8 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     all of it. Hybrid sharding's all-reduce across nodes hides behind what is
     left of window_b after the reduction: max(0, across - max(0, window_b - reduce)).
     ZeRO 3 works layer by layer every micro-batch instead (``_sharded_layers``),
-    and its hybrid all-reduces queue behind each unit's reduce-scatter
-    (``_sharded_across``). The tied-embedding gradient sync is always exposed.
+    and its hybrid all-reduces queue behind each unit's reduce-scatter. The
+    tied-embedding gradient sync is always exposed.
     """
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
     hidden = (np.maximum(dp.reduce - bwd * chunk_steps, 0.0)
@@ -259,8 +253,8 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     window = bwd * chunk_steps
     zero3 = zero3_across = 0.0
     if np.any(st.zero >= Zero.PARAMETERS):
-        zero3 = m * _sharded_layers(st, fwd, bwd, dp, units)
-        zero3_across = _sharded_across(st, bwd, dp, units)
+        per_microbatch, zero3_across = _sharded_layers(st, fwd, bwd, dp, units)
+        zero3 = m * per_microbatch
     across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
                                                       np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0), 0.0)),
                               dp.across)
