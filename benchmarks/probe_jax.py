@@ -26,7 +26,7 @@ import numpy as np
 from comet_dse import strategy as strategy_module
 from comet_dse.allocator import keep_freed_memory
 from comet_dse.cost import collectives, feasibility, memory, microbatch, params, step
-from comet_dse.cost.distinct import distinct_rows
+from comet_dse.cost.distinct import distinct_rows, map_leaves
 from comet_dse.cost.layout import layout_terms
 from comet_dse.explore.space import SearchSpace, enumerate_strategies
 from comet_dse.explore.table import evaluate_columns
@@ -63,38 +63,26 @@ class _Shape:
     shape: tuple
 
 
-def _flatten(tree, leaves):
-    """Replace each array of ``tree`` by its position in ``leaves`` (appended); scalars stay as they are."""
-    if isinstance(tree, dict):
-        return {k: _flatten(v, leaves) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_flatten(v, leaves) for v in tree)
-    if dataclasses.is_dataclass(tree):
-        return dataclasses.replace(tree, **{f.name: _flatten(getattr(tree, f.name), leaves)
-                                            for f in dataclasses.fields(tree)})
-    if isinstance(tree, np.ndarray) and tree.ndim:
-        leaves.append(np.ascontiguousarray(tree))
-        return _Leaf(len(leaves) - 1)
-    return tree
-
-
-@dataclasses.dataclass(frozen=True)
 class _Leaf:
-    index: int
+    """Where an array of a grouped term went in the list of the compiled function's inputs."""
+
+    def __init__(self, index: int):
+        self.index = index
 
 
-def _rebuild(skeleton, values, index=None):
-    """``skeleton`` with each _Leaf replaced by values[leaf] gathered at ``index``."""
-    if isinstance(skeleton, dict):
-        return {k: _rebuild(v, values, index) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(_rebuild(v, values, index) for v in skeleton)
-    if dataclasses.is_dataclass(skeleton) and not isinstance(skeleton, _Leaf):
-        return dataclasses.replace(skeleton, **{f.name: _rebuild(getattr(skeleton, f.name), values, index)
-                                                for f in dataclasses.fields(skeleton)})
-    if isinstance(skeleton, _Leaf):
-        return values[skeleton.index][index]
-    return skeleton
+def _flatten(tree, leaves):
+    """``tree`` with each array replaced by a _Leaf, the array appended to ``leaves``; scalars stay."""
+    def to_leaf(value):
+        if isinstance(value, np.ndarray) and value.ndim:
+            leaves.append(np.ascontiguousarray(value))
+            return _Leaf(len(leaves) - 1)
+        return value
+    return map_leaves(to_leaf, tree)
+
+
+def _rebuild(skeleton, values, index):
+    """``skeleton`` with each _Leaf replaced by its value gathered at ``index``."""
+    return map_leaves(lambda leaf: values[leaf.index][index] if isinstance(leaf, _Leaf) else leaf, skeleton)
 
 
 def grouped_inputs(model, cluster, devices, st):

@@ -12,6 +12,7 @@ from hypothesis import strategies as hs
 
 from comet_dse import cost
 from comet_dse.cli import _space_from, _strategy_from, build_parser
+from comet_dse.cost.distinct import map_leaves
 from comet_dse.cost.layout import layout_terms
 from comet_dse.cost.microbatch import context_of, microbatch_terms
 from comet_dse.estimate import estimate
@@ -106,14 +107,10 @@ def test_knobs_left_out_of_the_microbatch_key_do_not_change_the_microbatch_terms
 
 
 def _leaves(value) -> list:
-    """The arrays and numbers in a Layout (dicts, lists, tuples, dataclasses walked), each as 2 values."""
-    if isinstance(value, dict):
-        return [x for k in sorted(value) for x in _leaves(value[k])]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _leaves(v)]
-    if dc.is_dataclass(value):
-        return [x for f in dc.fields(value) for x in _leaves(getattr(value, f.name))]
-    return [np.broadcast_to(value, (2,))]
+    """The arrays and numbers in a Layout (cost/distinct.py: map_leaves), each as 2 values."""
+    out = []
+    map_leaves(lambda leaf: out.append(np.broadcast_to(leaf, (2,))), value)
+    return out
 
 
 # Layout terms are checked at BASE and where ZeRO 3 and hybrid sharding make every one of them non-zero.

@@ -57,23 +57,33 @@ def row_hash(columns: list) -> np.ndarray:
     return key
 
 
-def gathered(value, index):
-    """``value`` with every array in it indexed by ``index`` (dicts, lists, tuples and dataclasses walked;
-    scalars, which hold for every point, kept as they are; an array whose rows are all equal becomes a
-    read-only broadcast view of its first row, which holds the same numbers without copying them)."""
+def map_leaves(fn, value):
+    """``value`` with ``fn`` applied to each leaf: dicts, lists, tuples and dataclass instances are walked
+    (and rebuilt), anything else is a leaf."""
     if isinstance(value, dict):
-        return {k: gathered(v, index) for k, v in value.items()}
+        return {k: map_leaves(fn, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(gathered(v, index) for v in value)
+        return type(value)(map_leaves(fn, v) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: gathered(getattr(value, f.name), index)
+        return dataclasses.replace(value, **{f.name: map_leaves(fn, getattr(value, f.name))
                                              for f in dataclasses.fields(value) if f.init})
-    if np.ndim(value) == 0:
-        return value
-    value = np.asarray(value)
-    if _rows_all_alike(value):
-        return np.broadcast_to(value[:1], (len(index),) + value.shape[1:])
-    return np.take(value, index, axis=0)
+    return fn(value)
+
+
+def gathered(value, index):
+    """``value`` with every array in it indexed by ``index`` (``map_leaves``; scalars, which hold for every
+    point, kept as they are; an array whose rows are all equal becomes a read-only broadcast view of its
+    first row, which holds the same numbers without copying them)."""
+    return map_leaves(lambda leaf: _gather(leaf, index), value)
+
+
+def _gather(leaf, index):
+    if np.ndim(leaf) == 0:
+        return leaf
+    leaf = np.asarray(leaf)
+    if _rows_all_alike(leaf):
+        return np.broadcast_to(leaf[:1], (len(index),) + leaf.shape[1:])
+    return np.take(leaf, index, axis=0)
 
 
 def _rows_all_alike(value: np.ndarray) -> bool:
