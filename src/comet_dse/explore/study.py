@@ -332,7 +332,7 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
             number = parse_quantity(item, KIND_COUNT, where)          # finite
             if number <= 0:
                 raise InputError(where, f"multipliers must be positive finite numbers, got {item!r}")
-            out.append((f"x{number:g}", ("scale", number)))
+            out.append((_scale_label(number), ("scale", number)))
         elif kind == "text":
             valid = networks if name == "network" else [t.value for t in Topology]
             if str(item) not in valid:
@@ -433,7 +433,8 @@ def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: d
 
 
 def _scale_label(value):
-    """A scale axis's label for ``value`` ("x1.5"), or None when it is not a number a float can hold."""
+    """A scale axis's label for ``value`` ("x1.5"): how axes name multipliers and how a baseline given as a
+    number finds one; None when ``value`` is not a number a float can hold."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
