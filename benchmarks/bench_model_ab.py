@@ -40,8 +40,8 @@ def child(points: int, out: Path) -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import comet_dse
     from comet_dse.allocator import keep_freed_memory
-    from comet_dse.explore.space import SearchSpace, enumerate_strategies
-    from comet_dse.explore.table import evaluate_columns
+    from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+    from comet_dse.design_space.table import evaluate_columns
     from comet_dse.presets import load_cluster, load_model
 
     keep_freed_memory()
@@ -62,8 +62,8 @@ def child_sweep(out: Path) -> None:
     """Time the 10-million-point study on 2 local worker processes with whichever comet_dse is first on the path."""
     import comet_dse
     from comet_dse.allocator import keep_freed_memory
-    from comet_dse.explore.engine import run_study
-    from comet_dse.explore.study import load_study
+    from comet_dse.design_space.engine import run_study
+    from comet_dse.design_space.study import load_study
 
     keep_freed_memory()
     study = load_study(HERE / "sweep-10m.yaml")

@@ -20,9 +20,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from comet_dse.allocator import keep_freed_memory
-from comet_dse.explore import engine
-from comet_dse.explore.storage import parquet_options
-from comet_dse.explore.study import load_study
+from comet_dse.design_space import engine
+from comet_dse.design_space.storage import parquet_options
+from comet_dse.design_space.study import load_study
 
 HERE = Path(__file__).resolve().parent
 

@@ -32,11 +32,11 @@ import numpy as np
 
 from comet_dse.allocator import keep_freed_memory
 from comet_dse.estimate import estimate
-from comet_dse.explore.engine import run_study
-from comet_dse.explore.search import search, strategy_at
-from comet_dse.explore.space import SearchSpace, enumerate_strategies
-from comet_dse.explore.study import load_study
-from comet_dse.explore.table import evaluate_columns
+from comet_dse.design_space.engine import run_study
+from comet_dse.design_space.search import search, strategy_at
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.study import load_study
+from comet_dse.design_space.table import evaluate_columns
 from comet_dse.presets import load_cluster, load_model
 
 CALCULON_QUOTED = 350.0

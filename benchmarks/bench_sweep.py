@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from comet_dse.allocator import keep_freed_memory
-from comet_dse.explore import engine
-from comet_dse.explore.study import load_study
+from comet_dse.design_space import engine
+from comet_dse.design_space.study import load_study
 
 HERE = Path(__file__).resolve().parent
 

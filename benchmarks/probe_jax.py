@@ -11,7 +11,7 @@ The same cost code runs both ways; nothing is rewritten. Prints the
 compile time, the rates of the numpy path (``evaluate_columns``) and of the
 compiled path (grouping included) on one core, and the largest relative
 difference between the two. The numpy path stays the tool's only path:
-docs/explore.md (Speed) says why.
+docs/design-space.md (Speed) says why.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from comet_dse.allocator import keep_freed_memory
 from comet_dse.cost import collectives, feasibility, memory, microbatch, params, step
 from comet_dse.cost.distinct import distinct_rows, map_leaves
 from comet_dse.cost.layout import layout_terms
-from comet_dse.explore.space import SearchSpace, enumerate_strategies
-from comet_dse.explore.table import evaluate_columns
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.table import evaluate_columns
 from comet_dse.model import spec as model_spec
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS, StrategyArrays

@@ -2,7 +2,7 @@
 import os
 import signal
 
-from comet_dse.explore import engine
+from comet_dse.design_space import engine
 
 
 def sweep_killing_a_worker(distributed, study, output) -> tuple:

@@ -64,7 +64,7 @@ def test_bad_algorithm_is_an_input_error(capsys):
 
 
 def test_study_key(tmp_path):
-    from comet_dse.explore.study import load_study
+    from comet_dse.design_space.study import load_study
 
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nmodels: [llama3-8b]\ncluster: dgx-h100\ndevices: [128]\nglobal_batch: 8\n"

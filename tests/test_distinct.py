@@ -5,7 +5,7 @@ import numpy as np
 
 from comet_dse.cost import distinct
 from comet_dse.cost.distinct import distinct_rows, gathered, once_per_distinct
-from comet_dse.explore.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.presets import load_model
 
 

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from comet_dse.errors import InputError
-from comet_dse.explore import engine
-from comet_dse.explore.space import SearchSpace, count_strategies, enumerate_strategies
-from comet_dse.explore.study import load_study
+from comet_dse.design_space import engine
+from comet_dse.design_space.space import SearchSpace, count_strategies, enumerate_strategies
+from comet_dse.design_space.study import load_study
 from comet_dse.presets import load_model, preset_data
 from cli_run import run
 

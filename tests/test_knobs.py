@@ -11,14 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from comet_dse import cost
-from comet_dse.cli import _space_from, _strategy_from, build_parser
+from comet_dse.cli import build_parser
+from comet_dse.cli.options import space_from, strategy_from
 from comet_dse.cost.distinct import map_leaves
 from comet_dse.cost.layout import layout_terms
 from comet_dse.cost.microbatch import context_of, microbatch_terms
 from comet_dse.estimate import estimate
-from comet_dse.explore.search import strategy_at
-from comet_dse.explore.study import load_study
-from comet_dse.explore.table import evaluate_columns
+from comet_dse.design_space.search import strategy_at
+from comet_dse.design_space.study import load_study
+from comet_dse.design_space.table import evaluate_columns
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import (
     GIVEN, KNOBS, LAYOUT_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero,
@@ -223,14 +224,14 @@ def test_every_knob_is_reachable_from_estimate_search_and_a_study(knob, tmp_path
     option = [knob.flag] if knob.kind is bool else [f"--{dashed}", text]
     args = build_parser().parse_args(["estimate", *common, *batch, *option, *extra]
                                      + (["--pp", "32"] if knob.name == "dp" else []))
-    assert getattr(_strategy_from(args, 64), knob.name) == value
+    assert getattr(strategy_from(args, 64), knob.name) == value
 
     # search: a list of values (the global batch: its one value)
     args = build_parser().parse_args(["search", *common, *batch, f"--{dashed}", text, *extra])
     if knob.search == GIVEN:
         assert getattr(args, knob.name) == value
     else:
-        assert _space_from(args).given(knob.name) == (value,)
+        assert space_from(args).given(knob.name) == (value,)
 
     # study: `strategy: {knob: value}`, the global batch at the top level
     yaml_value = str(value).lower() if knob.kind is bool else (int(value) if isinstance(value, Zero) else str(value))

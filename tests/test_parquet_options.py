@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from comet_dse.explore.storage import parquet_options
+from comet_dse.design_space.storage import parquet_options
 
 
 def _encodings(buffer) -> dict:

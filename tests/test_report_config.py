@@ -5,7 +5,7 @@ import pytest
 
 from comet_dse.cli import main
 from comet_dse.errors import InputError
-from comet_dse.explore.study import FIGURE_KINDS, load_study
+from comet_dse.design_space.study import FIGURE_KINDS, load_study
 from comet_dse.report.build import DRAW, build_report, load_report_text
 
 # A small study: megatron-22b on 64 A100s, a few hundred points.

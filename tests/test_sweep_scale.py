@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from comet_dse.cli import main
-from comet_dse.explore import engine
-from comet_dse.explore.output import DATASET_MARKER
-from comet_dse.explore.parquet_concat import ParquetJoinError, _write_struct, join, read_footer
-from comet_dse.explore.study import load_study
+from comet_dse.design_space import engine
+from comet_dse.design_space.output import DATASET_MARKER
+from comet_dse.design_space.parquet_concat import ParquetJoinError, _write_struct, join, read_footer
+from comet_dse.design_space.study import load_study
 from dask_kill import sweep_killing_a_worker
 
 STUDY = """

@@ -84,7 +84,7 @@ def test_cli_flag_reaches_the_estimate(capsys):
 
 
 def test_study_strategy_key(tmp_path):
-    from comet_dse.explore.study import load_study
+    from comet_dse.design_space.study import load_study
 
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nmodels: [megatron-18b]\ncluster: dgx-a100-80gb\ndevices: [64]\nglobal_batch: 64\n"

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from comet_dse.explore.search import search
-from comet_dse.explore.space import SearchSpace
+from comet_dse.design_space.search import search
+from comet_dse.design_space.space import SearchSpace
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.whatif import smallest_capacity, whatif

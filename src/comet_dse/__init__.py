@@ -8,11 +8,11 @@ Importing the package loads the cost model (numpy, PyYAML) and nothing else; pya
 imported when a result is turned into a table.
 """
 
-__version__ = "0.1.0"
+from comet_dse.version import __version__
 
-# After __version__ (modules read it). The names shadow the submodules comet_dse.estimate and
+# The names shadow the submodules comet_dse.estimate and
 # comet_dse.whatif on purpose: `from comet_dse import estimate` is the function.
-from comet_dse.api import (Estimate, InputError, SearchResults, SearchSpace, Strategy,  # noqa: E402
+from comet_dse.api import (Estimate, InputError, SearchResults, SearchSpace, Strategy,
                            SweepResults, WhatIf, estimate, load_cluster, load_model, search, sweep, whatif)
 
 __all__ = ["estimate", "search", "whatif", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",

@@ -19,9 +19,9 @@ from comet_dse import presets
 from comet_dse.errors import InputError
 from comet_dse.estimate import Estimate
 from comet_dse.estimate import estimate as _estimate
-from comet_dse.explore.search import SearchResult, strategy_at
-from comet_dse.explore.search import search as _search
-from comet_dse.explore.space import SearchSpace
+from comet_dse.design_space.search import SearchResult, strategy_at
+from comet_dse.design_space.search import search as _search
+from comet_dse.design_space.space import SearchSpace
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.overrides import apply_overrides
@@ -134,7 +134,7 @@ class SearchResults(Tabular):
 
     def to_arrow(self, feasible_only: bool = False):
         """Every evaluated point (or only those that fit) as a ``pyarrow.Table``."""
-        from comet_dse.explore.output import to_arrow
+        from comet_dse.design_space.output import to_arrow
 
         table = to_arrow(self.result.columns)
         return table.filter(self.result.columns["feasible"]) if feasible_only else table
@@ -202,8 +202,8 @@ def sweep(study, output=None, *, workers: int = 1, top: int = 5, progress: bool 
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from comet_dse.explore.engine import run_study
-    from comet_dse.explore.study import Study, load_study
+    from comet_dse.design_space.engine import run_study
+    from comet_dse.design_space.study import Study, load_study
 
     loaded = study if isinstance(study, Study) else load_study(Path(study))
     if output is not None:

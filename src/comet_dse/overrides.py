@@ -7,7 +7,7 @@ as one dtype's peak (``peak_flops.fp8``). The value is absolute, with units (``5
 ``torus``), or a multiplier of the cluster's own value (``x2``, ``0.5x``).
 
 Validation is the study file's own, not a copy of it: the value is parsed and applied by
-explore/study.py (``_axes``, ``_apply``), which checks it against the plausibility bounds a cluster
+design_space/study.py (``_axes``, ``_apply``), which checks it against the plausibility bounds a cluster
 file's field is checked against (hardware/load.py), and an expansion tier is read by the cluster
 file's reader (``tier_from``). Errors name the option, e.g.
 ``--set hbm_capacity: '80TB' is outside the plausible range (0, 4.39805e+12] in SI units``.
@@ -30,7 +30,7 @@ _SCALE = re.compile(r"^\s*(?:x\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)|([0-9]*\.
 def resource_names(cluster: Cluster) -> list:
     """Every resource ``--set`` can change on ``cluster``: the study axes (but the named-network axis),
     each network dimension's fields and each dtype's peak FLOP/s."""
-    from comet_dse.explore.study import CLUSTER_AXES, DIM_AXES
+    from comet_dse.design_space.study import CLUSTER_AXES, DIM_AXES
 
     names = [n for n in CLUSTER_AXES if n != "network"]
     names += [f"peak_flops.{d}" for d in DTYPES]
@@ -91,7 +91,7 @@ def with_expansion(cluster: Cluster, spec, where: str = "--expansion") -> Cluste
 
 def _set_one(cluster: Cluster, name: str, value, where: str) -> Cluster:
     """``cluster`` with resource ``name`` set to ``value`` (absolute or ``xN``), checked like a study axis."""
-    from comet_dse.explore.study import _apply, _axes
+    from comet_dse.design_space.study import _apply, _axes
 
     field = f"{where} {name}"
     known = resource_names(cluster)

@@ -11,25 +11,26 @@ cluster file's field is checked against; a factor that leaves them is a note in 
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from comet_dse.errors import InputError
-from comet_dse.explore.search import strategy_at
-from comet_dse.explore.space import SearchSpace, enumerate_strategies
-from comet_dse.explore.table import RULES, evaluate_columns, reason_counts
+from comet_dse.design_space.search import strategy_at
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.table import RULES, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.overrides import _set_one, apply_overrides
 from comet_dse.strategy import compact_text
 from comet_dse.tables import Tabular
-from comet_dse.whatif_cli import CAPACITY_RESOURCES, DEFAULT_FACTORS
+from comet_dse.units import format_bytes
 
 MEMORY_BIT = 1 << RULES.index("memory")
 BISECTION_STEPS = 40          # halvings of the capacity interval: to well under 1 MiB of 4 TiB
+DEFAULT_FACTORS = (0.5, 2.0)  # what each resource is scaled by unless asked otherwise
+CAPACITY_RESOURCES = ("hbm_capacity", "sram_capacity", "expansion_capacity")   # what a capacity fit may vary
 
 
 def default_resources(cluster: Cluster) -> list:
@@ -242,7 +243,7 @@ def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global
     fitting strategy stop fitting: the answer is found by bisection over the resource's plausible range
     (hardware/load.py), evaluating those strategies only.
     """
-    from comet_dse.explore.study import AXIS_LIMITS
+    from comet_dse.design_space.study import AXIS_LIMITS
 
     if resource not in CAPACITY_RESOURCES:
         raise InputError("--capacity", f"must be one of {', '.join(CAPACITY_RESOURCES)}, got {resource!r}")
@@ -267,7 +268,7 @@ def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global
 
     if fitting(high) is None:
         return CapacityFit(resource, constraint, current, None, False, None,
-                           f"does not fit even with {_bytes(high)}, the plausible bound of {resource}")
+                           f"does not fit even with {format_bytes(high)}, the plausible bound of {resource}")
     low, top = 0.0, high
     if zero_ok and fitting(0.0) is not None:
         top = 0.0
@@ -281,121 +282,3 @@ def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global
             break
     best = fitting(top)
     return CapacityFit(resource, constraint, current, top, bool(cols["feasible"].any()), best.strategy_text)
-
-
-def _bytes(n: float) -> str:
-    from comet_dse.units import format_bytes
-
-    return format_bytes(n)
-
-
-def render(result: WhatIf) -> str:
-    """The text table of ``comet-dse whatif``."""
-    from comet_dse.report_text import render_table
-    from comet_dse.units import format_time
-
-    b = result.baseline
-    lines = [f"What if: {result.model} on {result.devices:,} x {result.cluster}, global batch {result.global_batch:,} "
-             f"({b.evaluated:,} strategies per variant)"]
-    if b.step_time_s is not None:
-        lines.append(f"As it is: {format_time(b.step_time_s)} per step, {b.tokens_per_second:,.0f} tokens/s, "
-                     f"with {b.strategy_text}")
-    else:
-        lines.append(f"As it is: {b.note}")
-    if result.cells:
-        headers = ["resource", "now"] + [f"x{f:g}" for f in result.factors]
-        rows = []
-        for resource in dict.fromkeys(c.resource for c in result.cells):
-            cells = [c for c in result.cells if c.resource == resource]
-            rows.append([resource, _shown(resource, _present_value(cells))] + [_speedup_text(c) for c in cells])
-        lines += ["", "Speedup of the best strategy over the cluster as it is:", "",
-                  render_table(headers, rows, left=(0,))]
-    if result.fit is not None:
-        lines += ["", fit_text(result.fit)]
-    return "\n".join(lines)
-
-
-def _present_value(cells: list) -> float | None:
-    """A resource's present value, recovered from one of its scaled cells (value / factor)."""
-    for c in cells:
-        if c.value is not None:
-            return c.value / c.factor
-    return None
-
-
-def _shown(resource: str, value: float | None) -> str:
-    from comet_dse.units import format_bytes, format_rate, format_time
-
-    if value is None:
-        return "-"
-    if resource.endswith("capacity"):
-        return format_bytes(value)
-    if resource.endswith("bandwidth"):
-        return format_rate(value, "B/s")
-    if resource.startswith("peak_flops"):
-        return format_rate(value, "FLOP/s")
-    if resource.endswith("latency"):
-        return format_time(value)
-    return f"{value:g}"
-
-
-def _speedup_text(cell: Cell) -> str:
-    if cell.speedup is not None:
-        return f"{cell.speedup:.2f}x"
-    if cell.step_time_s is not None:      # fits only when scaled: the baseline had nothing
-        return f"fits ({cell.step_time_s:.3g} s)"
-    return "out of range" if cell.value is None else "no fit"
-
-
-def fit_text(fit: CapacityFit) -> str:
-    """One line: the smallest capacity at which the constrained space fits."""
-    if fit.smallest is None:
-        return f"{fit.constraint}: {fit.note}."
-    now = "fits now" if fit.fits_now else "does not fit now"
-    return (f"Smallest {fit.resource} at which {fit.constraint} has a strategy that fits: {_bytes(fit.smallest)} "
-            f"({fit.smallest:,.0f} B; the cluster has {_bytes(fit.current)}, {now}), with {fit.strategy_text}")
-
-
-def figure(result: WhatIf, path) -> None:
-    """Bars of each resource's speedup per factor, written to ``path`` (.png or .svg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    resources = list(dict.fromkeys(c.resource for c in result.cells))
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(resources) * len(result.factors)))
-    height = 0.8 / len(result.factors)
-    for i, factor in enumerate(result.factors):
-        values = [next((c.speedup or 0.0) for c in result.cells if c.resource == r and c.factor == factor)
-                  for r in resources]
-        ys = [k + i * height for k in range(len(resources))]
-        ax.barh(ys, values, height=height, label=f"x{factor:g}")
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks([k + height * (len(result.factors) - 1) / 2 for k in range(len(resources))], resources)
-    ax.invert_yaxis()
-    ax.set_xlabel("speedup of the best strategy (1 = the cluster as it is; 0 = nothing fits)")
-    ax.set_title(f"{result.model} on {result.devices} x {result.cluster}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def run_cli(args, model: Transformer, cluster: Cluster, space: SearchSpace) -> int:
-    """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
-    from pathlib import Path
-
-    if args.figure and Path(args.figure).suffix.lower() not in (".png", ".svg"):
-        raise InputError("--figure", f"{args.figure} must end in .png or .svg")
-    result = whatif(model, cluster, args.devices, args.global_batch, space, args.resources, args.scale,
-                    None if args.no_fit else args.capacity)
-    if args.figure:
-        figure(result, args.figure)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(render(result))
-        if args.figure:
-            print(f"\nWrote {args.figure}")
-    return 0

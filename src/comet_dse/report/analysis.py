@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from comet_dse.explore.table import RULES
+from comet_dse.design_space.table import RULES
 
 PARTS = ("compute", "memory", "tp_communication", "cp_communication", "ep_communication", "pp_communication",
          "pipeline_bubble", "dp_communication", "optimizer", "offload")

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from comet_dse.errors import InputError
-from comet_dse.explore.engine import run_study
-from comet_dse.explore.output import stale_temps, temp_path
-from comet_dse.explore.study import DOUBLED_RESOURCES, Study, load_study
+from comet_dse.design_space.engine import run_study
+from comet_dse.design_space.output import stale_temps, temp_path
+from comet_dse.design_space.study import DOUBLED_RESOURCES, Study, load_study
 from comet_dse.loading import Fields, read_yaml
 from comet_dse.report import analysis, figures, findings
 from comet_dse.report.html import write_html

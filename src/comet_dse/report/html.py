@@ -6,7 +6,7 @@ import html
 from importlib import resources
 from pathlib import Path
 
-from comet_dse import __version__
+from comet_dse.version import __version__
 from comet_dse.strategy import compact_text
 from comet_dse.units import format_time
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from comet_dse.errors import InputError
-from comet_dse.explore.space import SearchSpace, count_strategies
+from comet_dse.design_space.space import SearchSpace, count_strategies
 from comet_dse.hardware.load import (MAX_EXPANSION, MAX_FLOPS, MAX_HBM, MAX_LATENCY, MAX_LINK_BW, MAX_MEM_BW,
                                      MAX_POWER_W, MAX_PRICE_USD, MAX_SRAM, network_dim_from, tier_from)
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, check_range, parse_yaml, read_text_file
 from comet_dse.presets import load_cluster, load_model, preset_names
-from comet_dse.report_text import printable
+from comet_dse.text import printable
 from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
 
@@ -145,7 +145,7 @@ def _digest(text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
     """Digest of the package version and of every module of comet_dse (its code decides every result)."""
-    from comet_dse import __version__
+    from comet_dse.version import __version__
 
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(__version__.encode())

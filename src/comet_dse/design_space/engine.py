@@ -43,14 +43,14 @@ except ImportError:          # not POSIX: no lock between runs
 
 from comet_dse.allocator import keep_freed_memory
 from comet_dse.errors import InputError
-from comet_dse.explore.output import (check_output_file, output_parent, remove_stale_temps, stale_temps,
+from comet_dse.design_space.output import (check_output_file, output_parent, remove_stale_temps, stale_temps,
                                      to_arrow, write_dataset)
-from comet_dse.explore.parquet_concat import ParquetJoinError, join
-from comet_dse.explore.rank import chunk_summary, merge
-from comet_dse.explore.space import enumerate_strategies
-from comet_dse.explore.storage import Folder, is_url, parquet_options
-from comet_dse.explore.study import Study
-from comet_dse.explore.table import RULES, evaluate_columns
+from comet_dse.design_space.parquet_concat import ParquetJoinError, join
+from comet_dse.design_space.rank import chunk_summary, merge
+from comet_dse.design_space.space import enumerate_strategies
+from comet_dse.design_space.storage import Folder, is_url, parquet_options
+from comet_dse.design_space.study import Study
+from comet_dse.design_space.table import RULES, evaluate_columns
 
 CHUNK_ROWS = 250_000
 PARENT_POLL_S = 0.5          # how often a worker checks that its parent still runs
@@ -489,7 +489,7 @@ def _batches(chunks: list, rows: int) -> list:
 
 
 def dask_setup(worker) -> None:
-    """Dask preload hook (``preload=["comet_dse.explore.engine"]``): worker_setup in each local Dask worker."""
+    """Dask preload hook (``preload=["comet_dse.design_space.engine"]``): worker_setup in each local Dask worker."""
     worker_setup()
 
 

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from comet_dse.errors import InputError
-from comet_dse.explore.search import search
-from comet_dse.explorer import figures
-from comet_dse.explorer.view import Controls, compute, controls_for, overrides_for
+from comet_dse.design_space.search import search
+from comet_dse.web import figures
+from comet_dse.web.view import Controls, compute, controls_for, overrides_for
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model
 
@@ -97,7 +97,7 @@ def test_devices_the_network_cannot_hold_are_input_errors():
 
 def test_values_typed_for_another_cluster_are_dropped():
     pytest.importorskip("dash")
-    from comet_dse.explorer.app import controls_from
+    from comet_dse.web.app import controls_from
 
     ids = [{"type": "resource", "key": "hbm_capacity", "cluster": "tpu-v4"},
            {"type": "resource", "key": "hbm_bandwidth", "cluster": "dgx-h100"}]

@@ -1,4 +1,4 @@
-"""The `comet-dse calibrate` command: read runs, fit, cross-validate, print, write a calibrated cluster file."""
+"""``comet-dse calibrate``: read runs, fit, cross-validate, print, write a calibrated cluster file."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,26 @@ import yaml
 from comet_dse.calibrate import (
     Fit, calibrated_data, check_support, default_fit, fit, leave_one_out, parameters, read_runs, step_errors,
 )
+from comet_dse.cli.options import name_list
 from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
 
 
-def run_calibrate(args) -> int:
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit a cluster's physical parameters to measured runs (docs/calibration.md)")
+    p.add_argument("runs", help="CSV of measured runs (docs/calibration.md)")
+    p.add_argument("--cluster", required=True, help="the preset or cluster YAML to start from")
+    p.add_argument("--fit", type=name_list, default=None,
+                   help="parameters to fit, comma-separated (default: gemm, memory, the outermost network "
+                        "dimension's efficiency, microbatch_overhead; see docs/calibration.md)")
+    p.add_argument("--holdout", type=name_list, default=None,
+                   help="run ids (the `id` column) left out of the fit and reported as held out")
+    p.add_argument("--output", default=None, help="write the calibrated cluster YAML here")
+    p.add_argument("--no-cv", action="store_true", help="skip the leave-one-out cross-validation")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args) -> int:
     try:
         import scipy.optimize  # noqa: F401 - only to check it is installed
     except ImportError:
@@ -104,7 +119,7 @@ def _value_text(value: float, unit: str) -> str:
 
 
 def _as_text(cluster, train, held, result: Fit, loo, held_before, held_after, output) -> str:
-    from comet_dse.report_text import render_table
+    from comet_dse.text import render_table
 
     catalogue = parameters(cluster)
     lines = [f"Calibrating {cluster.name} on {len(train)} runs"

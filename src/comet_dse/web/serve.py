@@ -16,7 +16,7 @@ def serve(host: str = "127.0.0.1", port: int = 8050, open_browser: bool = False)
         import dash  # noqa: F401 - only to check it is installed
     except ImportError:
         raise InputError("explore", "needs Dash: pip install 'comet-dse[explore]'") from None
-    from comet_dse.explorer.app import build_app
+    from comet_dse.web.app import build_app
 
     if not 1 <= port <= 65535:
         raise InputError("port", f"must be in [1, 65535], got {port}")

@@ -2,7 +2,7 @@
 
 ``compute(Controls(...))`` loads the model and cluster, applies the resource controls as cluster
 overrides (overrides.py: the same validation as ``--set``), searches every strategy
-(explore/search.py), and returns a ``View``: the fastest strategies, the chosen one's breakdown and
+(design_space/search.py), and returns a ``View``: the fastest strategies, the chosen one's breakdown and
 memory by part, the best strategy per MP x DP split (the bathtub, with why a split does not fit)
 and what doubling each resource buys (whatif.py). Nothing is precomputed: every call evaluates the
 whole space again, which takes a few tens of milliseconds for 30 K strategies.
@@ -18,9 +18,9 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
-from comet_dse.explore.search import strategy_at
-from comet_dse.explore.space import SearchSpace, enumerate_strategies
-from comet_dse.explore.table import RULE_TEXT, evaluate_columns, reason_counts
+from comet_dse.design_space.search import strategy_at
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.explore.space import SearchSpace, enumerate_strategies
-from comet_dse.explore.table import evaluate_columns, reason_counts
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.table import evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOBS, Strategy

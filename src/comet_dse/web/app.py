@@ -10,8 +10,8 @@ import dash
 from dash import ALL, Input, Output, State, dcc, html
 
 from comet_dse.errors import InputError
-from comet_dse.explorer import figures
-from comet_dse.explorer.view import TOP, TOPOLOGIES, Controls, compute, controls_for
+from comet_dse.web import figures
+from comet_dse.web.view import TOP, TOPOLOGIES, Controls, compute, controls_for
 from comet_dse.presets import preset_names
 from comet_dse.units import format_bytes, format_time
 

@@ -1,44 +1,14 @@
-"""Plain-text rendering of estimates, presets and validation results for the terminal."""
+"""The terminal text of the commands: an estimate's breakdown, a search's ranking, a sweep's summary and
+a study's dry run. Labels come from comet_dse.vocabulary, tables from comet_dse.text."""
 from __future__ import annotations
-
-import re
 
 import numpy as np
 
 from comet_dse.estimate import Estimate
 from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines
+from comet_dse.text import printable, render_table
 from comet_dse.units import format_bytes, format_rate, format_time
-
-BREAKDOWN_LABELS = {
-    "compute": "compute-bound kernels",
-    "memory": "memory-bound kernels",
-    "tp_communication": "tensor-parallel comm (exposed)",
-    "cp_communication": "context-parallel K/V (exposed)",
-    "ep_communication": "expert all-to-all (exposed)",
-    "pp_communication": "pipeline send/recv",
-    "pipeline_bubble": "pipeline bubble (idle)",
-    "dp_communication": "data-parallel comm (exposed)",
-    "optimizer": "optimizer step",
-    "offload": "expansion-tier traffic",
-    "overhead": "fixed framework overhead",
-}
-MEMORY_LABELS = {
-    "weights": "weights",
-    "gradients": "gradients",
-    "optimizer": "optimizer state",
-    "activations": "activations",
-    "buffers": "communication buffers",
-}
-
-
-# C0 and C1 control characters (ESC starts terminal escape sequences) and DEL; newline and tab stay.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` without terminal control characters: a name from a file cannot move the cursor,
-    recolour or retitle the terminal."""
-    return _CONTROL.sub("", str(text))
+from comet_dse.vocabulary import BREAKDOWN_LABELS, MEMORY_LABELS
 
 
 def render_dry_run(study, points: list, limit: int | None) -> str:
@@ -115,17 +85,6 @@ def _verdict(est: Estimate) -> list:
     return ["Feasible: NO"] + [f"  - {reason}" for reason in est.reasons]
 
 
-def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:
-    """A text table: columns in ``left`` left-aligned (text), the others right-aligned (numbers)."""
-    widths = [max([len(str(h))] + [len(str(r[i])) for r in rows]) for i, h in enumerate(headers)]
-
-    def fmt(cells):
-        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return printable("\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]))
-
-
 def describe_peak(flops: dict) -> str:
     key = "bf16" if "bf16" in flops else next(iter(flops))
     return f"{format_rate(flops[key], 'FLOP/s')} {key}"
@@ -133,7 +92,7 @@ def describe_peak(flops: dict) -> str:
 
 def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int) -> str:
     """Counts, infeasible reasons and the top-k table of an exhaustive search."""
-    from comet_dse.explore.table import RULE_TEXT, RULES
+    from comet_dse.design_space.table import RULE_TEXT, RULES
 
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "
@@ -197,3 +156,9 @@ def render_sweep(ranking: dict, seconds: float) -> str:
                                       [[p["model"], p["devices"], p["label"], f"{p[unit]:,.0f}", format_time(p["time_s"])]
                                        for p in front], left=(0, 2)))
     return printable("\n".join(lines))
+
+
+def render_network(cluster) -> str:
+    """A cluster's network dimensions, innermost first: name(size, topology, bandwidth per device)."""
+    return " x ".join(f"{d.name}({d.size or 'n'}, {d.topology.value}, "
+                      f"{format_rate(d.link_bandwidth * d.links_per_device, 'B/s')})" for d in cluster.network)

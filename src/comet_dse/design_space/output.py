@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from comet_dse.errors import InputError
-from comet_dse.explore.storage import Folder, is_url, parquet_options, temp_name
+from comet_dse.design_space.storage import Folder, is_url, parquet_options, temp_name
 from comet_dse.strategy import KNOBS, Choice
 
 DATASET_MARKER = "_comet-dse.json"      # in a dataset folder this tool wrote; readers skip names starting with _

@@ -5,7 +5,7 @@ Nothing here imports Plotly or Dash; each function reads a ``view.View`` and ret
 """
 from __future__ import annotations
 
-from comet_dse.explorer.view import GiB, View
+from comet_dse.web.view import GiB, View
 
 PART_COLORS = {
     "compute": "#4C72B0", "memory": "#64B5CD", "tp_communication": "#DD8452", "cp_communication": "#8172B3",

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from comet_dse.explore.table import reason_counts
+from comet_dse.design_space.table import reason_counts
 from comet_dse.strategy import KNOBS
 
 # Every strategy knob, then the results kept for each of the best rows.

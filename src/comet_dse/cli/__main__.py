@@ -1,0 +1,4 @@
+"""``python -m comet_dse.cli``: the same as the ``comet-dse`` command."""
+from comet_dse.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""``comet-dse estimate``: one training iteration of one strategy, as text or JSON."""
+from __future__ import annotations
+
+import json
+
+from comet_dse.cli.options import add_knob_options, add_model_inputs, load_inputs, strategy_from
+from comet_dse.errors import InputError
+from comet_dse.overrides import add_override_options
+
+# Broken rules that make a command-line estimate an input error rather than a result.
+SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("estimate", help="estimate one training iteration")
+    add_model_inputs(p)
+    add_knob_options(p, many=False)
+    add_override_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
+
+
+def run(args) -> int:
+    from comet_dse.cli.render import render_estimate
+    from comet_dse.estimate import estimate
+
+    model, cluster = load_inputs(args)
+    cluster.dim_sizes(args.devices)
+    result = estimate(model, cluster, args.devices, strategy_from(args, args.devices))
+    reasons = dict(zip(result.broken_rules, result.reasons))   # the two lists run in rule order
+    for code, field in SPLIT_RULES.items():
+        if code in reasons:
+            raise InputError(field, reasons[code])
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        exp = cluster.accelerator.expansion
+        print(render_estimate(result, cluster.accelerator.state_capacity, exp.capacity if exp else None))
+    return 0

@@ -1,0 +1,202 @@
+"""What the commands share: the argument parser, option types, the strategy and search options, and the
+inputs every model-and-cluster command loads.
+
+Bad input prints one line ``comet-dse: error: <field>: <what is valid>`` on stderr and exits with status 2,
+without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from comet_dse.errors import InputError
+from comet_dse.overrides import add_override_options, cluster_from_args
+from comet_dse.strategy import GIVEN, KNOBS
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_MAX_POINTS = 10**9       # sweep and report refuse a larger study unless --max-points says otherwise
+DRY_RUN_POINTS = 10              # design points --dry-run lists
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) and exit status 2.
+
+    ``prog`` is "comet-dse" for the top-level parser and "comet-dse COMMAND" for a command's, so the hint
+    names the right help page once.
+    """
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        sys.stderr.write(f"comet-dse: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_ints(text: str) -> tuple:
+    """A comma-separated list of positive integers (--mp 32,64)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return tuple(positive_int(x) for x in items)
+
+
+def point_count(text: str) -> int:
+    """A number of design points: an integer, also written like 1e9 or 2_000_000."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of design points like 1e9, got {text!r}") from None
+    if not 1 <= value < 1e18 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole number of design points in [1, 1e18), got {text!r}")
+    return int(value)
+
+
+def name_list(text: str) -> tuple:
+    """A comma-separated list of names (--fit gemm,memory)."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def add_model_inputs(parser: argparse.ArgumentParser) -> None:
+    """The model, cluster, device count and sequence length every estimating command takes."""
+    parser.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
+    parser.add_argument("--cluster", required=True, help="preset name or cluster YAML")
+    parser.add_argument("--devices", required=True, type=positive_int, help="number of accelerators")
+    parser.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (overrides the model's)")
+
+
+def add_search_inputs(parser: argparse.ArgumentParser) -> None:
+    """What `search` and `whatif` search: the model, cluster (with overrides), devices and strategy lists."""
+    add_model_inputs(parser)
+    add_knob_options(parser, many=True)
+    parser.add_argument("--mp", type=positive_ints, default=None, metavar="N[,...]",
+                        help="model-parallel degrees MP = TP x PP to try (with --dp: the MP x DP split)")
+    parser.add_argument("--max-micro-batch", type=positive_int, default=16,
+                        help="largest micro-batch tried when --micro-batch is not given (default 16)")
+    parser.add_argument("--max-interleave", type=positive_int, default=8,
+                        help="most virtual stages tried when --interleave is not given (default 8)")
+    add_override_options(parser)
+
+
+def add_knob_options(parser: argparse.ArgumentParser, many: bool) -> None:
+    """One option per strategy knob (strategy.KNOBS).
+
+    estimate (many=False): one value each; a switch is a flag (--flash-attention,
+    or --no-dp-overlap for one that is on by default). search (many=True): a
+    comma-separated list of values to try (--tp 4,8, --recompute none,full); a
+    switch alone means on (--flash-attention), or takes values (--flash-attention
+    on,off); a switch on by default also has its --no- flag. The global batch
+    is one required value for both.
+    """
+    for knob in KNOBS:
+        dashed = knob.name.replace("_", "-")
+        values = "" if knob.kind is bool or knob.is_choice else f"; {knob.choices_text()}"
+        default = knob.default_text or _shown(knob.default)
+        if knob.search == GIVEN:
+            parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_value(knob), required=True,
+                                metavar=knob.short.upper() if knob.is_choice else "N", help=f"{knob.help}{values}")
+        elif not many and knob.kind is bool:
+            parser.add_argument(knob.flag, dest=knob.name, action="store_const", const=not knob.default,
+                                default=None, help=f"turn off: {knob.help} (on by default)" if knob.default
+                                else f"{knob.help} (default off)")
+        elif not many:
+            parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_value(knob), default=None,
+                                metavar=_metavar(knob), help=f"{knob.help}{values} (default {default})")
+        else:
+            tried = "every valid value" if isinstance(knob.search, str) else ",".join(map(_shown, knob.search))
+            parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_values(knob), default=None,
+                                nargs="?" if knob.kind is bool else None, const=(True,) if knob.kind is bool else None,
+                                metavar=_metavar(knob) + "[,...]",
+                                help=f"{knob.help}; values to try{values} (default {tried})")
+            if knob.kind is bool and knob.default:
+                parser.add_argument(knob.flag, dest=knob.name, action="store_const", const=(False,),
+                                    help=f"turn it off: same as --{dashed} off")
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _metavar(knob) -> str:
+    if knob.kind is bool:
+        return "on|off"
+    return "|".join(str(m) for m in knob.kind) if knob.is_choice else ("X" if knob.kind is float else "N")
+
+
+def _knob_value(knob):
+    """argparse type of one value of ``knob``: its text coerced by the knob, or a one-line error."""
+    def parse(text: str):
+        try:
+            return knob.coerce(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _knob_values(knob):
+    """argparse type of a comma-separated list of values of ``knob``."""
+    one = _knob_value(knob)
+
+    def parse(text: str) -> tuple:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated values ({knob.choices_text()}), got {text!r}")
+        return tuple(one(x) for x in items)
+    return parse
+
+
+def strategy_from(args, devices: int):
+    """The one Strategy `estimate`'s options name; dp defaults to what the devices leave."""
+    from comet_dse.strategy import Strategy
+
+    given = {k.name: getattr(args, k.name) for k in KNOBS if getattr(args, k.name) is not None}
+    tp, cp, pp = given.get("tp", 1), given.get("cp", 1), given.get("pp", 1)
+    inner = tp * cp * pp
+    if "dp" not in given:
+        if devices % inner:
+            raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {inner}; give --dp or change --tp/--cp/--pp")
+        given["dp"] = devices // inner
+    dp = given["dp"]
+    if inner * dp != devices:
+        raise InputError("devices", f"tp*cp*pp*dp = {tp}*{cp}*{pp}*{dp} = {inner * dp} "
+                         f"must equal --devices {devices}")
+    return Strategy(**given)
+
+
+def space_from(args):
+    """The SearchSpace of `search`'s options: every knob given on the command line, as values to try."""
+    from comet_dse.design_space.space import SearchSpace
+
+    return SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
+                        if k.search != GIVEN and getattr(args, k.name) is not None},
+                       max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave, mp=args.mp)
+
+
+def load_inputs(args) -> tuple:
+    """The model (with --seq-len) and the cluster (with --set and --expansion) the options name.
+
+    A Hugging Face config.json's keys that are read but not modelled are named on one stderr line.
+    """
+    from comet_dse.model.load import unmodelled_note
+    from comet_dse.presets import load_cluster, load_model
+
+    model = load_model(args.model)
+    note = unmodelled_note(model)
+    if note:
+        print(note, file=sys.stderr)
+    if args.seq_len:
+        model = model.with_seq_len(args.seq_len)
+    return model, cluster_from_args(load_cluster(args.cluster), args)

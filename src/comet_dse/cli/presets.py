@@ -1,0 +1,39 @@
+"""``comet-dse presets``: the built-in models and clusters."""
+from __future__ import annotations
+
+import json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("presets", help="list the built-in models and clusters")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args) -> int:
+    from comet_dse.cli.render import describe_peak, render_network
+    from comet_dse.presets import load_cluster, load_model, preset_names
+    from comet_dse.text import render_table
+    from comet_dse.units import format_bytes, format_rate
+
+    models = [load_model(n) for n in preset_names("models")]
+    clusters = [load_cluster(n) for n in preset_names("clusters")]
+    if args.json:
+        print(json.dumps({
+            "models": [{"name": m.name, "params": m.total_params(), "layers": m.layers, "hidden": m.hidden,
+                        "description": m.description, "source": m.source} for m in models],
+            "clusters": [{"name": c.name, "device": c.accelerator.name, "description": c.description,
+                          "source": c.source} for c in clusters],
+        }, indent=2))
+        return 0
+    rows = [[m.name, f"{m.total_params() / 1e9:.1f}B", m.layers, m.hidden, m.attention.heads,
+             m.attention.kv_heads, m.mlp.ffn, m.mlp.kind.value, m.seq_len, m.description] for m in models]
+    print("Models")
+    print(render_table(["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "seq", "description"], rows,
+                       left=(0, 7, 9)))
+    rows = [[c.name, c.accelerator.name, describe_peak(c.accelerator.peak_flops),
+             format_bytes(c.accelerator.hbm.capacity), format_rate(c.accelerator.hbm.bandwidth, "B/s"),
+             format_bytes(c.accelerator.sram.capacity), render_network(c)] for c in clusters]
+    print("\nClusters")
+    print(render_table(["name", "device", "peak", "HBM", "HBM bw", "SRAM", "network (innermost first)"], rows,
+                       left=(0, 1, 6)))
+    return 0

@@ -1,0 +1,67 @@
+"""``comet-dse search``: every parallelisation strategy of one model on one cluster, ranked."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from comet_dse.cli.options import add_search_inputs, load_inputs, positive_int, space_from
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("search", help="evaluate every parallelisation strategy and rank them")
+    add_search_inputs(p)
+    p.add_argument("--top", type=positive_int, default=10, help="how many of the fastest to show (default 10)")
+    p.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
+    p.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
+
+
+def run(args) -> int:
+    from comet_dse.cli.render import render_estimate, render_search
+    from comet_dse.design_space.output import to_arrow, write_atomically
+    from comet_dse.design_space.search import search, strategy_at
+    from comet_dse.estimate import estimate
+
+    model, cluster = load_inputs(args)
+    started = time.perf_counter()
+    result = search(model, cluster, args.devices, args.global_batch, space_from(args))
+    elapsed = time.perf_counter() - started
+    if args.output:
+        write_atomically(to_arrow(result.columns), Path(args.output))
+    best = None
+    if result.feasible:
+        best = estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])))
+    if args.json:
+        top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]
+        print(json.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,
+                          "infeasible_by_rule": result.infeasible_by_rule, "top": top,
+                          "best": best.to_dict() if best else None}, indent=2))
+        return 0
+    print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top))
+    if best:
+        exp = cluster.accelerator.expansion
+        print("\nThe fastest strategy in detail\n")
+        print(render_estimate(best, cluster.accelerator.state_capacity, exp.capacity if exp else None))
+    if args.output:
+        print(f"\nWrote {result.evaluated:,} rows to {args.output}")
+    return 0
+
+
+def row_dict(columns: dict, row: int) -> dict:
+    """One row of a result table as plain JSON values, coded knobs as their names."""
+    from comet_dse.design_space.output import CODED
+
+    out = {}
+    for name, values in columns.items():
+        value = values[row]
+        if name in CODED:
+            out[name] = CODED[name][int(value)]
+        elif isinstance(value, (np.bool_, bool)):
+            out[name] = bool(value)
+        elif isinstance(value, (np.integer,)):
+            out[name] = int(value)
+        else:
+            out[name] = float(value)
+    return out

@@ -1,0 +1,55 @@
+"""``comet-dse validate``: re-predict published measurements and report the error."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from comet_dse.errors import InputError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="re-predict published measurements and report the error")
+    p.add_argument("--data", default=None,
+                   help="folder with the validation CSVs (default: ../shared/validation or packaged copy)")
+    p.add_argument("--cluster", default="dgx-a100-80gb",
+                   help="cluster preset for the A100 datasets (default dgx-a100-80gb); h100_public uses dgx-h100")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args) -> int:
+    import csv
+
+    from comet_dse.presets import load_cluster
+    from comet_dse.text import render_table
+    from comet_dse.validation import all_comparisons, summary, validation_dir
+
+    directory = Path(args.data) if args.data else validation_dir()
+    if not directory.is_dir():
+        raise InputError("data", f"{directory} is not a folder")
+    cluster = load_cluster(args.cluster)
+    try:
+        comparisons = all_comparisons(cluster, directory)
+    except InputError:
+        raise
+    except KeyError as exc:
+        raise InputError("data", f"a CSV in {directory} lacks the column {exc.args[0]!r}") from None
+    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:     # a malformed measurement file
+        raise InputError("data", f"a CSV in {directory} holds a value that is not valid: {exc}") from None
+    stats = summary(comparisons)
+    if args.json:
+        print(json.dumps({
+            "data": str(directory),
+            "rows": [{"dataset": c.dataset, "label": c.label, "predicted_s": c.predicted, "measured_s": c.measured,
+                      "error": c.error} for c in comparisons],
+            "summary": stats,
+        }, indent=2))
+        return 0
+    print(f"Validation against published runs in {directory} (cluster preset {args.cluster})\n")
+    rows = [[c.dataset.removesuffix(".csv"), c.label, f"{c.predicted:.4g}", f"{c.measured:.4g}", f"{c.error * 100:+.1f}%"]
+            for c in comparisons]
+    print(render_table(["dataset", "run", "predicted s", "measured s", "error"], rows, left=(0, 1)))
+    print()
+    rows = [[k.removesuffix(".csv"), v["rows"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%"]
+            for k, v in stats.items()]
+    print(render_table(["dataset", "rows", "mean |error|", "max |error|"], rows))
+    return 0

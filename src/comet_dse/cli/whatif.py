@@ -1,0 +1,159 @@
+"""``comet-dse whatif``: what scaling each cluster resource buys the best strategy, and the smallest capacity
+at which a split fits; as a table, JSON or a figure."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from comet_dse.cli.options import add_search_inputs, load_inputs, space_from
+from comet_dse.errors import InputError
+from comet_dse.units import format_bytes, format_rate, format_time
+from comet_dse.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
+
+
+def add_parser(sub) -> None:
+    """The ``whatif`` subcommand: the options of ``search`` and the resources and factors to scale."""
+    p = sub.add_parser("whatif", help="speedup of the best strategy when each cluster resource is scaled, "
+                       "and the smallest capacity that makes a split fit")
+    add_search_inputs(p)
+    p.add_argument("--resources", type=_names, default=None,
+                   help="resources to scale, comma-separated, named as --set takes them (default: peak_flops, "
+                        "hbm_capacity, hbm_bandwidth, sram_capacity, network_bandwidth, each network dimension's "
+                        "link_bandwidth, the expansion tier's capacity and bandwidth)")
+    p.add_argument("--scale", type=_factors, default=DEFAULT_FACTORS, metavar="F[,...]",
+                   help="factors to scale each resource by (default 0.5,2)")
+    p.add_argument("--capacity", default="hbm_capacity", choices=CAPACITY_RESOURCES,
+                   help="the capacity whose smallest fitting value is reported for the searched split "
+                        "(default hbm_capacity)")
+    p.add_argument("--no-fit", action="store_true", help="skip the smallest-capacity search")
+    p.add_argument("--figure", default=None, metavar="F.png|F.svg", help="also draw the speedups to this file")
+    p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
+
+
+def _names(text: str) -> tuple:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated resource names, got {text!r}")
+    return names
+
+
+def _factors(text: str) -> tuple:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers like 0.5,2, got {text!r}") from None
+    if not values or not all(0 < v < math.inf for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers like 0.5,2, got {text!r}")
+    return values
+
+
+def run(args) -> int:
+    """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
+    from pathlib import Path
+
+    from comet_dse.whatif import whatif
+
+    if args.figure and Path(args.figure).suffix.lower() not in (".png", ".svg"):
+        raise InputError("--figure", f"{args.figure} must end in .png or .svg")
+    model, cluster = load_inputs(args)
+    result = whatif(model, cluster, args.devices, args.global_batch, space_from(args), args.resources, args.scale,
+                    None if args.no_fit else args.capacity)
+    if args.figure:
+        figure(result, args.figure)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render(result))
+        if args.figure:
+            print(f"\nWrote {args.figure}")
+    return 0
+
+
+def render(result: WhatIf) -> str:
+    """The text table of ``comet-dse whatif``."""
+    from comet_dse.text import render_table
+    b = result.baseline
+    lines = [f"What if: {result.model} on {result.devices:,} x {result.cluster}, global batch {result.global_batch:,} "
+             f"({b.evaluated:,} strategies per variant)"]
+    if b.step_time_s is not None:
+        lines.append(f"As it is: {format_time(b.step_time_s)} per step, {b.tokens_per_second:,.0f} tokens/s, "
+                     f"with {b.strategy_text}")
+    else:
+        lines.append(f"As it is: {b.note}")
+    if result.cells:
+        headers = ["resource", "now"] + [f"x{f:g}" for f in result.factors]
+        rows = []
+        for resource in dict.fromkeys(c.resource for c in result.cells):
+            cells = [c for c in result.cells if c.resource == resource]
+            rows.append([resource, _shown(resource, _present_value(cells))] + [_speedup_text(c) for c in cells])
+        lines += ["", "Speedup of the best strategy over the cluster as it is:", "",
+                  render_table(headers, rows, left=(0,))]
+    if result.fit is not None:
+        lines += ["", fit_text(result.fit)]
+    return "\n".join(lines)
+
+
+def _present_value(cells: list) -> float | None:
+    """A resource's present value, recovered from one of its scaled cells (value / factor)."""
+    for c in cells:
+        if c.value is not None:
+            return c.value / c.factor
+    return None
+
+
+def _shown(resource: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if resource.endswith("capacity"):
+        return format_bytes(value)
+    if resource.endswith("bandwidth"):
+        return format_rate(value, "B/s")
+    if resource.startswith("peak_flops"):
+        return format_rate(value, "FLOP/s")
+    if resource.endswith("latency"):
+        return format_time(value)
+    return f"{value:g}"
+
+
+def _speedup_text(cell: Cell) -> str:
+    if cell.speedup is not None:
+        return f"{cell.speedup:.2f}x"
+    if cell.step_time_s is not None:      # fits only when scaled: the baseline had nothing
+        return f"fits ({cell.step_time_s:.3g} s)"
+    return "out of range" if cell.value is None else "no fit"
+
+
+def fit_text(fit: CapacityFit) -> str:
+    """One line: the smallest capacity at which the constrained space fits."""
+    if fit.smallest is None:
+        return f"{fit.constraint}: {fit.note}."
+    now = "fits now" if fit.fits_now else "does not fit now"
+    return (f"Smallest {fit.resource} at which {fit.constraint} has a strategy that fits: {format_bytes(fit.smallest)} "
+            f"({fit.smallest:,.0f} B; the cluster has {format_bytes(fit.current)}, {now}), with {fit.strategy_text}")
+
+
+def figure(result: WhatIf, path) -> None:
+    """Bars of each resource's speedup per factor, written to ``path`` (.png or .svg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    resources = list(dict.fromkeys(c.resource for c in result.cells))
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(resources) * len(result.factors)))
+    height = 0.8 / len(result.factors)
+    for i, factor in enumerate(result.factors):
+        values = [next((c.speedup or 0.0) for c in result.cells if c.resource == r and c.factor == factor)
+                  for r in resources]
+        ys = [k + i * height for k in range(len(resources))]
+        ax.barh(ys, values, height=height, label=f"x{factor:g}")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([k + height * (len(result.factors) - 1) / 2 for k in range(len(resources))], resources)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup of the best strategy (1 = the cluster as it is; 0 = nothing fits)")
+    ax.set_title(f"{result.model} on {result.devices} x {result.cluster}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

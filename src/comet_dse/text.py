@@ -1,0 +1,28 @@
+"""Plain text for a terminal: names made safe to print, and aligned tables.
+
+Every command's text output goes through these two, so a name read from a file never moves the cursor
+and every table lines up the same way.
+"""
+from __future__ import annotations
+
+import re
+
+# C0 and C1 control characters (ESC starts terminal escape sequences) and DEL; newline and tab stay.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` without terminal control characters: a name from a file cannot move the cursor,
+    recolour or retitle the terminal."""
+    return _CONTROL.sub("", str(text))
+
+
+def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:
+    """A text table: columns in ``left`` left-aligned (text), the others right-aligned (numbers)."""
+    widths = [max([len(str(h))] + [len(str(r[i])) for r in rows]) for i, h in enumerate(headers)]
+
+    def fmt(cells):
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return printable("\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]))
