@@ -180,7 +180,7 @@ def test_presets_lists_every_model_and_cluster(capsys):
     megatron = next(line for line in out.splitlines() if line.startswith("megatron-1t "))
     assert "1008.0B" in megatron and "25600" in megatron
     dgx = next(line for line in out.splitlines() if line.startswith("dgx-a100-80gb "))
-    assert "80.0 GiB" in dgx and "312 TFLOP/s bf16" in dgx
+    assert "80 GiB" in dgx and "312 TFLOP/s bf16" in dgx and "nvlink(8, switch, 300 GB/s)" in dgx
 
 
 def test_presets_json(capsys):

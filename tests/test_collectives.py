@@ -48,7 +48,19 @@ def test_all_to_all_switch_vs_ring():
     assert ring == pytest.approx(7 / 8 * s / 100e9 * 2.0)   # mean distance n/4 = 2 hops
 
 
-def test_send_recv_uses_outermost_dimension():
+def test_send_recv_takes_the_slowest_dimension_it_crosses():
+    """A pipeline inside and across nodes runs at its slowest hop, inner or outer (was: always the outermost,
+    so an NVLink scaled down to a crawl left a 16-stage pipeline across two nodes unchanged)."""
+    slow_inner = (_dim(8, Topology.SWITCH, bw=1e9, latency=1e-6), _dim(64, Topology.SWITCH, bw=25e9, latency=5e-6))
+    spans = [np.array(8.0), np.array(2.0)]
+    assert coll.send_recv_time(1e8, slow_inner, spans) == pytest.approx(1e8 / 1e9 + 1e-6)
+    fast_inner = (_dim(8, Topology.SWITCH, bw=300e9, latency=1e-6), slow_inner[1])
+    assert coll.send_recv_time(1e8, fast_inner, spans) == pytest.approx(1e8 / 25e9 + 5e-6)
+    ring = (_dim(4, Topology.RING, bw=400e9, link=100e9, latency=0.0),)
+    assert coll.send_recv_time(1e8, ring, [np.array(4.0)]) == pytest.approx(1e8 / 100e9)   # one link on a ring
+
+
+def test_send_recv_uses_the_dimension_it_spans():
     dims = (_dim(8, Topology.SWITCH, bw=300e9, latency=1e-6), _dim(64, Topology.SWITCH, bw=25e9, latency=5e-6))
     assert coll.send_recv_time(1e8, dims, [np.array(1.0), np.array(4.0)]) == pytest.approx(1e8 / 25e9 + 5e-6)
     assert coll.send_recv_time(1e8, dims, [np.array(4.0), np.array(1.0)]) == pytest.approx(1e8 / 300e9 + 1e-6)

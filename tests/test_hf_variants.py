@@ -205,7 +205,7 @@ def test_layer_types_list_the_windowed_layers(tmp_path):
 
 
 def test_window_model_flops_and_step_time(capsys, tmp_path):
-    """MFU's model FLOPs count min(s, w) keys per query on windowed layers (causality ignored, as for s)."""
+    """MFU's model FLOPs count the causal scores: s w - w^2/2 per head on windowed layers, s^2/2 without."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(MISTRAL_7B), encoding="utf-8")
     full_path = tmp_path / "full.json"
@@ -221,9 +221,10 @@ def test_window_model_flops_and_step_time(capsys, tmp_path):
 
     windowed, full = estimate(path), estimate(full_path)
     L, a, d, s, w, tokens = 32, 32, 128, 8192, 4096, 8 * 8192
-    # per token the attention term is 6 L a (d_qk + d_v) x keys: s without the window, w with it
+    # per token the attention term is 6 L a (d_qk + d_v) x causal keys: s/2 without the window,
+    # w (2 - w/s) / 2 with it (s w - w^2/2 scores per head and sequence)
     assert full["model_flops_per_step"] - windowed["model_flops_per_step"] == \
-        pytest.approx(tokens * 6 * L * a * 2 * d * (s - w), rel=1e-9)
+        pytest.approx(tokens * 6 * L * a * 2 * d * (s / 2 - w * (2 - w / s) / 2), rel=1e-9)
     assert windowed["step_time_s"] < full["step_time_s"]
 
 

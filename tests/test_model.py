@@ -31,15 +31,20 @@ def test_all_presets_load():
 
 
 def test_megatron_eq3_flops_with_full_recompute(megatron_1t):
-    """Narayanan et al. 2021 Eq. 3: F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
+    """Narayanan et al. 2021 Eq. 3: F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), which counts the whole score
+    matrix; the causal count (what MFU and HFU use) has half the attention term: s/(12h)."""
+    from comet_dse.cost.step import model_flops
+
     m = megatron_1t
     B, s, l, h, V = 3072, m.seq_len, m.layers, m.hidden, m.vocab
-    eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     st = StrategyArrays.of([Strategy(tp=8, pp=64, dp=6, global_batch=B, recompute=Recompute.FULL)])
-    model_flops, hardware_flops = _flops(m, st)
-    assert hardware_flops[0] == pytest.approx(eq3, rel=1e-12)
-    # Model FLOPs drop the recomputed forward: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
-    assert model_flops[0] == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-12)
+    causal_model, hardware = _flops(m, st)
+    assert hardware[0] == pytest.approx(96 * B * s * l * h * h * (1 + s / (12 * h) + V / (16 * l * h)), rel=1e-12)
+    # Model FLOPs drop the recomputed forward: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) as Eq. 3 counts them,
+    # with s/(12h) when causal.
+    eq3_model = 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    assert model_flops(m, B, causal=False) == pytest.approx(eq3_model, rel=1e-12)
+    assert causal_model[0] == pytest.approx(72 * B * s * l * h * h * (1 + s / (12 * h) + V / (12 * l * h)), rel=1e-12)
 
 
 def test_seq_len_override(gpt3):

@@ -13,6 +13,7 @@ import pytest
 from comet_dse.cli import main
 from comet_dse.design_space import engine
 from comet_dse.design_space.output import DATASET_MARKER
+from comet_dse.written import LEDGER
 from comet_dse.design_space.parquet_concat import ParquetJoinError, _write_struct, join, read_footer
 from comet_dse.design_space.study import load_study
 from dask_kill import sweep_killing_a_worker
@@ -92,7 +93,7 @@ def test_dataset_output_is_one_table_equal_to_the_single_file(study_path, tmp_pa
     assert not (tmp_path / "ds.parts").exists() and (tmp_path / "ds.summary.json").is_file()
     engine.run_study(load_study(study_path), folder, progress=False)   # an earlier dataset is replaced
     assert pq.read_table(folder).equals(single)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [LEDGER]    # no temporaries
 
 
 def test_interrupted_dataset_sweep_resumes_to_identical_files(study_path, tmp_path):
@@ -166,10 +167,11 @@ def test_dask_dataset_sweep_survives_a_killed_worker(study_path, tmp_path):
 
 
 def test_the_allocator_is_set_once_and_by_the_command_line(monkeypatch, capsys):
-    from comet_dse import allocator, cli
+    from comet_dse import allocator
+    from comet_dse.cli import entry
 
     calls = []
-    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(entry, "keep_freed_memory", lambda: calls.append(1))
     assert main(["presets"]) == 0
     capsys.readouterr()
     assert calls == [1]

@@ -40,17 +40,16 @@ def test_the_view_is_the_search(default_view):
         assert figure["data"] and figure["layout"]["title"]["text"]
 
 
-def test_a_30k_strategy_search_answers_well_under_a_second():
-    """GPT-3 175B on 1024 H100s: about 40 K strategies, the search, the splits and eight doublings."""
+def test_a_30k_strategy_view_shrinks_with_hbm_capacity():
+    """GPT-3 175B on 1024 H100s: about 40 K strategies, the search, the splits and eight doublings. How fast
+    the page answers this is measured by benchmarks/bench_web.py, not asserted here (docs/reliability.md)."""
     controls = Controls(model="gpt3-175b", cluster="dgx-h100", devices=1024, global_batch=1536)
-    compute(controls)                                   # loads the presets once
-    times = []
+    feasible = []
     for capacity in (80, 64, 48):
-        started = time.perf_counter()
         view = compute(Controls(**{**controls.__dict__, "resources": {"hbm_capacity": capacity}}))
-        times.append(time.perf_counter() - started)
-    assert view.evaluated >= 30_000
-    assert min(times) < 0.5 and max(times) < 1.0, times
+        assert view.evaluated >= 30_000 and view.capacity_bytes == capacity * GiB
+        feasible.append(view.feasible)
+    assert feasible[0] > feasible[1] > feasible[2] > 0, feasible
 
 
 def test_hbm_capacity_moves_the_best_strategy_and_the_wall(default_view):
@@ -179,12 +178,12 @@ def _svg(page, graph: str) -> str:
     return page.inner_html(f"#{graph} .js-plotly-plot")
 
 
-def _change(page, selector: str, value: str, before: dict) -> float:
+def _change(page, selector: str, value: str, before: dict) -> None:
     """Type ``value`` into the control, press Enter, wait until the best strategy, the bathtub and the
-    memory figure all differ from ``before``; return the seconds it took."""
+    memory figure all differ from ``before`` (at most 120 s: a hang, not a speed limit; the page's speed is
+    benchmarks/bench_web.py's)."""
     box = page.locator(selector)
     box.fill(value)
-    started = time.perf_counter()
     box.press("Enter")
     page.wait_for_function(
         """([best, bath, mem]) => {
@@ -192,8 +191,7 @@ def _change(page, selector: str, value: str, before: dict) -> float:
              const b = document.querySelector('#bathtub .js-plotly-plot');
              const m = document.querySelector('#memory .js-plotly-plot');
              return t && b && m && t.innerText !== best && b.innerHTML !== bath && m.innerHTML !== mem; }""",
-        arg=[before["best"], before["bathtub"], before["memory"]], timeout=20_000)
-    return time.perf_counter() - started
+        arg=[before["best"], before["bathtub"], before["memory"]], timeout=120_000)
 
 
 def _state(page) -> dict:
@@ -218,10 +216,9 @@ def test_explorer_in_headless_chromium(server, tmp_path):
             first = _state(page)
             assert "4,096 x tpu-v4" in first["status"] and re.search(r"[\d,]+ strategies evaluated", first["status"])
 
-            took = _change(page, 'input[id*="hbm_capacity"]', "16", first)
+            _change(page, 'input[id*="hbm_capacity"]', "16", first)
             second = _state(page)
             assert "hbm_capacity=16.0GiB" in second["status"] and "does not fit" in second["bathtub"]
-            assert took < 10, took
 
             _change(page, "#devices", "2048", second)
             third = _state(page)

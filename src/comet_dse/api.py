@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comet_dse import presets
+from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
 from comet_dse.estimate import Estimate
 from comet_dse.estimate import estimate as _estimate
@@ -25,7 +26,7 @@ from comet_dse.design_space.space import SearchSpace
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.overrides import apply_overrides
-from comet_dse.strategy import GIVEN, KNOB, Strategy
+from comet_dse.strategy import GIVEN, KNOB, Strategy, coerced
 from comet_dse.tables import Tabular, arrow_to_pandas
 from comet_dse.whatif import DEFAULT_FACTORS, WhatIf
 from comet_dse.whatif import whatif as _whatif
@@ -38,7 +39,9 @@ def load_model(ref, seq_len: int | None = None) -> Transformer:
     """A model: a preset name (``"megatron-1t"``), a model YAML file, a Hugging Face ``config.json``, or a
     ``Transformer`` (returned as is); ``seq_len`` overrides its sequence length."""
     model = ref if isinstance(ref, Transformer) else presets.load_model(str(ref))
-    return model.with_seq_len(seq_len) if seq_len else model
+    if seq_len is None:
+        return model
+    return model.with_seq_len(BOUNDS["seq_len"].check_integer("seq_len", seq_len))
 
 
 def load_cluster(ref, overrides=None, expansion=None) -> Cluster:
@@ -56,7 +59,7 @@ def load_cluster(ref, overrides=None, expansion=None) -> Cluster:
 
 
 def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = None, *, overrides=None,
-             expansion=None, seq_len: int | None = None, **knobs) -> Estimate:
+             expansion=None, seq_len: int | None = None, tokens=None, **knobs) -> Estimate:
     """One training step of ``model`` on ``devices`` devices of ``cluster`` under one strategy.
 
     The strategy is a ``Strategy``, a dict of knobs, or keywords (``tp=8, pp=64, global_batch=512,
@@ -67,12 +70,24 @@ def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = No
     given = dict(strategy.to_dict() if isinstance(strategy, Strategy) else strategy or {})
     given.update(knobs)
     _check_knobs(given, "estimate")
-    tp, cp, pp = (int(given.get(n, 1)) for n in ("tp", "cp", "pp"))
+    given = coerced(given)                     # tp=0 is one InputError, before dp is derived from it
+    devices = BOUNDS["devices"].check_integer("devices", devices)
+    tp, cp, pp = (given.get(n, 1) for n in ("tp", "cp", "pp"))
     if "dp" not in given:
         if devices % (tp * cp * pp):
             raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {tp * cp * pp}; give dp")
         given["dp"] = devices // (tp * cp * pp)
-    return _estimate(model, cluster, devices, Strategy(**given))
+    return _estimate(model, cluster, devices, Strategy(**given), tokens=token_budget(tokens))
+
+
+def token_budget(tokens) -> float | None:
+    """A token budget (``15e12``, ``"15T"``; k, M, G, T, P suffixes) checked against bounds.BOUNDS['tokens'];
+    None stays None. With one, results also hold time to train, device time, energy and cost (docs/economics.md)."""
+    from comet_dse.units import KIND_TOKENS, parse_quantity
+
+    if tokens is None:
+        return None
+    return BOUNDS["tokens"].check("tokens", parse_quantity(tokens, KIND_TOKENS, "tokens"), repr(tokens))
 
 
 def _check_knobs(given: dict, what: str) -> None:
@@ -86,7 +101,8 @@ class SearchResults(Tabular):
     """Every evaluated strategy of a search, the feasible ones ranked fastest first.
 
     ``best`` (an Estimate with the full breakdown), ``strategy(rank)``, ``top(k)`` (rows as dicts),
-    ``to_arrow()`` / ``to_pandas()`` (every point, one row each, columns as ``comet-dse search --output``).
+    ``to_arrow()`` / ``to_pandas()`` (every point, one row each, columns as ``comet-dse search --output``);
+    with a token budget (``tokens``) the columns and ``best`` hold time to train, energy and cost too.
     """
 
     model: Transformer
@@ -95,6 +111,7 @@ class SearchResults(Tabular):
     global_batch: int
     result: SearchResult
     seconds: float
+    tokens: float | None = None
 
     @property
     def evaluated(self) -> int:
@@ -117,7 +134,7 @@ class SearchResults(Tabular):
 
     def estimate(self, rank: int = 1) -> Estimate:
         """The full estimate (breakdown, memory by part) of the strategy ranked ``rank``."""
-        return _estimate(self.model, self.cluster, self.devices, self.strategy(rank))
+        return _estimate(self.model, self.cluster, self.devices, self.strategy(rank), tokens=self.tokens)
 
     @property
     def best(self) -> Estimate | None:
@@ -150,25 +167,26 @@ def _space(knobs: dict, mp, max_micro_batch: int, max_interleave: int) -> Search
     return SearchSpace(values, max_micro_batch, max_interleave, mp)
 
 
-def search(model, cluster, devices: int, global_batch: int, *, mp=None, overrides=None, expansion=None,
+def search(model, cluster, devices: int, global_batch: int, *, mp=None, overrides=None, expansion=None, tokens=None,
            seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8, **knobs) -> SearchResults:
     """Evaluate every strategy (each knob a value or a list of values to try; ``mp``: model-parallel
     degrees MP = TP x PP to try) and rank those that fit, as ``comet-dse search`` does."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
     space = _space(knobs, mp, max_micro_batch, max_interleave)
     started = time.perf_counter()
-    result = _search(model, cluster, devices, global_batch, space)
-    return SearchResults(model, cluster, devices, global_batch, result, time.perf_counter() - started)
+    tokens = token_budget(tokens)
+    result = _search(model, cluster, devices, global_batch, space, tokens=tokens)
+    return SearchResults(model, cluster, devices, global_batch, result, time.perf_counter() - started, tokens)
 
 
-def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, factors=DEFAULT_FACTORS,
+def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, factors=DEFAULT_FACTORS, tokens=None,
            capacity: str | None = "hbm_capacity", mp=None, overrides=None, expansion=None,
            seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8, **knobs) -> WhatIf:
     """The best strategy's speedup with each resource scaled by each factor, and the smallest
     ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py)."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
     space = _space(knobs, mp, max_micro_batch, max_interleave)
-    return _whatif(model, cluster, devices, global_batch, space, resources, factors, capacity)
+    return _whatif(model, cluster, devices, global_batch, space, resources, factors, capacity, token_budget(tokens))
 
 
 @dataclass(frozen=True)

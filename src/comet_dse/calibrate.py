@@ -12,10 +12,12 @@ The fit moves named parameters of the cluster (``PARAMETERS``), each inside
 physical bounds, to minimise the squared relative error of the predicted step
 times (scipy.optimize.least_squares, trust-region reflective). Parameters the
 runs cannot move (sensitivity below ``MIN_SENSITIVITY``) stay at the preset's
-value and are named. Every run is also predicted by a fit that did not see it
-(leave-one-out). The batched cost model evaluates one run at every parameter
-vector a Jacobian needs in one call, so a fit of 20 runs and 6 parameters
-takes seconds.
+value and are named. Every run is also predicted by a fit that did not see it:
+leave-one-out up to MAX_LEAVE_ONE_OUT runs, CV_FOLDS-fold cross-validation
+past that. The batched cost model evaluates all the runs of one model and device
+count at every parameter vector a Jacobian needs in one call (``RunSet``), so a
+fit costs a few calls per iteration whatever the number of runs, and 2,000 runs
+are fitted and cross-validated in about 20 s (benchmarks/bench_calibrate.py).
 """
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ import csv
 import dataclasses as dc
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.loading import read_text_file
@@ -38,7 +42,8 @@ METRICS = ("iter_s", "tokens_per_s", "mfu")
 MIN_SENSITIVITY = 1e-3     # RMS change of the relative errors when a parameter crosses 10 % of its range
 RUNS_PER_PARAMETER = 3
 STEP = 1e-4                # finite-difference step, as a fraction of a parameter's range
-MAX_BATCH = 63             # points per evaluation: below the size at which micro-batch terms are de-duplicated
+CV_FOLDS = 10              # k of k-fold cross-validation, past MAX_LEAVE_ONE_OUT runs
+MAX_LEAVE_ONE_OUT = 30     # up to this many runs, each run is predicted by a fit on all the others
 
 
 @dataclass(frozen=True)
@@ -156,22 +161,28 @@ def read_runs(path: Path) -> list:
 
     path = Path(path)
     text = read_text_file(path, "runs")
-    rows = list(csv.DictReader(io.StringIO(text)))
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise InputError("runs", f"{path} is not a valid CSV file: {exc}") from None
     if not rows:
         raise InputError("runs", f"{path} holds no runs (a header line and one row per run)")
+    header = list(reader.fieldnames)
     for column in ("gpus", "metric", "measured"):
-        if column not in rows[0]:
-            raise InputError(f"runs.{column}", f"is missing from {path}; columns: {', '.join(rows[0])}")
-    if "model" not in rows[0] and "model_style" not in rows[0]:
+        if column not in header:
+            raise InputError(f"runs.{column}", f"is missing from {path}; columns: {', '.join(header)}")
+    if "model" not in header and "model_style" not in header:
         raise InputError("runs.model", "is missing: give a `model` column (preset or file) or `model_style` "
                          "with the architecture columns of the validation files")
-    unknown = sorted(set(rows[0]) - set(KNOB) - _OTHER_COLUMNS)
+    unknown = sorted(set(header) - set(KNOB) - _OTHER_COLUMNS)
     if unknown:
         raise InputError(f"runs.{unknown[0]}", f"unknown column; known: model or model_style and the architecture "
                          f"columns, gpus, metric, measured, id, and the strategy knobs ({', '.join(KNOB)})")
     runs = []
     for i, row in enumerate(rows, start=2):
         where = f"runs line {i}"
+        _check_fields(row, len(header), where)
         label = row.get("id") or row.get("label") or f"line {i}"
         try:
             runs.append(_run(row, label, path.parent, load_model))
@@ -180,7 +191,21 @@ def read_runs(path: Path) -> list:
     return runs
 
 
+def _check_fields(row: dict, columns: int, where: str) -> None:
+    """A row with as many fields as the header: csv.DictReader fills a short row with None and keeps the
+    fields of a long one under the key None (a short row was a TypeError traceback)."""
+    if None in row:
+        raise InputError(where, f"has {columns + len(row[None])} fields, the header {columns}; "
+                         "quote a field that holds a comma")
+    missing = [name for name, value in row.items() if value is None]
+    if missing:
+        raise InputError(where, f"has {columns - len(missing)} fields, the header {columns} "
+                         f"(no {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+
+
 _ARCHITECTURE = {"model_style", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "dropout"}
+_COUNTS = {"gpt": ("layers", "hidden", "heads", "ffn", "vocab", "seq_len"),
+           "llama": ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")}
 _OTHER_COLUMNS = _ARCHITECTURE | {"model", "gpus", "metric", "measured", "id", "label", "source", "note", "params_b"}
 
 
@@ -192,17 +217,16 @@ def _run(row: dict, label: str, folder: Path, load_model) -> Run:
         local = folder / ref
         model = load_model(str(local) if local.suffix in (".json", ".yaml", ".yml") else ref)
         if row.get("seq_len"):
-            model = model.with_seq_len(_positive_int(row["seq_len"], "seq_len"))
+            model = model.with_seq_len(_integer(row["seq_len"], "seq_len", "seq_len"))
     else:
         style = row.get("model_style")
-        if style not in ("gpt", "llama"):
-            raise InputError("model_style", f"must be gpt or llama, got {style!r}")
-        try:
-            model = (_gpt if style == "gpt" else _llama)(row, label)
-        except (KeyError, ValueError) as exc:
-            raise InputError("model_style", f"needs the architecture columns (layers, hidden, heads, ffn, vocab, "
-                             f"seq_len): {exc}") from None
-    devices = _positive_int(row["gpus"], "gpus")
+        if style not in _COUNTS:
+            raise InputError("model_style", f"must be gpt or llama, got {shown(style)}")
+        optional = ("kv_heads",) if style == "gpt" and row.get("kv_heads") else ()
+        for name in _COUNTS[style] + optional:           # checked before they divide one another
+            _integer(row.get(name), name, "seq_len" if name == "seq_len" else "integer")
+        model = (_gpt if style == "gpt" else _llama)(row, label)
+    devices = _integer(row["gpus"], "gpus", "devices")
     knobs = knob_values(row)
     inner = knobs.get("tp", 1) * knobs.get("cp", 1) * knobs.get("pp", 1)
     knobs.setdefault("dp", max(devices // inner, 1))
@@ -213,28 +237,109 @@ def _run(row: dict, label: str, folder: Path, load_model) -> Run:
         raise InputError("gpus", f"{devices} differs from tp*cp*pp*dp = {strategy.devices}")
     metric = row["metric"]
     if metric not in METRICS:
-        raise InputError("metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
-    try:
-        measured = float(row["measured"])
-    except ValueError:
-        raise InputError("measured", f"must be a positive number, got {row['measured']!r}") from None
-    if not np.isfinite(measured) or measured <= 0 or (metric == "mfu" and measured > 1):
-        raise InputError("measured", f"must be a positive number{' at most 1' if metric == 'mfu' else ''}, "
-                         f"got {row['measured']!r}")
+        raise InputError("metric", f"must be one of {', '.join(METRICS)}, got {shown(metric)}")
+    measured = _measured(row["measured"], metric, strategy.global_batch * model.seq_len)
     return Run(label=label, model=model, devices=devices, strategy=strategy, metric=metric, measured=measured)
 
 
-def _positive_int(text: str, name: str) -> int:
+def _measured(text: str, metric: str, tokens: int) -> float:
+    """The measured value, checked against bounds.BOUNDS as the step time it stands for: iter_s itself,
+    tokens/s as the tokens of a step over it; an MFU in the ``mfu`` row (its step time needs the model's
+    FLOP count). ``measured=1e-300`` was a traceback from the fit."""
+    time_row = BOUNDS["measured_time"]
+    row = BOUNDS["mfu"] if metric == "mfu" else time_row
     try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise InputError(name, f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise InputError(name, f"must be a positive integer, got {text!r}")
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise InputError("measured", f"must be a positive number, got {shown(text)}")
+    as_time = tokens / value if metric == "tokens_per_s" else value
+    if not row.low <= as_time <= row.high:
+        what = {"iter_s": "a step time", "tokens_per_s": f"a step of {tokens:,} tokens at {value:g} tokens/s takes "
+                f"{as_time:g} s; a step time", "mfu": "an MFU"}[metric]
+        raise InputError("measured", f"must be a positive number: {what} in [{row.low:g}, {row.high:g}]"
+                         f"{' s' if metric != 'mfu' else ''}, got {shown(text)}")
     return value
 
 
+def _integer(text, name: str, bound: str) -> int:
+    """A count column: an integer in the row ``bound`` of bounds.BOUNDS."""
+    row = BOUNDS[bound]
+    try:
+        value = int(str(text).strip())
+    except ValueError:                      # not a number, or more than 4,300 digits
+        raise InputError(name, f"must be {row.integer_text()}, got {shown(text)}") from None
+    return row.check_integer(name, value)
+
+
 # --- evaluating runs at many parameter vectors ----------------------------------------------
+
+
+class RunSet:
+    """Runs prepared for evaluation at many parameter vectors: grouped by model and device count, each
+    group's strategies stacked into arrays once.
+
+    ``errors`` evaluates every run at every parameter vector with one call of the batched cost model per
+    group: the group's runs, each repeated once per vector, with the fitted parameters as arrays over
+    those points (``distinct.ungrouped``: points that differ only in the cluster are never merged). A fit's
+    cost is then a few calls per iteration, whatever the number of runs (it was one call per run, and
+    leave-one-out made calibration quadratic in the runs).
+    """
+
+    def __init__(self, runs: list, cluster: Cluster):
+        self.runs, self.cluster = list(runs), cluster
+        keys = {}
+        for i, run in enumerate(self.runs):        # a model read from a row is named after its run: not a key
+            keys.setdefault((dc.replace(run.model, name="", source=""), run.devices), []).append(i)
+        self.groups = [(self.runs[rows[0]].model, devices, np.array(rows),
+                        StrategyArrays.of([self.runs[i].strategy for i in rows]))
+                       for (_, devices), rows in keys.items()]
+        # per run: the measured step time [s] (iter_s, tokens/s), or for an MFU 1 / (devices x peak x MFU),
+        # which times the model FLOPs of a step is the step time it stands for
+        self.fixed = np.array([_fixed_time(r) for r in self.runs])
+        self.per_flop = np.array([_per_flop(r, cluster) for r in self.runs])
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def subset(self, rows) -> "RunSet":
+        return RunSet([self.runs[i] for i in rows], self.cluster)
+
+    def errors(self, fitted: list, values: np.ndarray) -> np.ndarray:
+        """Relative error of the predicted step time of every run at each row of ``values`` (K x P): N x K."""
+        from comet_dse.cost.distinct import ungrouped
+        from comet_dse.cost.step import evaluate
+
+        values = np.atleast_2d(np.asarray(values, dtype=float))
+        k = len(values)
+        out = np.empty((len(self.runs), k))
+        for model, devices, rows, st in self.groups:
+            variant = self.cluster
+            for j, param in enumerate(fitted):
+                variant = param.put(variant, np.tile(values[:, j], len(rows)))      # point = run x vector
+            with ungrouped(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                step = evaluate(model, variant, devices, st.take(np.repeat(np.arange(len(rows)), k)))
+            predicted = np.asarray(step.step_time, dtype=float).reshape(len(rows), k)
+            flops = np.broadcast_to(step.model_flops, (len(rows) * k,)).reshape(len(rows), k)
+            measured = np.where(np.isnan(self.fixed[rows])[:, None], flops * self.per_flop[rows][:, None],
+                                self.fixed[rows][:, None])
+            out[rows] = predicted / measured - 1.0
+        return out
+
+
+def _fixed_time(run: Run) -> float:
+    if run.metric == "iter_s":
+        return run.measured
+    if run.metric == "tokens_per_s":
+        return run.strategy.global_batch * run.model.seq_len / run.measured
+    return math.nan                                  # an MFU: the time follows from the model FLOPs
+
+
+def _per_flop(run: Run, cluster: Cluster) -> float:
+    if run.metric != "mfu":
+        return math.nan
+    return 1.0 / (run.devices * cluster.accelerator.flops(run.strategy.dtype.value) * run.measured)
 
 
 def step_errors(run: Run, cluster: Cluster, fitted: list, values: np.ndarray) -> np.ndarray:
@@ -245,28 +350,7 @@ def step_errors(run: Run, cluster: Cluster, fitted: list, values: np.ndarray) ->
     Measured tokens/s and MFU are turned into step times (MFU with the
     model's own FLOP count, as validation does).
     """
-    from comet_dse.cost.step import evaluate
-
-    out = []
-    for start in range(0, len(values), MAX_BATCH):
-        chunk = values[start:start + MAX_BATCH]
-        variant = cluster
-        for j, param in enumerate(fitted):
-            variant = param.put(variant, chunk[:, j])
-        st = StrategyArrays.of([run.strategy] * len(chunk))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            step = evaluate(run.model, variant, run.devices, st)
-        out.append(step.step_time / _measured_time(run, cluster, step) - 1.0)
-    return np.concatenate(out)
-
-
-def _measured_time(run: Run, cluster: Cluster, step) -> np.ndarray:
-    if run.metric == "iter_s":
-        return np.full(np.shape(step.step_time), run.measured)
-    if run.metric == "tokens_per_s":
-        return np.full(np.shape(step.step_time), run.strategy.global_batch * run.model.seq_len / run.measured)
-    peak = cluster.accelerator.flops(run.strategy.dtype.value)
-    return step.model_flops / (run.devices * peak * run.measured)
+    return RunSet([run], cluster).errors(fitted, values)[0]
 
 
 # --- the fit ---------------------------------------------------------------------------------
@@ -285,17 +369,19 @@ class Fit:
     sensitivity: dict         # name -> RMS change of the errors over 10 % of its range
 
 
-def fit(runs: list, cluster: Cluster, names: list, start: np.ndarray | None = None) -> Fit:
-    """Least-squares fit of ``names`` on ``runs`` (relative step-time errors), inside each parameter's bounds."""
+def fit(runs, cluster: Cluster, names: list, start: np.ndarray | None = None) -> Fit:
+    """Least-squares fit of ``names`` on ``runs`` (a list of Run or a RunSet; relative step-time errors),
+    inside each parameter's bounds."""
     from scipy.optimize import least_squares
 
+    runs = runs if isinstance(runs, RunSet) else RunSet(runs, cluster)
     catalogue = parameters(cluster)
     params = [catalogue[n] for n in names]
     low = np.array([p.low for p in params])
     span = np.array([p.high - p.low for p in params])
     preset = np.clip(np.array([p.get(cluster) for p in params]), low, low + span)
-    before = np.array([step_errors(r, cluster, params, preset[None, :])[0] for r in runs])
-    sensitivity = _sensitivity(runs, cluster, params, preset, span)
+    before = runs.errors(params, preset[None, :])[:, 0]
+    sensitivity = _sensitivity(runs, params, preset, span)
     keep = [i for i, p in enumerate(params) if sensitivity[p.name] >= MIN_SENSITIVITY]
     names_kept = [params[i].name for i in keep]
     x = preset.copy()
@@ -306,7 +392,7 @@ def fit(runs: list, cluster: Cluster, names: list, start: np.ndarray | None = No
         u0 = ((start[keep] if start is not None else preset[keep]) - k_low) / k_span
 
         def residuals_and_jacobian(u):
-            return _residuals_jacobian(runs, cluster, k_params, k_low + np.clip(u, 0, 1) * k_span, k_span)
+            return _residuals_jacobian(runs, k_params, k_low + np.clip(u, 0, 1) * k_span, k_span)
 
         cache = {}
 
@@ -325,26 +411,26 @@ def fit(runs: list, cluster: Cluster, names: list, start: np.ndarray | None = No
                                ftol=1e-12, gtol=1e-12, max_nfev=200)
         x[keep] = k_low + result.x * k_span
         sigma[keep] = _uncertainty(result.fun, result.jac) * k_span
-    after = np.array([step_errors(r, cluster, params, x[None, :])[0] for r in runs])
+    after = runs.errors(params, x[None, :])[:, 0]
     unidentifiable = [p.name for p in params if p.name not in names_kept]
     return Fit(names=list(names), values=x, sigma=sigma, before=before, after=after,
                unidentifiable=unidentifiable, sensitivity=sensitivity)
 
 
-def _residuals_jacobian(runs, cluster, params, x, span):
+def _residuals_jacobian(runs: RunSet, params, x, span):
     """Relative errors at ``x`` and their forward-difference Jacobian in range-normalised coordinates."""
     n = len(params)
     points = np.repeat(x[None, :], n + 1, axis=0)
     steps = STEP * span * np.where(x + STEP * span <= np.array([p.high for p in params]), 1.0, -1.0)
     points[1:][np.arange(n), np.arange(n)] += steps
-    errors = np.array([step_errors(r, cluster, params, points) for r in runs])      # runs x (n + 1)
+    errors = runs.errors(params, points)                                          # runs x (n + 1)
     jac = (errors[:, 1:] - errors[:, :1]) / (steps / span)[None, :]
     return errors[:, 0], jac
 
 
-def _sensitivity(runs, cluster, params, x, span) -> dict:
+def _sensitivity(runs: RunSet, params, x, span) -> dict:
     """name -> RMS over the runs of the change in relative error when the parameter moves by 10 % of its range."""
-    _, jac = _residuals_jacobian(runs, cluster, params, x, span)
+    _, jac = _residuals_jacobian(runs, params, x, span)
     return {p.name: float(np.sqrt(np.mean((0.1 * jac[:, j]) ** 2))) for j, p in enumerate(params)}
 
 
@@ -367,21 +453,41 @@ def check_support(runs: list, names: list) -> None:
                          f"(e.g. --fit {','.join(names[:max(1, len(runs) // RUNS_PER_PARAMETER)])})")
 
 
-def leave_one_out(runs: list, cluster: Cluster, names: list, full: Fit, progress: bool = False) -> np.ndarray:
-    """Per run, its relative error predicted by a fit on all the other runs (started from the full fit)."""
+def cross_validation(runs: int) -> tuple:
+    """(folds, its name) for ``runs`` runs: leave-one-out up to MAX_LEAVE_ONE_OUT runs, CV_FOLDS-fold
+    cross-validation past it (a fit per fold, so the cost stays a few fits however many runs there are)."""
+    if runs <= MAX_LEAVE_ONE_OUT:
+        return runs, "leave-one-out"
+    return CV_FOLDS, f"{CV_FOLDS}-fold cross-validation"
+
+
+def cross_validate(runs: list, cluster: Cluster, names: list, full: Fit, progress: bool = False,
+                   folds: int | None = None) -> np.ndarray:
+    """Per run, its relative error predicted by a fit that did not see it: the runs are dealt into ``folds``
+    folds (run i into fold i mod folds; default ``cross_validation``), and each fold is predicted by a fit
+    on the others, started from the full fit."""
+    folds = folds or cross_validation(len(runs))[0]
     catalogue = parameters(cluster)
     params = [catalogue[n] for n in names]
+    everything = RunSet(runs, cluster)
     out = np.empty(len(runs))
-    indices = range(len(runs))
+    order = range(folds)
     if progress:
         from tqdm import tqdm
 
-        indices = tqdm(indices, desc="leave-one-out", unit="fit", leave=False, disable=None)
-    for i in indices:
-        others = runs[:i] + runs[i + 1:]
-        sub = fit(others, cluster, names, start=full.values)
-        out[i] = step_errors(runs[i], cluster, params, sub.values[None, :])[0]
+        name = "leave-one-out" if folds == len(runs) else f"{folds}-fold cross-validation"
+        order = tqdm(order, desc=name, unit="fit", leave=False, disable=None)
+    for fold in order:
+        held = np.arange(fold, len(runs), folds)
+        others = np.setdiff1d(np.arange(len(runs)), held)
+        sub = fit(everything.subset(others), cluster, names, start=full.values)
+        out[held] = everything.subset(held).errors(params, sub.values[None, :])[:, 0]
     return out
+
+
+def leave_one_out(runs: list, cluster: Cluster, names: list, full: Fit, progress: bool = False) -> np.ndarray:
+    """Per run, its relative error predicted by a fit on all the other runs (started from the full fit)."""
+    return cross_validate(runs, cluster, names, full, progress, folds=len(runs))
 
 
 # --- the calibrated cluster file --------------------------------------------------------------
@@ -389,7 +495,8 @@ def leave_one_out(runs: list, cluster: Cluster, names: list, full: Fit, progress
 
 def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: Path, loo: np.ndarray | None,
                     holdout: dict | None = None) -> dict:
-    """The base cluster's mapping with the fitted values written in and a `calibration:` provenance block."""
+    """The base cluster's mapping with the fitted values written in and a `calibration:` provenance block
+    (``loo``: the cross-validated errors, by ``cross_validation``'s method for that many runs)."""
     import copy
 
     data = copy.deepcopy(base_data)
@@ -412,7 +519,8 @@ def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: P
         "left_at_preset": list(result.unidentifiable),
         "error_before": summary(result.before),
         "error_in_sample": summary(result.after),
-        **({"error_leave_one_out": summary(loo)} if loo is not None else {}),
+        **({"cross_validation": cross_validation(len(loo))[1], "error_cross_validated": summary(loo)}
+           if loo is not None else {}),
         **({"error_held_out": holdout} if holdout else {}),
     }
     return data

@@ -1,4 +1,4 @@
-"""The one exception type for bad user input."""
+"""The exception types: InputError for bad user input, RunFailed for a run the machine stopped."""
 from __future__ import annotations
 
 
@@ -12,3 +12,8 @@ class InputError(ValueError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}")
+
+
+class RunFailed(OSError):
+    """The machine, not the input, stopped a run (a worker process killed, out of memory). An OSError, so
+    that the CLI prints it as one line with exit status 1 (cli/entry.py); the message says how to go on."""

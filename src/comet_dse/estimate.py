@@ -12,6 +12,7 @@ import numpy as np
 from comet_dse.cost.feasibility import feasible_mask, reasons_for, violations
 from comet_dse.cost.microbatch import layer_phase_times
 from comet_dse.cost.step import evaluate
+from comet_dse.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import Strategy, StrategyArrays
@@ -26,6 +27,8 @@ class Estimate(Tabular):
     memory_per_device_bytes (the busiest pipeline stage). The time fields are
     computed for every point, but mean nothing when the strategy breaks a rule
     other than memory (``runnable`` is False): the JSON then holds null for them.
+    ``training``: with a token budget (``estimate(..., tokens=)``), time to train, device time, energy and
+    cost (economics.py: economics.training_of; SI units, NaN / null where an input is unknown).
     """
 
     feasible: bool
@@ -45,6 +48,7 @@ class Estimate(Tabular):
     microbatches: float
     layers_per_stage: int
     inputs: dict = field(default_factory=dict)
+    training: dict | None = None
 
     @property
     def runnable(self) -> bool:
@@ -63,6 +67,9 @@ class Estimate(Tabular):
         row["reasons"] = "; ".join(self.reasons)
         row.update({f"time_{k}_s": v for k, v in (d["breakdown_s"] or {}).items()})
         row.update({f"memory_{k}_bytes": v for k, v in self.memory_bytes.items()})
+        if self.training is not None:
+            row["tokens"] = self.training["tokens"]
+            row.update({k: self.training[k] if self.runnable else None for k in TRAINING_COLUMNS})
         return [row]
 
     def to_dict(self) -> dict:
@@ -86,11 +93,16 @@ class Estimate(Tabular):
             "microbatches": self.microbatches,
             "layers_per_stage": self.layers_per_stage,
             "inputs": dict(self.inputs),
+            "training": (dict(self.training, **{k: None for k in TRAINING_COLUMNS}) if not timed
+                         else dict(self.training)) if self.training is not None else None,
         }
 
 
-def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy) -> Estimate:
-    """Estimate one training iteration of ``model`` on ``devices`` devices of ``cluster``.
+def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy,
+             tokens: float | None = None) -> Estimate:
+    """Estimate one training iteration of ``model`` on ``devices`` devices of ``cluster``; with ``tokens``
+    (a token budget, checked by the caller against bounds.BOUNDS['tokens']) also what training on them
+    takes (``Estimate.training``).
 
     Raises InputError for input that has no meaningful estimate (a dtype the
     device cannot run, a device count the network cannot hold); every other
@@ -104,6 +116,10 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         rules = violations(model, cluster, devices, arrays, step)
     feasible = bool(feasible_mask(rules)[0])
     step_time = float(step.step_time[0])
+    breakdown = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.breakdown.items()}
+    training = None
+    if tokens is not None:
+        training = training_of(cluster, devices, step_time, float(step.tokens_per_second[0]), breakdown, tokens)
     return Estimate(
         feasible=feasible,
         reasons=reasons_for(rules, 0),
@@ -116,7 +132,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         memory_bytes={k: int(round(float(v[0]))) for k, v in step.memory.items()},
         memory_tiers_bytes={"hbm": int(round(float(step.hbm_bytes[0]))),
                             "expansion": int(round(float(step.expansion_bytes[0])))},
-        breakdown_s={k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.breakdown.items()},
+        breakdown_s=breakdown,
         phases_s={k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.phases.items()},
         model_flops_per_step=float(step.model_flops[0]),
         hardware_flops_per_step=float(step.hardware_flops[0]),
@@ -124,6 +140,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         layers_per_stage=int(np.asarray(step.stage_layers).reshape(-1)[0]),
         inputs={"model": model.name, "cluster": cluster.name, "devices": devices,
                 "strategy": strategy.to_dict()},
+        training=training,
     )
 
 

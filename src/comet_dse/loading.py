@@ -15,12 +15,14 @@ from pathlib import Path
 
 import yaml
 
+from comet_dse.bounds import BOUNDS, Bound, shown
 from comet_dse.errors import InputError
 
 MAX_FILE_BYTES = 2**18      # 256 KiB (parsed in under 2 s): a study, model or cluster file is a few KiB
 MAX_DEPTH = 64              # nested mappings and lists
 MAX_NODES = 200_000         # values in a file, counting each use of a YAML alias
-MAX_INTEGER = 10**9         # largest integer field (layers, hidden, devices per node, ...)
+_MAX_DIGITS = 4300           # Python's limit on the digits of an integer read from text (sys.get_int_max_str_digits)
+MAX_INTEGER = BOUNDS["integer"].high   # largest integer field (layers, hidden, devices per node, ...)
 
 
 def read_text_file(path: Path, what: str) -> str:
@@ -121,6 +123,10 @@ def parse_yaml(text: str, path: Path, what: str) -> dict:
         if node is not None and _count_nodes(node) > MAX_NODES:
             raise InputError(what, f"{path} holds more than {MAX_NODES:,} values (counting YAML aliases)")
         data = loader.construct_document(node) if node is not None else None
+    except InputError:
+        raise
+    except ValueError:                        # an integer of more than 4,300 digits (int's limit)
+        raise InputError(what, f"{path} holds a number of more than {_MAX_DIGITS:,} digits") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -157,6 +163,8 @@ def read_json(path: Path, what: str) -> dict:
         raise InputError(what, f"{path} nests lists or objects too deep") from None
     except _DuplicateKey as exc:
         raise InputError(what, f"{path} gives the key {exc.key!r} twice; give each key once") from None
+    except ValueError:                        # an integer of more than 4,300 digits (int's limit)
+        raise InputError(what, f"{path} holds a number of more than {_MAX_DIGITS:,} digits") from None
     if not isinstance(data, dict):
         raise InputError(what, f"{path} must hold a JSON object")
     return data
@@ -198,34 +206,37 @@ class Fields:
             return default
         return self.data[key]
 
-    def integer(self, key: str, default: object = ..., minimum: int = 1, maximum: int = MAX_INTEGER) -> int:
+    def integer(self, key: str, default: object = ..., minimum: int = 1, maximum: int = MAX_INTEGER,
+                bound: str = "integer") -> int:
+        """An integer field in the row ``bound`` of bounds.BOUNDS (``minimum`` and ``maximum`` narrow it)."""
         value = self.raw(key, default)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(self.name(key), f"must be an integer, got {value!r}")
-        if not minimum <= value <= maximum:
-            shown = value if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
-            raise InputError(self.name(key), f"must be an integer in [{minimum}, {maximum:,}], got {shown}")
-        return value
+            raise InputError(self.name(key), f"must be an integer, got {shown(value)}")
+        row = BOUNDS[bound]
+        return Bound(minimum, min(maximum, row.high), row.why).check_integer(self.name(key), value)
 
     def quantity(self, key: str, kind: str, default: object = ..., high: float = float("inf"),
-                 allow_zero: bool = False) -> float:
-        """A positive number with a unit (units.parse_quantity), at most ``high`` in SI units.
-
-        ``allow_zero`` admits 0 (latencies and overheads that can be negligible).
-        """
+                 allow_zero: bool = False, bound: str | None = None) -> float:
+        """A positive number with a unit (units.parse_quantity), in the row ``bound`` of bounds.BOUNDS, or
+        without one at most ``high`` in SI units (``allow_zero`` admits 0)."""
         from comet_dse.units import parse_quantity
 
         value = self.raw(key, default)
         if value is None:
             return None
-        return check_range(self.name(key), parse_quantity(value, kind, self.name(key)), high, allow_zero, repr(value))
+        number = parse_quantity(value, kind, self.name(key))
+        if bound is not None:
+            return BOUNDS[bound].check(self.name(key), number, shown(value))
+        return check_range(self.name(key), number, high, allow_zero, shown(value))
 
     def fraction(self, key: str, default: object = ...) -> float:
+        """A fraction of a peak, in the row ``efficiency`` of bounds.BOUNDS."""
         value = self.raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-            raise InputError(self.name(key), f"must be a fraction in (0, 1], got {value!r}")
+        row = BOUNDS["efficiency"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not row.low <= value <= row.high:
+            raise InputError(self.name(key), f"must be a fraction in [{row.low:g}, {row.high:g}], got {shown(value)}")
         return float(value)
 
     def choice(self, key: str, enum_type, default: object = ...):

@@ -2,7 +2,9 @@
 
 ``comet-dse estimate | search | whatif --set NAME=VALUE --expansion CAP@BW[@LAT]`` and the Python API's
 ``load_cluster(ref, overrides={...}, expansion=...)`` come here. A resource is named as a study axis
-(studies/README.md: ``hbm_capacity``, ``network.x.link_bandwidth``, ``network.x.topology``, ...) or
+(studies/README.md: ``hbm_capacity``, ``network.x.bandwidth`` (per device, per direction; it sets the link
+bandwidth to the value / the links per device), ``network.x.link_bandwidth`` (per link), ``network.x.topology``,
+...) or
 as one dtype's peak (``peak_flops.fp8``). The value is absolute, with units (``51.2GiB``, ``100GB/s``,
 ``torus``), or a multiplier of the cluster's own value (``x2``, ``0.5x``).
 
@@ -10,7 +12,7 @@ Validation is the study file's own, not a copy of it: the value is parsed and ap
 design_space/study.py (``_axes``, ``_apply``), which checks it against the plausibility bounds a cluster
 file's field is checked against (hardware/load.py), and an expansion tier is read by the cluster
 file's reader (``tier_from``). Errors name the option, e.g.
-``--set hbm_capacity: '80TB' is outside the plausible range (0, 4.39805e+12] in SI units``.
+``--set hbm_capacity: '80TB' is outside the plausible range [1, 4.39805e+12] in SI units``.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import difflib
 import re
 
 from comet_dse.errors import InputError
-from comet_dse.hardware.load import MAX_EXPANSION, MAX_FLOPS, tier_from
+from comet_dse.bounds import BOUNDS
+from comet_dse.hardware import economics
+from comet_dse.hardware.load import tier_from
 from comet_dse.hardware.spec import DTYPES, Cluster
-from comet_dse.loading import Fields, check_range
+from comet_dse.loading import Fields
 from comet_dse.units import KIND_FLOPS, parse_quantity
 
 _SCALE = re.compile(r"^\s*(?:x\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)|([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*x)\s*$")
@@ -35,6 +39,8 @@ def resource_names(cluster: Cluster) -> list:
     names = [n for n in CLUSTER_AXES if n != "network"]
     names += [f"peak_flops.{d}" for d in DTYPES]
     names += [f"network.{d.name}.{attr}" for d in cluster.network for attr in DIM_AXES]
+    names += [*economics.FIELDS, "cost_basis"]
+    names += [f"{head}.{r}" for head in ("unit_price", "unit_power") for r in economics.resource_names(cluster)]
     return names
 
 
@@ -58,6 +64,7 @@ def apply_overrides(cluster: Cluster, settings, expansion=None, where: str = "--
     The returned cluster's name records what was changed, e.g. ``tpu-v4[hbm_capacity=51.2GiB]``.
     """
     pairs = list(settings.items()) if isinstance(settings, dict) else [tuple(p) for p in settings or ()]
+    _refuse_repeats(pairs, where)
     changed = []
     if expansion is not None:
         cluster = with_expansion(cluster, expansion, "--expansion" if where == "--set" else "expansion")
@@ -68,6 +75,16 @@ def apply_overrides(cluster: Cluster, settings, expansion=None, where: str = "--
     if not changed:
         return cluster
     return dc.replace(cluster, name=f"{cluster.name}[{', '.join(changed)}]")
+
+
+def _refuse_repeats(pairs: list, where: str) -> None:
+    """Refuse a resource set twice: the second ``--set x=2x`` would scale the first's value, not the
+    cluster's, and a second absolute value would silently win."""
+    seen = set()
+    for name, _ in pairs:
+        if str(name) in seen:
+            raise InputError(f"{where} {name}", "is given twice; set each resource once")
+        seen.add(str(name))
 
 
 def _text(expansion) -> str:
@@ -85,7 +102,7 @@ def with_expansion(cluster: Cluster, spec, where: str = "--expansion") -> Cluste
             raise InputError(where, f"expected CAPACITY@BANDWIDTH[@LATENCY], e.g. 512GiB@64GB/s or "
                              f"512GiB@64GB/s@1us, got {spec!r}")
         spec = dict(zip(("capacity", "bandwidth", "latency"), parts))
-    tier = tier_from(Fields(spec, where), "expansion", MAX_EXPANSION, True)
+    tier = tier_from(Fields(spec, where), "expansion", True)
     return dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, expansion=tier))
 
 
@@ -125,13 +142,14 @@ def _multiplier(value, field: str) -> float | None:
 def _set_peak(cluster: Cluster, dtype: str, value, factor: float | None, field: str) -> Cluster:
     """``cluster`` with the peak FLOP/s of one dtype set (bounds as a cluster file's ``peak_flops``)."""
     acc = cluster.accelerator
+    bound = BOUNDS["peak_flops"]
     if factor is None:
-        number = check_range(field, parse_quantity(value, KIND_FLOPS, field), MAX_FLOPS, False, repr(value))
+        number = bound.check(field, parse_quantity(value, KIND_FLOPS, field), repr(value))
     elif dtype not in acc.peak_flops:
         raise InputError(field, f"{acc.name} has no {dtype} rate to scale; give a value like '500TFLOP/s' "
                          f"(it has {', '.join(sorted(acc.peak_flops))})")
     else:
-        number = check_range(field, acc.peak_flops[dtype] * factor, MAX_FLOPS, False,
+        number = bound.check(field, acc.peak_flops[dtype] * factor,
                              f"x{factor:g} of {acc.peak_flops[dtype]:g} = {acc.peak_flops[dtype] * factor:g}")
     peaks = {**acc.peak_flops, dtype: number}
     return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
@@ -142,7 +160,8 @@ def add_override_options(parser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                         help="change one cluster resource, with units or as a multiplier (xN); repeatable: "
                              "hbm_capacity=51.2GiB, hbm_bandwidth=x2, peak_flops=x2 (every dtype), "
-                             "peak_flops.fp8=2PFLOP/s, network_bandwidth=x2, network.<dim>.link_bandwidth=100GB/s, "
+                             "peak_flops.fp8=2PFLOP/s, network_bandwidth=x2, network.<dim>.bandwidth=450GB/s (per "
+                             "device, per direction), network.<dim>.link_bandwidth=25GB/s (per link), "
                              "network.<dim>.topology=torus, sram_capacity, expansion_capacity, ... "
                              "(the study axes, studies/README.md)")
     parser.add_argument("--expansion", default=None, metavar="CAP@BW[@LAT]",

@@ -6,7 +6,8 @@ text and how a search treats it. Everything else is derived from those
 declarations (``KNOBS``): the batched ``StrategyArrays``, the result table's
 strategy columns, the micro-batch de-duplication key, the ``estimate`` and
 ``search`` command-line options, the study file's ``strategy:`` schema and
-the strategy lines of the text output. docs/knobs.md says how to add one.
+the strategy lines of the text output and the legend of its compact strategy
+lines (``legend``). docs/knobs.md says how to add one.
 
 Validity rules that depend on the model and cluster (degrees must divide
 heads, batch, devices) live in cost/feasibility.py, because an invalid point
@@ -15,6 +16,7 @@ is a result with reasons, not an exception.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,7 +24,9 @@ from typing import Callable
 
 import numpy as np
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
+from comet_dse.vocabulary import NUMBER_MARK, legend_line
 
 
 class Choice(str, Enum):
@@ -160,6 +164,11 @@ class Zero(int, Enum):
         return format(int(self), spec)
 
 
+# What each ZeRO stage shards over the data-parallel group (the legend of strategy codes).
+ZERO_SHARDS = {Zero.NONE: "nothing sharded", Zero.OPTIMIZER: "optimizer state sharded over DP",
+               Zero.GRADIENTS: "optimizer state and gradients sharded over DP",
+               Zero.PARAMETERS: "optimizer state, gradients and weights sharded over DP"}
+
 DERIVED = "derived"   # search enumerates every valid value from the model and device count
 GIVEN = "given"       # one value per search, named by the command (--global-batch) or study (global_batch)
 ALWAYS = "always"     # the text output shows the knob whenever it applies
@@ -212,6 +221,17 @@ class Knob:
         return f"--no-{dashed}" if self.kind is bool and self.default else f"--{dashed}"
 
     @property
+    def meaning(self) -> str:
+        """What a legend says it is: a switch, what its label says when on ('sequence parallel'); any other
+        knob, the first phrase of its help text (before a colon, semicolon or parenthesis)."""
+        if self.kind is bool:
+            return self.label(True).removesuffix(" on")
+        text = self.help
+        for mark in (" (", ": ", "; "):
+            text = text.split(mark, 1)[0]
+        return text.strip()
+
+    @property
     def is_choice(self) -> bool:
         return isinstance(self.kind, type) and issubclass(self.kind, Enum)
 
@@ -227,14 +247,14 @@ class Knob:
             return "true or false (on/off)"
         if self.is_choice:
             return "one of " + ", ".join(str(m.value) for m in self.kind)
-        if self.kind is int and self.low == 1 and self.high is None:
-            return "a positive integer"
+        if self.kind is int and self.low == 1:
+            return f"a positive integer up to {self.high:,.0f}"
         bound = f"at least {self.low:g}" if self.high is None else f"in [{self.low:g}, {self.high:g}]"
         return f"{'an integer' if self.kind is int else 'a number'} {bound}"
 
     def coerce(self, value):
         """``value`` (a Python value, or text from a command line) as this knob's type; ValueError if invalid."""
-        bad = ValueError(f"must be {self.choices_text()}, got {value!r}")
+        bad = ValueError(f"must be {self.choices_text()}, got {shown(value)}")
         if self.kind is bool:
             if isinstance(value, (bool, np.bool_)):
                 return bool(value)
@@ -292,7 +312,10 @@ def knob(default, help: str, *, search=None, microbatch: bool = False, layout: b
          label: Callable | None = None, shown: str = CHANGED, line: int = 3, short: str = "",
          low: float | None = None, high: float | None = None, kind: type | None = None,
          default_text: str | None = None):
-    """A Strategy field declared as a knob (see Knob). ``search`` defaults to the default alone."""
+    """A Strategy field declared as a knob (see Knob). ``search`` defaults to the default alone; an integer
+    knob's ``high`` defaults to the bound of every count (bounds.BOUNDS["integer"])."""
+    if (kind or type(default)) is int and high is None:
+        high = BOUNDS["integer"].high
     return field(default=default, metadata={"knob": dict(
         kind=kind or type(default), default=default, help=help,
         search=(default,) if search is None else search, microbatch=microbatch, layout=layout,
@@ -324,7 +347,7 @@ class Strategy:
     pp: int = _degree("pp", "pipeline-parallel degree", False)
     dp: int = _degree("dp", "data-parallel degree", False, default_text="devices/(tp*cp*pp)")
     global_batch: int = knob(1, "sequences per iteration", search=GIVEN, label=lambda v: f"global batch {v}",
-                             shown=ALWAYS, line=1, short="batch", low=1)
+                             shown=ALWAYS, line=1, short="batch", low=1, high=BOUNDS["global_batch"].high)
     micro_batch: int = knob(1, "sequences per micro-batch", search=DERIVED, microbatch=True,
                             label=lambda v: f"micro-batch {v}", shown=ALWAYS, line=1, short="mb", low=1)
     interleave: int = knob(1, "virtual pipeline stages per device (Narayanan et al. 2021, Sec. 2.2.2)", search=DERIVED,
@@ -478,6 +501,19 @@ def knob_values(columns: dict) -> dict:
     return out
 
 
+def coerced(values: dict) -> dict:
+    """``values`` (knob name -> a Python value) with each coerced by its knob (``Knob.coerce``), as a Strategy
+    would; a bad value raises InputError naming the knob as the command line does (``micro-batch``), before
+    anything computes with it (the API's ``tp=0`` was a ZeroDivisionError)."""
+    out = {}
+    for name, value in values.items():
+        try:
+            out[name] = KNOB[name].coerce(value)
+        except ValueError as exc:
+            raise InputError(name.replace("_", "-"), str(exc)) from None
+    return out
+
+
 def knob_lines(values: dict) -> list:
     """The strategy's lines of the text output: its knobs, grouped by ``Knob.line``, as lists of labels.
 
@@ -519,6 +555,68 @@ def compact_text(values: dict) -> str:
         else:
             words.append(f"{k.short}{value:g}" if k.kind is float else f"{k.short}{value}")
     return " ".join(words)
+
+
+def _choice_meaning(k: Knob, value) -> str:
+    """What a choice's word means in a compact strategy line: the words the strategy lines of the text
+    output use for it (its label, e.g. 'CP by ring'), or where that is the bare value, the knob's meaning
+    and the value ('training precision: bf16')."""
+    if k.kind is Zero:
+        return f"ZeRO stage {int(value)}: {ZERO_SHARDS[value]}"
+    label = k.label(value)
+    return f"{k.meaning}: {value.value}" if label == value.value else label
+
+
+@functools.lru_cache(maxsize=1)
+def legend_entries() -> tuple:
+    """Every word ``compact_text`` can print, as (code, meaning), in the order of KNOBS: a count as its
+    short name and N ('tpN'), a switch by the word it prints when it differs from its default, a choice
+    by each value it can print. Derived from the knob declarations: a new knob has its entries."""
+    out = []
+    for k in KNOBS:
+        if k.search == GIVEN:
+            continue
+        if k.kind is bool:
+            out.append((f"no-{k.short}", k.label(False)) if k.default else (k.short, k.meaning))
+        elif k.is_choice:
+            out += [(_word(k, v), _choice_meaning(k, v)) for v in k.kind if k.shown == ALWAYS or v != k.default]
+        else:
+            out.append((f"{k.short}{NUMBER_MARK}", k.meaning))
+    return tuple(out)
+
+
+def _word(k: Knob, value) -> str:
+    """The word ``compact_text`` prints for a choice's value."""
+    return f"z{int(value)}" if k.kind is Zero else value.value
+
+
+def legend_code(word: str) -> str | None:
+    """The legend code a word of a compact strategy line belongs to ('tp8' -> 'tpN', 'sp' -> 'sp'), or None."""
+    codes = dict(legend_entries())
+    if word in codes:
+        return word
+    for k in sorted((k for k in KNOBS if k.search != GIVEN and not k.is_choice and k.kind is not bool),
+                    key=lambda k: -len(k.short)):
+        code = f"{k.short}{NUMBER_MARK}"
+        if word.startswith(k.short) and code in codes and _is_number(word[len(k.short):]):
+            return code
+    return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return bool(text)
+
+
+def legend(texts) -> str:
+    """One legend line for the words of the compact strategy lines ``texts`` (those that appear, in the
+    order of KNOBS); the empty string when there are none."""
+    used = {legend_code(w) for text in texts if text for w in str(text).split()}
+    entries = [(code, meaning) for code, meaning in legend_entries() if code in used]
+    return legend_line(entries) if entries else ""
 
 
 class StrategyArrays:

@@ -27,6 +27,19 @@ KIND_BANDWIDTH = "bandwidth"
 KIND_FLOPS = "flops"
 KIND_TIME = "time"
 KIND_COUNT = "count"
+KIND_TOKENS = "tokens"               # a count of tokens: 15T = 15e12 (decimal prefixes k M G T P)
+KIND_POWER = "power"                 # W, kW, MW
+KIND_DURATION = "duration"           # s, min, h, d (days), yr (Julian years of 365.25 days)
+KIND_USD = "usd"                     # USD
+KIND_RENT = "rent"                   # USD per device-second: USD/s, USD/h
+KIND_ENERGY_PRICE = "energy price"   # USD per joule: USD/J, USD/kWh, USD/MWh
+
+HOUR = 3600.0
+DAY = 86400.0
+YEAR = 365.25 * DAY                  # a Julian year
+KWH = 3.6e6                          # joules in a kilowatt-hour
+DURATION = {**TIME, "min": 60.0, "h": HOUR, "hour": HOUR, "hours": HOUR, "d": DAY, "day": DAY, "days": DAY,
+            "yr": YEAR, "year": YEAR, "years": YEAR}
 
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
 
@@ -35,6 +48,12 @@ _EXAMPLES = {
     KIND_BANDWIDTH: '"2.039 TB/s", "25 GB/s", "200 Gb/s"',
     KIND_FLOPS: '"312 TFLOP/s"',
     KIND_TIME: '"5 us", "1.2 ms"',
+    KIND_TOKENS: '"15T", "2.5e12", "500G"',
+    KIND_POWER: '"700 W", "10.2 kW"',
+    KIND_DURATION: '"5 years", "30 d", "12 h"',
+    KIND_USD: '"25000 USD"',
+    KIND_RENT: '"2 USD/h" (per device-hour)',
+    KIND_ENERGY_PRICE: '"0.08 USD/kWh"',
 }
 
 
@@ -60,6 +79,18 @@ def _unit_scale(unit: str, kind: str) -> float | None:
         return None
     if kind == KIND_TIME:
         return TIME.get(unit)
+    if kind == KIND_TOKENS:
+        return DECIMAL.get(unit) if unit not in ("", "E") else None
+    if kind == KIND_POWER:
+        return DECIMAL[unit[:-1]] if unit.endswith("W") and unit[:-1] in ("", "k", "M") else None
+    if kind == KIND_DURATION:
+        return DURATION.get(unit)
+    if kind == KIND_USD:
+        return 1.0 if unit == "USD" else None
+    if kind == KIND_RENT:
+        return {"USD/s": 1.0, "USD/h": 1.0 / HOUR, "USD/hour": 1.0 / HOUR}.get(unit)
+    if kind == KIND_ENERGY_PRICE:
+        return {"USD/J": 1.0, "USD/kWh": 1.0 / KWH, "USD/MWh": 1.0 / (1000 * KWH)}.get(unit)
     return None
 
 
@@ -84,6 +115,32 @@ def parse_quantity(value: object, kind: str, field: str) -> float:
     if scale is None:
         raise InputError(field, f"unit {unit!r} is not a {kind} unit; write it like {_EXAMPLES.get(kind, 'a number')}")
     return _finite(number * scale, value, field)
+
+
+_PER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(USD|W)\s*(?:/|per\s)\s*\(?\s*"
+                       r"([A-Za-zµ/]+)\s*\)?\s*$")
+
+
+def parse_per_unit(value: object, numerator: str, kind: str, field: str) -> float:
+    """A price or a power per unit of a resource, in SI units: ``"15 USD/GiB"`` -> 15 / 2**30 USD per byte,
+    ``"31 W/(TB/s)"`` -> 31 / 1e12 W per byte/s. ``numerator``: 'USD' or 'W'; ``kind``: the resource's unit
+    kind (KIND_BYTES, KIND_BANDWIDTH, KIND_FLOPS). A bare number is already per SI unit. InputError naming
+    ``field`` otherwise."""
+    example = f'"15 {numerator}/GiB", "31 {numerator}/(TB/s)", "0.02 {numerator}/(TFLOP/s)"'
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InputError(field, f"expected a {numerator} figure per unit like {example}, got {value!r}")
+    if not isinstance(value, str):
+        return _finite(float(value) if abs(value) < 1e300 else math.inf, value, field)
+    bare = _QUANTITY.match(value)
+    if bare and bare.group(2) == "":
+        return _finite(float(bare.group(1)), value, field)
+    match = _PER_UNIT.match(value)
+    if not match or match.group(2) != numerator:
+        raise InputError(field, f"cannot read {value!r}; write it like {example}")
+    per = _unit_scale(match.group(3), kind)
+    if per is None:
+        raise InputError(field, f"unit {match.group(3)!r} is not a {kind} unit; write it like {example}")
+    return _finite(float(match.group(1)) / per, value, field)
 
 
 def _finite(number: float, given: object, field: str) -> float:
@@ -117,3 +174,41 @@ def format_time(t: float) -> str:
     if abs(t) >= 1e-3:
         return f"{t * 1e3:.2f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def format_duration(t: float) -> str:
+    """A long time with a readable unit: days from one day on, else hours, e.g. 3.2e6 -> '37.0 days'."""
+    if abs(t) >= DAY:
+        return f"{t / DAY:,.1f} days"
+    if abs(t) >= HOUR:
+        return f"{t / HOUR:.1f} h"
+    return format_time(t)
+
+
+def format_energy(joules: float) -> str:
+    """Energy in MWh from one MWh on, else kWh, e.g. 3.6e12 -> '1,000 MWh', 5.5e6 -> '1.53 kWh'."""
+    if abs(joules) >= 1e3 * KWH:
+        return _three(joules / (1e3 * KWH), "MWh")
+    return _three(joules / KWH, "kWh")
+
+
+def _three(x: float, unit: str) -> str:
+    """``x`` with three significant digits, whole numbers from 1,000 on: '1.53 MWh', '1,000 MWh'."""
+    return f"{x:,.0f} {unit}" if abs(x) >= 1000 else f"{x:.3g} {unit}"
+
+
+def format_usd(usd: float) -> str:
+    """Dollars, e.g. 1.234e6 -> '$1.23M', 950 -> '$950', -38400 -> '-$38.4k'."""
+    sign, usd = ("-" if usd < 0 else ""), abs(usd)
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if usd >= scale:
+            return f"{sign}${usd / scale:,.3g}{unit}"
+    return f"{sign}${usd:,.3g}"
+
+
+def format_count(n: float) -> str:
+    """A large count with a decimal prefix, e.g. 1.5e13 -> '15T', 2.4e6 -> '2.4M'."""
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g}{unit}"
+    return f"{n:.4g}"

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 from comet_dse.errors import InputError
+from comet_dse.cost.step import model_flops
 from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
@@ -165,8 +166,9 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
     """h100_public.csv: MLPerf GPT-3 175B step times and Llama 3 405B MFU on DGX H100.
 
     An MFU row is compared as a step time: the measured MFU converted with the
-    model's own FLOP count (model FLOPs / (GPUs x bf16 peak x MFU)), so that the
-    comparison does not depend on the FLOP convention (docs/validation.md).
+    FLOP count of the convention such reports use (cost.step.model_flops with
+    causal=False: every score counted, as Megatron-LM and PaLM count them) /
+    (GPUs x bf16 peak x MFU) (docs/validation.md).
     """
     out = []
     for row in _read(directory, H100):
@@ -177,7 +179,8 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
             measured = float(row["measured"])
         else:
             peak = cluster.accelerator.flops(strategy.dtype.value)
-            measured = result.model_flops_per_step / (int(row["gpus"]) * peak * float(row["measured"]))
+            reported = model_flops(model, strategy.global_batch, causal=False)
+            measured = reported / (int(row["gpus"]) * peak * float(row["measured"]))
         out.append(Comparison(H100, row["id"], result.step_time_s, measured))
     return out
 

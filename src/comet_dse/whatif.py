@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from comet_dse import economics
 from comet_dse.errors import InputError
+from comet_dse.hardware.economics import amount
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import RULES, evaluate_columns, reason_counts
@@ -26,6 +28,7 @@ from comet_dse.overrides import _set_one, apply_overrides
 from comet_dse.strategy import compact_text
 from comet_dse.tables import Tabular
 from comet_dse.units import format_bytes
+from comet_dse import vocabulary
 
 MEMORY_BIT = 1 << RULES.index("memory")
 BISECTION_STEPS = 40          # halvings of the capacity interval: to well under 1 MiB of 4 TiB
@@ -35,11 +38,12 @@ CAPACITY_RESOURCES = ("hbm_capacity", "sram_capacity", "expansion_capacity")   #
 
 def default_resources(cluster: Cluster) -> list:
     """The resources a what-if scales by default: compute, HBM capacity and bandwidth, on-chip SRAM, the
-    whole network's bandwidth and, with several network dimensions, each one's; the expansion tier's
-    capacity and bandwidth when the cluster has one."""
+    whole network's bandwidth and, with several network dimensions, each one's (per device, per
+    direction: ``network.<dim>.bandwidth``); the expansion tier's capacity and bandwidth when the
+    cluster has one."""
     names = ["peak_flops", "hbm_capacity", "hbm_bandwidth", "sram_capacity", "network_bandwidth"]
     if len(cluster.network) > 1:
-        names += [f"network.{d.name}.link_bandwidth" for d in cluster.network]
+        names += [f"network.{d.name}.bandwidth" for d in cluster.network]
     if cluster.accelerator.expansion is not None:
         names += ["expansion_capacity", "expansion_bandwidth"]
     return names
@@ -56,6 +60,9 @@ class Best:
     evaluated: int
     feasible: int
     note: str = ""                 # why nothing fits, when nothing does
+    time_to_train_s: float | None = None      # with a token budget (economics.py); None: none given or unknown
+    energy_j: float | None = None
+    training_cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,13 @@ class Cell:
     speedup: float | None          # baseline step time / this step time (None when either has no fit)
     strategy_text: str | None
     note: str = ""
+    added_usd: float | None = None         # what the change adds to the cluster's price (None: no per-unit price)
+    added_w: float | None = None           # ... to its draw while the resource is busy, PUE included (None: no per-unit power)
+    speedup_per_musd: float | None = None  # (speedup - 1) per added million USD (None: no price, or it adds none)
+    speedup_per_kw: float | None = None    # (speedup - 1) per added kW
+    time_to_train_s: float | None = None   # with a token budget: the scaled cluster's best strategy
+    energy_j: float | None = None
+    training_cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,7 @@ class WhatIf(Tabular):
     baseline: Best
     cells: list = field(default_factory=list)
     fit: CapacityFit | None = None
+    tokens: float | None = None            # the token budget of the training figures, if one was given
 
     def rows(self) -> list:
         """One dict per cell (the table form: ``to_arrow()``, ``to_pandas()``)."""
@@ -110,20 +125,26 @@ class WhatIf(Tabular):
         raise KeyError(f"no cell for {resource} x{factor:g}")
 
     def to_dict(self) -> dict:
-        """The JSON form of ``comet-dse whatif --json``."""
+        """The JSON form of ``comet-dse whatif --json``; each cell's ``unit`` is the SI unit of its value
+        (vocabulary.Resource.si_unit; bandwidths per device, per direction unless named link_bandwidth)."""
         return {"model": self.model, "cluster": self.cluster, "devices": self.devices,
-                "global_batch": self.global_batch, "factors": list(self.factors),
-                "baseline": asdict(self.baseline), "cells": [asdict(c) for c in self.cells],
+                "global_batch": self.global_batch, "factors": list(self.factors), "tokens": self.tokens,
+                "baseline": asdict(self.baseline), "cells": [{**asdict(c), "unit": si_unit(c.resource)}
+                                                             for c in self.cells],
                 "fit": asdict(self.fit) if self.fit else None}
 
 
 def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int, space: SearchSpace | None = None,
-           resources=None, factors=DEFAULT_FACTORS, capacity: str | None = "hbm_capacity") -> WhatIf:
+           resources=None, factors=DEFAULT_FACTORS, capacity: str | None = "hbm_capacity",
+           tokens: float | None = None) -> WhatIf:
     """Search ``space`` on ``cluster`` and on ``cluster`` with each resource scaled by each factor.
 
     resources: names as ``--set`` takes them (overrides.resource_names); default ``default_resources``.
     factors: positive multipliers. capacity: the capacity resource whose smallest fitting value is
-    found (``smallest_capacity``), or None to skip that.
+    found (``smallest_capacity``), or None to skip that. tokens: a token budget: each best strategy's time
+    to train, energy and cost are reported too (economics.py). Every cell says what the change adds to the
+    cluster's price and draw (per-unit prices and powers, hardware/economics.py) and the speedup per added
+    dollar and watt.
     """
     space = space or SearchSpace()
     factors = check_factors(factors)
@@ -131,11 +152,11 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
-    baseline = best_in(cols)
-    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r), baseline, r, f)
+    baseline = best_in(cols, cluster, devices, tokens)
+    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r), baseline, r, f, tokens)
              for r in resources for f in factors]
     fit = smallest_capacity(model, cluster, devices, global_batch, space, capacity, st) if capacity else None
-    return WhatIf(model.name, cluster.name, devices, global_batch, factors, baseline, cells, fit)
+    return WhatIf(model.name, cluster.name, devices, global_batch, factors, baseline, cells, fit, tokens)
 
 
 def check_factors(factors) -> tuple:
@@ -171,13 +192,15 @@ def candidates(st, cols: dict, resource: str):
     return st.take(np.flatnonzero(cols["feasible"]))
 
 
-def best_of(model: Transformer, cluster: Cluster, devices: int, st) -> Best:
+def best_of(model: Transformer, cluster: Cluster, devices: int, st, tokens: float | None = None) -> Best:
     """The fastest feasible strategy of ``st`` on ``cluster``, or why there is none."""
-    return best_in(evaluate_columns(model, cluster, devices, st))
+    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens)
 
 
-def best_in(cols: dict) -> Best:
-    """The fastest feasible row of evaluated columns, or why there is none."""
+def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = None,
+            tokens: float | None = None) -> Best:
+    """The fastest feasible row of evaluated columns, or why there is none; with a ``cluster``, its
+    ``devices`` and a token budget also its time to train, energy and cost (None where unknown)."""
     ok = np.flatnonzero(cols["feasible"])
     if not len(ok):
         counts = reason_counts(cols["infeasible_mask"])
@@ -185,27 +208,64 @@ def best_in(cols: dict) -> Best:
         return Best(None, None, None, None, len(cols["feasible"]), 0, note)
     row = int(ok[np.argmin(cols["step_time_s"][ok])])
     strategy = strategy_at(cols, row).to_dict()
+    figures = {}
+    if tokens and cluster is not None:
+        parts = {k[len("time_"):-len("_s")]: float(v[row]) for k, v in cols.items()
+                 if k.startswith("time_") and k.endswith("_s")}
+        train = economics.training_of(cluster, devices, float(cols["step_time_s"][row]),
+                                      float(cols["tokens_per_second"][row]), parts, tokens)
+        figures = {k: _or_none(train[k]) for k in ("time_to_train_s", "energy_j", "training_cost_usd")}
     return Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), strategy,
-                compact_text(strategy), len(cols["feasible"]), len(ok))
+                compact_text(strategy), len(cols["feasible"]), len(ok), **figures)
+
+
+def _or_none(x: float) -> float | None:
+    """``x``, or None where it is unknown (NaN)."""
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def added(cluster: Cluster, scaled: Cluster, devices: int) -> tuple:
+    """(USD, W) that ``scaled`` adds over ``cluster``: devices x the sum of unit_price x (amount now - before)
+    over the resources with a per-unit price, and PUE x devices x the same with unit_power (the draw added
+    while the resource is busy). None where no changed resource has a per-unit figure."""
+    econ = cluster.economics
+    out = []
+    for figures in (econ.unit_price, econ.unit_power):
+        changed = [r for r in figures if amount(scaled, r) != amount(cluster, r)]
+        out.append(devices * sum(figures[r] * (amount(scaled, r) - amount(cluster, r)) for r in changed)
+                   if changed else None)
+    usd, watts = out
+    pue = economics.rates(cluster, devices).pue
+    return usd, None if watts is None else pue * watts
+
+
+def per_added(speedup: float | None, added_: float | None, unit: float) -> float | None:
+    """(speedup - 1) per ``unit`` of the added USD or W; None when either is unknown or nothing is added."""
+    if speedup is None or added_ is None or added_ == 0:
+        return None
+    return (speedup - 1.0) / (added_ / unit)
 
 
 def scaled_best(model: Transformer, cluster: Cluster, devices: int, st, baseline: Best, resource: str,
-                factor: float) -> Cell:
+                factor: float, tokens: float | None = None) -> Cell:
     """The best strategy of ``st`` with ``resource`` scaled by ``factor`` and its speedup over ``baseline``;
     a value beyond the plausible bounds is a note in the cell, not an error."""
     try:
         scaled = apply_overrides(cluster, [(resource, f"x{factor!r}")], where="--resources")
     except InputError as exc:
         return Cell(resource, factor, None, None, None, None, exc.message)
-    best = best_of(model, scaled, devices, st)
+    best = best_of(model, scaled, devices, st, tokens)
     speedup = baseline.step_time_s / best.step_time_s if best.step_time_s and baseline.step_time_s else None
+    usd, watts = added(cluster, scaled, devices)
     return Cell(resource, factor, resource_value(scaled, resource), best.step_time_s, speedup,
-                best.strategy_text, best.note)
+                best.strategy_text, best.note, usd, watts, per_added(speedup, usd, 1e6), per_added(speedup, watts, 1e3),
+                best.time_to_train_s, best.energy_j, best.training_cost_usd)
 
 
 def resource_value(cluster: Cluster, resource: str) -> float | None:
     """The value of ``resource`` on ``cluster`` in SI units (peak_flops: the bf16 rate, else the largest;
-    network_* : the innermost dimension's), None where it is a name (a topology)."""
+    network_* : the innermost dimension's; a bandwidth per device per direction, but link_bandwidth per
+    link), None where it is a name (a topology)."""
     acc = cluster.accelerator
     if resource == "peak_flops":
         return acc.peak_flops.get("bf16", max(acc.peak_flops.values()))
@@ -217,11 +277,19 @@ def resource_value(cluster: Cluster, resource: str) -> float | None:
     if resource in ("device_price_usd", "device_power_w"):
         return getattr(cluster, resource)
     if resource in ("network_bandwidth", "network_latency"):
-        attr = "link_bandwidth" if resource == "network_bandwidth" else "latency"
+        attr = "bandwidth" if resource == "network_bandwidth" else "latency"
         return getattr(cluster.network[0], attr)
     _, dim, attr = resource.split(".")
     value = getattr(next(d for d in cluster.network if d.name == dim), attr)
     return value if isinstance(value, (int, float)) else None
+
+
+def si_unit(resource: str) -> str:
+    """The SI unit of a resource's value (vocabulary), '' for a name the vocabulary does not know."""
+    try:
+        return vocabulary.resource(resource).si_unit
+    except KeyError:
+        return ""
 
 
 def describe_space(space: SearchSpace) -> str:

@@ -6,6 +6,6 @@ imports what the command needs and returns the exit status). options.py holds wh
 render.py their terminal text. Bad input prints one line ``comet-dse: error: <field>: <what is valid>`` on
 stderr and exits with status 2, without a traceback.
 """
-from comet_dse.cli.main import build_parser, main
+from comet_dse.cli.entry import build_parser, main
 
 __all__ = ["main", "build_parser"]

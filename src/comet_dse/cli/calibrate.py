@@ -1,16 +1,16 @@
 """``comet-dse calibrate``: read runs, fit, cross-validate, print, write a calibrated cluster file."""
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from comet_dse.calibrate import (
-    Fit, calibrated_data, check_support, default_fit, fit, leave_one_out, parameters, read_runs, step_errors,
+    Fit, RunSet, calibrated_data, check_support, cross_validate, cross_validation, default_fit, fit, parameters,
+    read_runs,
 )
+from comet_dse import jsonout, written
 from comet_dse.cli.options import name_list
 from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--holdout", type=name_list, default=None,
                    help="run ids (the `id` column) left out of the fit and reported as held out")
     p.add_argument("--output", default=None, help="write the calibrated cluster YAML here")
-    p.add_argument("--no-cv", action="store_true", help="skip the leave-one-out cross-validation")
+    p.add_argument("--no-cv", action="store_true",
+                   help="skip the cross-validation (leave-one-out up to 30 runs, 10-fold past that)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -35,6 +36,11 @@ def run(args) -> int:
         import scipy.optimize  # noqa: F401 - only to check it is installed
     except ImportError:
         raise InputError("calibrate", "needs scipy: pip install 'comet-dse[calibrate]'") from None
+    inputs = [args.runs] + ([args.cluster] if args.cluster.endswith((".yaml", ".yml")) else [])
+    if args.output:          # refused before minutes of fitting, not after
+        if not args.output.endswith((".yaml", ".yml")):
+            raise InputError("output", f"{args.output} must end in .yaml or .yml (a calibrated cluster file)")
+        written.check_file(args.output, "output", inputs)
     cluster, base_data = _base_cluster(args.cluster)
     runs_path = Path(args.runs)
     runs = read_runs(runs_path)
@@ -51,16 +57,17 @@ def run(args) -> int:
     train, held = _split(runs, args.holdout)
     check_support(train, names)
     result = fit(train, cluster, names)
-    loo = None if args.no_cv else leave_one_out(train, cluster, names, result, progress=not args.json)
+    loo = None if args.no_cv else cross_validate(train, cluster, names, result, progress=not args.json)
     params = [catalogue[n] for n in names]
-    held_before = np.array([step_errors(r, cluster, params, _preset(cluster, params)[None, :])[0] for r in held])
-    held_after = np.array([step_errors(r, cluster, params, result.values[None, :])[0] for r in held])
+    held_set = RunSet(held, cluster)
+    held_before = held_set.errors(params, _preset(cluster, params)[None, :])[:, 0]
+    held_after = held_set.errors(params, result.values[None, :])[:, 0]
     holdout = _summary(held_after) if len(held) else None
     if args.output:
         data = calibrated_data(base_data, cluster, result, runs_path, loo, holdout)
-        _write_yaml(data, Path(args.output))
+        _write_yaml(data, Path(args.output), inputs)
     if args.json:
-        print(json.dumps(_as_json(cluster, train, held, result, loo, held_before, held_after, args.output), indent=2))
+        print(jsonout.dumps(_as_json(cluster, train, held, result, loo, held_before, held_after, args.output), indent=2))
         return 0
     print(_as_text(cluster, train, held, result, loo, held_before, held_after, args.output))
     return 0
@@ -94,22 +101,16 @@ def _summary(errors: np.ndarray) -> dict:
     return {"mean_abs_error": float(np.mean(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
 
 
-def _write_yaml(data: dict, path: Path) -> None:
-    """Write atomically, then load it back as a cluster (a calibrated file is a normal cluster file)."""
+def _write_yaml(data: dict, path: Path, inputs: list) -> None:
+    """Check that the text loads back as a cluster (a calibrated file is a normal cluster file), then write it
+    complete or not at all, never over a file comet-dse did not write (written.write_file)."""
     from comet_dse.hardware.load import cluster_from
 
     text = ("# Calibrated by comet-dse calibrate: a separate, labelled file. The values that are not in\n"
             "# `calibration.fitted` are the base preset's; see that preset for their sources.\n"
             + yaml.safe_dump(data, sort_keys=False))
     cluster_from(yaml.safe_load(text), "cluster")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    written.write_file(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "output", inputs)
 
 
 def _value_text(value: float, unit: str) -> str:
@@ -142,15 +143,16 @@ def _as_text(cluster, train, held, result: Fit, loo, held_before, held_after, ou
                      f"{loo[i] * 100:+.1f}%" if loo is not None else "-"])
     for i, run in enumerate(held):
         rows.append([f"{run.label} (held out)", f"{held_before[i] * 100:+.1f}%", f"{held_after[i] * 100:+.1f}%", "-"])
-    lines += ["", render_table(["run", "error, preset", "error, fitted", "leave-one-out"], rows, left=(0,)), ""]
+    method = cross_validation(len(train))[1]
+    lines += ["", render_table(["run", "error, preset", "error, fitted", "cross-validated"], rows, left=(0,)), ""]
     stats = [("preset", result.before), ("fitted (in sample)", result.after)]
     if loo is not None:
-        stats.append(("leave-one-out", loo))
+        stats.append((method, loo))
     if held:
         stats.append(("held out", held_after))
     for label, errors in stats:
         s = _summary(errors)
-        lines.append(f"  {label:20s} mean |error| {s['mean_abs_error'] * 100:5.1f}%   max {s['max_abs_error'] * 100:5.1f}%")
+        lines.append(f"  {label:25s} mean |error| {s['mean_abs_error'] * 100:5.1f}%   max {s['max_abs_error'] * 100:5.1f}%")
     if output:
         lines += ["", f"Wrote {output} (cluster {cluster.name}-calibrated)"]
     return "\n".join(lines)
@@ -164,12 +166,13 @@ def _as_json(cluster, train, held, result: Fit, loo, held_before, held_after, ou
                         "sigma": None if np.isnan(s) else float(s), "unit": catalogue[n].unit,
                         "identifiable": n not in result.unidentifiable, "sensitivity": result.sensitivity[n]}
                        for n, v, s in zip(result.names, result.values, result.sigma)],
+        "cross_validation": None if loo is None else cross_validation(len(train))[1],
         "runs": [{"id": r.label, "error_preset": float(result.before[i]), "error_fitted": float(result.after[i]),
-                  "error_leave_one_out": None if loo is None else float(loo[i])} for i, r in enumerate(train)],
+                  "error_cross_validated": None if loo is None else float(loo[i])} for i, r in enumerate(train)],
         "held_out": [{"id": r.label, "error_preset": float(held_before[i]), "error_fitted": float(held_after[i])}
                      for i, r in enumerate(held)],
         "summary": {"preset": _summary(result.before), "fitted": _summary(result.after),
-                    "leave_one_out": None if loo is None else _summary(loo),
+                    "cross_validated": None if loo is None else _summary(loo),
                     "held_out": _summary(held_after) if len(held) else None},
         "output": output,
     }

@@ -1,9 +1,10 @@
 """``comet-dse estimate``: one training iteration of one strategy, as text or JSON."""
 from __future__ import annotations
 
-import json
 
-from comet_dse.cli.options import add_knob_options, add_model_inputs, load_inputs, strategy_from
+from comet_dse import jsonout
+from comet_dse.cli.options import (add_knob_options, add_model_inputs, add_tokens_option, load_inputs,
+                                   strategy_from)
 from comet_dse.errors import InputError
 from comet_dse.overrides import add_override_options
 
@@ -16,6 +17,7 @@ def add_parser(sub) -> None:
     add_model_inputs(p)
     add_knob_options(p, many=False)
     add_override_options(p)
+    add_tokens_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
 
@@ -25,14 +27,15 @@ def run(args) -> int:
 
     model, cluster = load_inputs(args)
     cluster.dim_sizes(args.devices)
-    result = estimate(model, cluster, args.devices, strategy_from(args, args.devices))
+    result = estimate(model, cluster, args.devices, strategy_from(args, args.devices), tokens=args.tokens)
     reasons = dict(zip(result.broken_rules, result.reasons))   # the two lists run in rule order
     for code, field in SPLIT_RULES.items():
         if code in reasons:
             raise InputError(field, reasons[code])
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(jsonout.dumps(result.to_dict(), indent=2))
     else:
         exp = cluster.accelerator.expansion
-        print(render_estimate(result, cluster.accelerator.state_capacity, exp.capacity if exp else None))
+        print(render_estimate(result, cluster.accelerator.state_capacity, exp.capacity if exp else None,
+                              model.tied_embeddings))
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.overrides import add_override_options, cluster_from_args
 from comet_dse.strategy import GIVEN, KNOBS
@@ -31,14 +32,23 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def bounded_int(bound: str):
+    """argparse type: an integer in the row ``bound`` of bounds.BOUNDS (the same bound a file or the API
+    is held to), or a one-line error."""
+    row = BOUNDS[bound]
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {row.integer_text()}, got {shown(text)}") from None
+        if not row.low <= value <= row.high:
+            raise argparse.ArgumentTypeError(f"expected {row.integer_text()}, got {shown(value)}")
+        return value
+    return parse
+
+
+positive_int = bounded_int("integer")
 
 
 def positive_ints(text: str) -> tuple:
@@ -60,6 +70,17 @@ def point_count(text: str) -> int:
     return int(value)
 
 
+def note_workers(requested: int) -> None:
+    """One stderr line when ``--workers`` asks for more processes than this machine has CPUs: the run uses
+    one per CPU (design_space.engine.local_workers)."""
+    from comet_dse.design_space.engine import local_workers
+
+    used = local_workers(requested)
+    if used < requested:
+        print(f"comet-dse: note: --workers {requested:,} is more than this machine's {used} CPUs; "
+              f"running {used} worker processes", file=sys.stderr)
+
+
 def name_list(text: str) -> tuple:
     """A comma-separated list of names (--fit gemm,memory)."""
     names = tuple(x.strip() for x in text.split(",") if x.strip())
@@ -72,8 +93,9 @@ def add_model_inputs(parser: argparse.ArgumentParser) -> None:
     """The model, cluster, device count and sequence length every estimating command takes."""
     parser.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
     parser.add_argument("--cluster", required=True, help="preset name or cluster YAML")
-    parser.add_argument("--devices", required=True, type=positive_int, help="number of accelerators")
-    parser.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (overrides the model's)")
+    parser.add_argument("--devices", required=True, type=bounded_int("devices"), help="number of accelerators")
+    parser.add_argument("--seq-len", type=bounded_int("seq_len"), default=None,
+                        help="sequence length (overrides the model's)")
 
 
 def add_search_inputs(parser: argparse.ArgumentParser) -> None:
@@ -200,3 +222,21 @@ def load_inputs(args) -> tuple:
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
     return model, cluster_from_args(load_cluster(args.cluster), args)
+
+
+def token_count(text: str) -> float:
+    """argparse type: a token budget, a number with an optional k, M, G, T or P suffix (``15T`` = 1.5e13), in
+    the row ``tokens`` of bounds.BOUNDS, or a one-line error."""
+    from comet_dse.units import KIND_TOKENS, parse_quantity
+
+    try:
+        return BOUNDS["tokens"].check("--tokens", parse_quantity(text, KIND_TOKENS, "--tokens"), repr(text))
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def add_tokens_option(parser: argparse.ArgumentParser) -> None:
+    """``--tokens``: the token budget whose time to train, device-hours, energy and cost are reported."""
+    parser.add_argument("--tokens", type=token_count, default=None, metavar="N",
+                        help="tokens to train on, e.g. 15T: also print time to train, device-hours, energy and "
+                             "cost (docs/economics.md)")

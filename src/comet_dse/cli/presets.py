@@ -1,7 +1,7 @@
 """``comet-dse presets``: the built-in models and clusters."""
 from __future__ import annotations
 
-import json
+from comet_dse import jsonout
 
 
 def add_parser(sub) -> None:
@@ -13,12 +13,12 @@ def run(args) -> int:
     from comet_dse.cli.render import describe_peak, render_network
     from comet_dse.presets import load_cluster, load_model, preset_names
     from comet_dse.text import render_table
-    from comet_dse.units import format_bytes, format_rate
+    from comet_dse.vocabulary import BANDWIDTH_CONVENTION, resource
 
     models = [load_model(n) for n in preset_names("models")]
     clusters = [load_cluster(n) for n in preset_names("clusters")]
     if args.json:
-        print(json.dumps({
+        print(jsonout.dumps({
             "models": [{"name": m.name, "params": m.total_params(), "layers": m.layers, "hidden": m.hidden,
                         "description": m.description, "source": m.source} for m in models],
             "clusters": [{"name": c.name, "device": c.accelerator.name, "description": c.description,
@@ -31,9 +31,12 @@ def run(args) -> int:
     print(render_table(["name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "seq", "description"], rows,
                        left=(0, 7, 9)))
     rows = [[c.name, c.accelerator.name, describe_peak(c.accelerator.peak_flops),
-             format_bytes(c.accelerator.hbm.capacity), format_rate(c.accelerator.hbm.bandwidth, "B/s"),
-             format_bytes(c.accelerator.sram.capacity), render_network(c)] for c in clusters]
+             *(resource(name).text(value) for name, value in (("hbm_capacity", c.accelerator.hbm.capacity),
+                                                              ("hbm_bandwidth", c.accelerator.hbm.bandwidth),
+                                                              ("sram_capacity", c.accelerator.sram.capacity))),
+             render_network(c)] for c in clusters]
     print("\nClusters")
     print(render_table(["name", "device", "peak", "HBM", "HBM bw", "SRAM", "network (innermost first)"], rows,
                        left=(0, 1, 6)))
+    print(BANDWIDTH_CONVENTION)
     return 0

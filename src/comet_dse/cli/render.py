@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from comet_dse.estimate import Estimate
-from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines
+from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
 from comet_dse.text import printable, render_table
-from comet_dse.units import format_bytes, format_rate, format_time
-from comet_dse.vocabulary import BREAKDOWN_LABELS, MEMORY_LABELS
+from comet_dse.units import format_bytes, format_count, format_duration, format_energy, format_time, format_usd
+from comet_dse.vocabulary import breakdown_labels, legend_line, memory_label, resource, training_label
 
 
 def render_dry_run(study, points: list, limit: int | None) -> str:
@@ -22,7 +22,13 @@ def render_dry_run(study, points: list, limit: int | None) -> str:
     rows = [[i + 1, model, devices, label, compact_text({k.name: getattr(s, k.name) for k in KNOBS})]
             for i, (model, devices, label, s) in enumerate(points)]
     lines.append(render_table(["#", "model", "devices", "variant", "strategy"], rows, left=(1, 3, 4)))
-    return printable("\n".join(lines))
+    return printable("\n".join(lines + _legend([r[4] for r in rows])))
+
+
+def _legend(texts: list) -> list:
+    """The lines that end a text holding compact strategy lines: a blank line and their legend (none if empty)."""
+    key = legend(texts)
+    return ["", key] if key else []
 
 
 def _bar(fraction: float, width: int = 24) -> str:
@@ -38,8 +44,11 @@ def _strategy_lines(strategy: dict, microbatches: float, layers_per_stage: int) 
     return [f"  {' '.join(g) if i == 0 else ', '.join(g)}" for i, g in enumerate(groups) if g]
 
 
-def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> str:
-    """A readable breakdown of one iteration: time by part, memory by part and tier, fit, throughput."""
+def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: float | None,
+                    tied_embeddings: bool | None = None) -> str:
+    """A readable breakdown of one iteration: time by part, memory by part and tier, fit, throughput.
+    ``tied_embeddings``: whether the model ties them, which says what the data-parallel part holds
+    (vocabulary.dp_communication_label); None: the general label."""
     inputs = est.inputs
     st = inputs.get("strategy", {})
     lines = [
@@ -55,22 +64,72 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
         f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
         "",
+        *training_lines(est.training),
         "Time per iteration (parts add up to the step time)",
     ]
     total = max(est.step_time_s, 1e-30)
+    labels = breakdown_labels(st, tied_embeddings)
+    width = max(32, *(len(labels.get(k, k)) for k in est.breakdown_s))
     for key, value in est.breakdown_s.items():
-        lines.append(f"  {BREAKDOWN_LABELS.get(key, key):32s} {format_time(value):>11s} {value / total * 100:5.1f}%  {_bar(value / total)}")
+        lines.append(f"  {labels.get(key, key):{width}s} {format_time(value):>11s} {value / total * 100:5.1f}%  "
+                     f"{_bar(value / total)}")
     lines.append("  by phase (critical stage, bubble excluded): " + ", ".join(
         f"{k} {format_time(v)}" for k, v in est.phases_s.items()))
     lines.append("")
     return printable("\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est)))
 
 
+def training_lines(training: dict | None) -> list:
+    """What training on the token budget takes (Estimate.training, economics.py): time to train, device-hours,
+    average power, energy and cost, renting and owning, each 'unknown' where a figure is missing; then what
+    was assumed. Nothing without a budget."""
+    if not training:
+        return []
+    t, inputs = training, training
+    rent, own = t["training_cost_rent_usd"], t["training_cost_own_usd"]
+    draws = inputs["device_power_w"]
+    lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)",
+             f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}",
+             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], lambda s: f'{s / 3600:,.0f}')}",
+             f"  {training_label('average_power_w'):24s} {_or_unknown(t['average_power_w'], lambda w: _watts(w) + ' at the wall')}",
+             f"  {training_label('energy_j'):24s} {_or_unknown(t['energy_j'], format_energy)}"
+             + (f" (leaves out {' and '.join(inputs['energy_excludes'])}: no figure)"
+                if inputs["energy_excludes"] and _finite(t["energy_j"]) else ""),
+             f"  {training_label('training_cost_usd'):24s} {_or_unknown(t['training_cost_usd'], format_usd)} "
+             f"({inputs['cost_basis']}ing)",
+             f"    {'renting':22s} {_or_unknown(rent, format_usd)}"
+             + (f" = device-hours x {resource('rent').text(inputs['rent_usd_per_device_s'])}" if _finite(rent) else
+                " (no rent figure)"),
+             f"    {'owning':22s} {_or_unknown(own, format_usd)}"
+             + (f" = devices x {format_usd(inputs['device_price_usd'])} over {resource('lifetime').text(inputs['lifetime_s'])}"
+                f" + energy at {resource('energy_price').text(inputs['energy_price_usd_per_j'])}" if _finite(own) else
+                " (" + " and ".join(w for w, v in (("no device price", inputs["device_price_usd"]),
+                                                  ("no device power", draws["compute"])) if not _finite(v)) + ")"),
+             "  device draw " + (", ".join(f"{state} {_or_unknown(w, lambda x: f'{x:,.0f} W')}" for state, w in draws.items())
+                                 if _finite(draws["compute"]) else "unknown (no device power)")
+             + f"; PUE {inputs['pue']:g}; {inputs['nodes']:,} nodes",
+             ""]
+    return lines
+
+
+def _finite(value) -> bool:
+    return value is not None and value == value and abs(value) != float("inf")
+
+
+def _or_unknown(value, shown) -> str:
+    """``value`` shown, or 'unknown' where it is missing (JSON null, NaN inside)."""
+    return shown(value) if _finite(value) else "unknown"
+
+
+def _watts(w: float) -> str:
+    return f"{w / 1e6:,.3g} MW" if w >= 1e6 else f"{w / 1e3:,.3g} kW"
+
+
 def _memory_lines(est: Estimate, hbm_capacity: float, expansion_capacity: float | None) -> list:
     """Memory per device by part and by tier."""
     lines = ["Memory per device (busiest pipeline stage)"]
     for key, value in est.memory_bytes.items():
-        lines.append(f"  {MEMORY_LABELS.get(key, key):32s} {format_bytes(value):>11s}")
+        lines.append(f"  {memory_label(key):32s} {format_bytes(value):>11s}")
     lines.append(f"  {'total':32s} {format_bytes(est.memory_per_device_bytes):>11s}")
     tiers = est.memory_tiers_bytes
     tier_line = f"  in HBM {format_bytes(tiers['hbm'])} of {format_bytes(hbm_capacity)}"
@@ -86,8 +145,10 @@ def _verdict(est: Estimate) -> list:
 
 
 def describe_peak(flops: dict) -> str:
+    """A device's peak compute in the vocabulary's unit: its bf16 rate, or its first dtype's
+    ('989.4 TFLOP/s bf16')."""
     key = "bf16" if "bf16" in flops else next(iter(flops))
-    return f"{format_rate(flops[key], 'FLOP/s')} {key}"
+    return f"{resource(f'peak_flops.{key}').text(flops[key])} {key}"
 
 
 def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int) -> str:
@@ -106,15 +167,21 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
         lines.append("No strategy is feasible.")
         return printable("\n".join(lines))
     shown = _search_columns(cols)
+    budget = "time_to_train_s" in cols
     rows = []
     for rank, i in enumerate(result.ranked[:top], start=1):
         rows.append([rank] + [_cell(k, cols[k.name][i]) for k in shown]
                     + [format_time(cols["step_time_s"][i]), f"{cols['tokens_per_second'][i]:,.0f}",
-                       f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])])
+                       f"{cols['mfu'][i] * 100:.1f}%", format_bytes(cols["memory_per_device_bytes"][i])]
+                    + ([_or_unknown(cols["time_to_train_s"][i], format_duration),
+                        _or_unknown(cols["energy_j"][i], format_energy),
+                        _or_unknown(cols["training_cost_usd"][i], format_usd)] if budget else []))
     lines += ["", f"Fastest {min(top, result.feasible)}"]
-    headers = ["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
+    headers = (["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
+               + [training_label(k) for k in ("time_to_train_s", "energy_j", "training_cost_usd")] * budget)
     left = tuple(i + 1 for i, k in enumerate(shown) if issubclass(k.kind, Choice) or k.kind is bool)
     lines.append(render_table(headers, rows, left=left))
+    lines += ["", legend_line([(k.short, k.meaning) for k in shown])]
     return printable("\n".join(lines))
 
 
@@ -138,6 +205,7 @@ def render_sweep(ranking: dict, seconds: float) -> str:
              f"{seconds:.1f} s ({ranking['points'] / max(seconds, 1e-9):,.0f} points/s)"
              + (f", {ranking['skipped']} chunks resumed" if ranking["skipped"] else ""),
              f"baseline: {ranking['baseline']}", ""]
+    budget = ranking.get("token_budget")
     rows = []
     for g in ranking["variants"]:
         best = g["best"]
@@ -145,20 +213,46 @@ def render_sweep(ranking: dict, seconds: float) -> str:
                      format_time(best["step_time_s"]) if best else "-",
                      f"{best['mfu'] * 100:.1f}%" if best else "-",
                      compact_text(best) if best else "no feasible strategy",
-                     f"{g['speedup']:.2f}x" if g["speedup"] else "-"])
+                     f"{g['speedup']:.2f}x" if g["speedup"] else "-"]
+                    + ([_known(best, "time_to_train_s", format_duration), _known(best, "energy_j", format_energy),
+                        _known(best, "training_cost_usd", format_usd)] if budget else []))
+    extra = [training_label(k) for k in ("time_to_train_s", "energy_j", "training_cost_usd")] if budget else []
     lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
-                               "speedup"], rows, left=(0, 2, 6)))
-    for key, unit in (("pareto_cost", "cost_usd"), ("pareto_power", "power_w")):
+                               "speedup"] + extra, rows, left=(0, 2, 6)))
+    if budget:
+        lines.append(f"Training on {format_count(budget)} tokens; unknown: no price or power figure (docs/economics.md)")
+    lines += _legend([r[6] for r in rows])
+    for key, (title, column, shown) in _fronts(budget).items():
         front = ranking.get(key) or []
         if front:
-            lines += ["", f"Pareto front, time vs {'cluster price (USD)' if unit == 'cost_usd' else 'power (W)'}:"]
-            lines.append(render_table(["model", "devices", "cluster variant", unit, "time"],
-                                      [[p["model"], p["devices"], p["label"], f"{p[unit]:,.0f}", format_time(p["time_s"])]
+            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {title}:"]
+            lines.append(render_table(["model", "devices", "cluster variant", title, "time"],
+                                      [[p["model"], p["devices"], p["label"], shown(p[column]),
+                                        format_duration(p["time_s"]) if budget else format_time(p["time_s"])]
                                        for p in front], left=(0, 2)))
     return printable("\n".join(lines))
 
 
+def _fronts(budget) -> dict:
+    """Pareto front key -> (what it is against, its column, how a value is shown) (design_space/rank.py)."""
+    if budget:
+        return {"pareto_cost": (training_label("training_cost_usd"), "training_cost_usd", format_usd),
+                "pareto_energy": (training_label("energy_j"), "energy_j", format_energy),
+                "pareto_power": ("rated power", "power_w", lambda w: f"{w / 1e3:,.0f} kW")}
+    return {"pareto_cost": ("cluster price", "cost_usd", format_usd),
+            "pareto_power": ("rated power", "power_w", lambda w: f"{w / 1e3:,.0f} kW")}
+
+
+def _known(best, key: str, shown) -> str:
+    """A training figure of a variant's best row, shown, or 'unknown' (no price or power figure) / '-'."""
+    if not best:
+        return "-"
+    value = best.get(key)
+    return "unknown" if value is None or value != value else shown(value)
+
+
 def render_network(cluster) -> str:
-    """A cluster's network dimensions, innermost first: name(size, topology, bandwidth per device)."""
+    """A cluster's network dimensions, innermost first: name(size, topology, bandwidth per device per
+    direction, in the vocabulary's unit, as whatif and the explorer show it)."""
     return " x ".join(f"{d.name}({d.size or 'n'}, {d.topology.value}, "
-                      f"{format_rate(d.link_bandwidth * d.links_per_device, 'B/s')})" for d in cluster.network)
+                      f"{resource(f'network.{d.name}.bandwidth').text(d.bandwidth)})" for d in cluster.network)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from comet_dse.cli.options import DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, point_count, positive_int
+from comet_dse.cli.options import (DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, note_workers, point_count,
+                                   positive_int)
 
 
 def add_parser(sub) -> None:
@@ -33,6 +34,7 @@ def run(args) -> int:
     def announce(study) -> None:
         sys.stderr.write(printable(f"comet-dse: {study.name}: {study.points:,} design points\n"))
 
+    note_workers(args.workers)
     try:
         page = build_report(Path(args.studies), Path(args.output), workers=args.workers,
                             progress=not args.no_progress, max_points=args.max_points, announce=announce)

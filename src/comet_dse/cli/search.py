@@ -1,13 +1,13 @@
 """``comet-dse search``: every parallelisation strategy of one model on one cluster, ranked."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from comet_dse.cli.options import add_search_inputs, load_inputs, positive_int, space_from
+from comet_dse import jsonout
+from comet_dse.cli.options import add_search_inputs, add_tokens_option, load_inputs, positive_int, space_from
 
 
 def add_parser(sub) -> None:
@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
     add_search_inputs(p)
     p.add_argument("--top", type=positive_int, default=10, help="how many of the fastest to show (default 10)")
     p.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
+    add_tokens_option(p)
     p.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
 
 
@@ -26,16 +27,17 @@ def run(args) -> int:
 
     model, cluster = load_inputs(args)
     started = time.perf_counter()
-    result = search(model, cluster, args.devices, args.global_batch, space_from(args))
+    result = search(model, cluster, args.devices, args.global_batch, space_from(args), tokens=args.tokens)
     elapsed = time.perf_counter() - started
     if args.output:
         write_atomically(to_arrow(result.columns), Path(args.output))
     best = None
     if result.feasible:
-        best = estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])))
+        best = estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
+                        tokens=args.tokens)
     if args.json:
         top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]
-        print(json.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,
+        print(jsonout.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,
                           "infeasible_by_rule": result.infeasible_by_rule, "top": top,
                           "best": best.to_dict() if best else None}, indent=2))
         return 0
@@ -43,7 +45,8 @@ def run(args) -> int:
     if best:
         exp = cluster.accelerator.expansion
         print("\nThe fastest strategy in detail\n")
-        print(render_estimate(best, cluster.accelerator.state_capacity, exp.capacity if exp else None))
+        print(render_estimate(best, cluster.accelerator.state_capacity, exp.capacity if exp else None,
+                              model.tied_embeddings))
     if args.output:
         print(f"\nWrote {result.evaluated:,} rows to {args.output}")
     return 0

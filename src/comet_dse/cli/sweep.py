@@ -1,12 +1,13 @@
 """``comet-dse sweep``: run a study (models x cluster variants x strategies) to a result file or folder."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
-from comet_dse.cli.options import DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, point_count, positive_int
+from comet_dse import jsonout
+from comet_dse.cli.options import (DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, note_workers, point_count,
+                                   positive_int)
 from comet_dse.errors import InputError
 
 
@@ -52,6 +53,8 @@ def run(args) -> int:
         sys.stderr.write(printable(f"comet-dse: {study.name}: {points:,} design points in {chunks:,} chunks"
                                    f"{resumed}\n"))
 
+    if not args.scheduler:
+        note_workers(args.workers)
     started = time.perf_counter()
     try:
         ranking = run_study(study, output, engine=args.engine, workers=args.workers, scheduler=args.scheduler,
@@ -64,7 +67,7 @@ def run(args) -> int:
         return EXIT_INTERRUPTED
     elapsed = time.perf_counter() - started
     if args.json:
-        print(json.dumps(ranking, indent=2))
+        print(jsonout.dumps(ranking, indent=2))
         return 0
     print(printable(describe(study)))
     print(render_sweep(ranking, elapsed))

@@ -1,9 +1,9 @@
 """``comet-dse validate``: re-predict published measurements and report the error."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from comet_dse import jsonout
 from comet_dse.errors import InputError
 
 
@@ -37,7 +37,7 @@ def run(args) -> int:
         raise InputError("data", f"a CSV in {directory} holds a value that is not valid: {exc}") from None
     stats = summary(comparisons)
     if args.json:
-        print(json.dumps({
+        print(jsonout.dumps({
             "data": str(directory),
             "rows": [{"dataset": c.dataset, "label": c.label, "predicted_s": c.predicted, "measured_s": c.measured,
                       "error": c.error} for c in comparisons],

@@ -3,12 +3,15 @@ at which a split fits; as a table, JSON or a figure."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
+from pathlib import Path
 
-from comet_dse.cli.options import add_search_inputs, load_inputs, space_from
+from comet_dse import jsonout, written
+from comet_dse.cli.options import add_search_inputs, add_tokens_option, load_inputs, space_from
 from comet_dse.errors import InputError
-from comet_dse.units import format_bytes, format_rate, format_time
+from comet_dse.strategy import legend
+from comet_dse.units import format_bytes, format_time
+from comet_dse.vocabulary import BANDWIDTH_CONVENTION, resource as described
 from comet_dse.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
 
 
@@ -20,7 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--resources", type=_names, default=None,
                    help="resources to scale, comma-separated, named as --set takes them (default: peak_flops, "
                         "hbm_capacity, hbm_bandwidth, sram_capacity, network_bandwidth, each network dimension's "
-                        "link_bandwidth, the expansion tier's capacity and bandwidth)")
+                        "bandwidth per device per direction (network.<dim>.bandwidth), the expansion tier's "
+                        "capacity and bandwidth)")
     p.add_argument("--scale", type=_factors, default=DEFAULT_FACTORS, metavar="F[,...]",
                    help="factors to scale each resource by (default 0.5,2)")
     p.add_argument("--capacity", default="hbm_capacity", choices=CAPACITY_RESOURCES,
@@ -28,6 +32,7 @@ def add_parser(sub) -> None:
                         "(default hbm_capacity)")
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-capacity search")
     p.add_argument("--figure", default=None, metavar="F.png|F.svg", help="also draw the speedups to this file")
+    add_tokens_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
 
@@ -50,19 +55,20 @@ def _factors(text: str) -> tuple:
 
 def run(args) -> int:
     """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
-    from pathlib import Path
-
     from comet_dse.whatif import whatif
 
-    if args.figure and Path(args.figure).suffix.lower() not in (".png", ".svg"):
-        raise InputError("--figure", f"{args.figure} must end in .png or .svg")
+    if args.figure:          # refused before the search, not after
+        if Path(args.figure).suffix.lower() not in (".png", ".svg"):
+            raise InputError("--figure", f"{args.figure} must end in .png or .svg")
+        written.check_file(args.figure, "--figure", _file_inputs(args))
     model, cluster = load_inputs(args)
     result = whatif(model, cluster, args.devices, args.global_batch, space_from(args), args.resources, args.scale,
-                    None if args.no_fit else args.capacity)
+                    None if args.no_fit else args.capacity, tokens=args.tokens)
     if args.figure:
-        figure(result, args.figure)
+        written.write_file(args.figure, lambda tmp: figure(result, tmp, Path(args.figure).suffix[1:].lower()),
+                           "--figure", _file_inputs(args))
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(jsonout.dumps(result.to_dict(), indent=2))
     else:
         print(render(result))
         if args.figure:
@@ -82,16 +88,61 @@ def render(result: WhatIf) -> str:
     else:
         lines.append(f"As it is: {b.note}")
     if result.cells:
-        headers = ["resource", "now"] + [f"x{f:g}" for f in result.factors]
+        headers = ["resource", "what", "now"] + [f"x{f:g}" for f in result.factors]
         rows = []
         for resource in dict.fromkeys(c.resource for c in result.cells):
             cells = [c for c in result.cells if c.resource == resource]
-            rows.append([resource, _shown(resource, _present_value(cells))] + [_speedup_text(c) for c in cells])
+            rows.append([resource, _label(resource), _shown(resource, _present_value(cells))]
+                        + [_speedup_text(c) for c in cells])
         lines += ["", "Speedup of the best strategy over the cluster as it is:", "",
-                  render_table(headers, rows, left=(0,))]
+                  render_table(headers, rows, left=(0, 1)), BANDWIDTH_CONVENTION]
+        lines += per_added_lines(result)
     if result.fit is not None:
         lines += ["", fit_text(result.fit)]
-    return "\n".join(lines)
+    fit = [result.fit.strategy_text] if result.fit else []
+    key = legend([b.strategy_text, *(c.strategy_text for c in result.cells), *fit])
+    return "\n".join(lines + (["", key] if key else []))
+
+
+def per_added_lines(result: WhatIf) -> list:
+    """The cells ranked by speedup per added dollar (then per added watt): what each change adds to the
+    cluster's price and draw (per-unit prices and powers, docs/economics.md), the speedup gain per $1M and
+    per kW, and with a token budget the time to train and cost. '-' where the resource has no per-unit figure."""
+    from comet_dse.text import render_table
+    from comet_dse.units import format_count, format_duration, format_usd
+    from comet_dse.vocabulary import training_label
+
+    def key(c: Cell):
+        return (c.speedup_per_musd is None, -(c.speedup_per_musd or 0.0), c.speedup_per_kw is None,
+                -(c.speedup_per_kw or 0.0))
+
+    tokens = result.tokens
+    headers = ["resource", "scale", "speedup", "added price", training_label("speedup_per_musd"), "added power",
+               training_label("speedup_per_kw")]
+    if tokens:
+        headers += [training_label("time_to_train_s"), training_label("training_cost_usd")]
+    rows = []
+    for c in sorted(result.cells, key=key):
+        row = [c.resource, f"x{c.factor:g}", f"{c.speedup:.2f}x" if c.speedup is not None else "-",
+               format_usd(c.added_usd) if c.added_usd is not None else "-",
+               f"{c.speedup_per_musd:+.3g}" if c.speedup_per_musd is not None else "-",
+               f"{c.added_w / 1e3:+,.1f} kW" if c.added_w is not None else "-",
+               f"{c.speedup_per_kw:+.3g}" if c.speedup_per_kw is not None else "-"]
+        if tokens:
+            row += [format_duration(c.time_to_train_s) if c.time_to_train_s is not None else "unknown",
+                    format_usd(c.training_cost_usd) if c.training_cost_usd is not None else "unknown"]
+        rows.append(row)
+    head = "Per added dollar and watt (speedup - 1 per $1M / per kW the change adds; '-': no per-unit price or power"
+    head += f"; training on {format_count(result.tokens)} tokens):" if tokens else "):"
+    return ["", head, "", render_table(headers, rows, left=(0,))]
+
+
+def _label(resource: str) -> str:
+    """A resource's label (vocabulary), or its name when the vocabulary does not know it."""
+    try:
+        return described(resource).label
+    except KeyError:
+        return resource
 
 
 def _present_value(cells: list) -> float | None:
@@ -103,17 +154,11 @@ def _present_value(cells: list) -> float | None:
 
 
 def _shown(resource: str, value: float | None) -> str:
-    if value is None:
-        return "-"
-    if resource.endswith("capacity"):
-        return format_bytes(value)
-    if resource.endswith("bandwidth"):
-        return format_rate(value, "B/s")
-    if resource.startswith("peak_flops"):
-        return format_rate(value, "FLOP/s")
-    if resource.endswith("latency"):
-        return format_time(value)
-    return f"{value:g}"
+    """The present value in the resource's display unit (vocabulary)."""
+    try:
+        return described(resource).text(value)
+    except KeyError:
+        return "-" if value is None else f"{value:g}"
 
 
 def _speedup_text(cell: Cell) -> str:
@@ -133,8 +178,13 @@ def fit_text(fit: CapacityFit) -> str:
             f"({fit.smallest:,.0f} B; the cluster has {format_bytes(fit.current)}, {now}), with {fit.strategy_text}")
 
 
-def figure(result: WhatIf, path) -> None:
-    """Bars of each resource's speedup per factor, written to ``path`` (.png or .svg)."""
+def _file_inputs(args) -> list:
+    """The files this whatif reads (a model or cluster given as a path): never an output."""
+    return [Path(ref) for ref in (args.model, args.cluster) if Path(ref).suffix.lower() in (".yaml", ".yml", ".json")]
+
+
+def figure(result: WhatIf, path, fmt: str = "png") -> None:
+    """Bars of each resource's speedup per factor, written to ``path`` as ``fmt`` (png or svg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,11 +199,12 @@ def figure(result: WhatIf, path) -> None:
         ys = [k + i * height for k in range(len(resources))]
         ax.barh(ys, values, height=height, label=f"x{factor:g}")
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks([k + height * (len(result.factors) - 1) / 2 for k in range(len(resources))], resources)
+    ax.set_yticks([k + height * (len(result.factors) - 1) / 2 for k in range(len(resources))],
+                  [_label(r) for r in resources])
     ax.invert_yaxis()
     ax.set_xlabel("speedup of the best strategy (1 = the cluster as it is; 0 = nothing fits)")
     ax.set_title(f"{result.model} on {result.devices} x {result.cluster}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format=fmt)
     plt.close(fig)

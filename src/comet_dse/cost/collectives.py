@@ -152,12 +152,18 @@ def all_to_all_time(nbytes, dims: tuple, group_spans: list, outer_scale=1.0):
 def send_recv_time(nbytes, dims: tuple, group_spans: list):
     """Point-to-point transfer between neighbours of a group (pipeline stages) [s].
 
-    The slowest hop is through the outermost dimension the group spans. A
-    switch lets one transfer use all the device's links; rings, tori, meshes
-    and fully connected dimensions give it one link.
+    Neighbours of a group that spans several dimensions sit one step apart in
+    the innermost spanned dimension, except at its wrap, where the step is in
+    the next one: the group's transfers cross every spanned dimension, and a
+    pipeline runs at the pace of its slowest hop:
+        T = max over spanned dimensions of (S / B_hop + latency)
+    A switch lets one transfer use all the device's links (B_hop = the device's
+    bandwidth); rings, tori, meshes and fully connected dimensions give it one
+    link (B_hop = link bandwidth). The slowest hop is usually the outermost
+    dimension's, but not always (a narrow inner link, a scaled-down NVLink).
     """
     time = np.zeros(np.broadcast(nbytes, *group_spans).shape)
     for dim, n in zip(dims, group_spans):
         bw = dim.bandwidth if dim.topology is Topology.SWITCH else dim.link_bandwidth
-        time = np.where(n > 1, nbytes / bw + dim.latency, time)
+        time = np.where(n > 1, np.maximum(time, nbytes / bw + dim.latency), time)
     return time

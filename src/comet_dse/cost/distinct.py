@@ -9,12 +9,30 @@ bit-identical to computing every point.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 
 import numpy as np
 
 MIN_POINTS = 64         # below this, grouping costs more than it saves
 MAX_SHARE = 0.25        # group only when there are at most this many combinations per point
+_UNGROUPED = contextvars.ContextVar("comet_dse_ungrouped", default=False)   # set by ungrouped()
+
+
+@contextlib.contextmanager
+def ungrouped():
+    """Within this block (in this thread or task), ``once_per_distinct`` computes every point, grouping none.
+
+    For a batch whose points differ in more than the strategy columns the grouping compares: calibration
+    gives the cluster's fitted parameters as arrays over the points, which a representative point
+    would not carry. A context variable, so the explorer's other requests keep grouping meanwhile.
+    """
+    token = _UNGROUPED.set(True)
+    try:
+        yield
+    finally:
+        _UNGROUPED.reset(token)
 
 
 def distinct_rows(columns: list):
@@ -24,10 +42,11 @@ def distinct_rows(columns: list):
     hash-based dictionary encoding, linear in the points, finds the groups);
     every point is then checked to equal its group's representative field by field, and
     any mismatch (a hash collision) gives None, as do batches under
-    MIN_POINTS points and batches with more than MAX_SHARE combinations per point.
+    MIN_POINTS points and batches with more than MAX_SHARE combinations per point, and every batch
+    inside ``ungrouped()``.
     """
     n = len(columns[0])
-    if n < MIN_POINTS:
+    if n < MIN_POINTS or _UNGROUPED.get():
         return None
     import pyarrow as pa              # here, not at the top: importing comet_dse stays light (tests/test_api.py)
     import pyarrow.compute as pc

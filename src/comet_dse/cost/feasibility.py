@@ -76,6 +76,10 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: _memory_reason(step, i, hbm, exp, cluster.accelerator.state_tiers)),
         ("pure_mp", pure & (p > 1),
          lambda i: f"pure model parallelism (COMET) has no pipeline: pp={p[i]:.0f} must be 1"),
+        # never report a wrong answer as feasible: a step time the inputs' bounds should have made finite
+        ("step_time", ~(np.isfinite(step.step_time) & (step.step_time > 0)),
+         lambda i: f"the step time ({step.step_time[i]!r} s) is not a positive finite number: a rate or an "
+                   "efficiency lies outside its plausible range"),
     ]
     return rules
 

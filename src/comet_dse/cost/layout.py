@@ -182,9 +182,18 @@ def _split_shard(st: StrategyArrays, group: list) -> tuple:
 
 
 def _shard_size(st: StrategyArrays, ctx, group: str):
-    """Devices a ZeRO shard is split over: the group's size, or with hybrid_shard its members inside a node."""
-    size = {"dp": st.dp, "edp": st.dp / st.ep}[group]
-    return np.where(st.hybrid_shard, np.minimum(ctx.spans[group][0], size), size)
+    """Devices a ZeRO shard is split over: the group's ranks times the CP ranks (the group its gradients are
+    reduce-scattered over, ``_dp_groups``), or with hybrid_shard the members of that group inside a node.
+
+    Context-parallel ranks hold the same weights and reduce their gradients together with the DP ranks,
+    so the distributed optimizer shards over DP x CP: Megatron-Core builds its DistributedDataParallel
+    and distributed optimizer on the data-parallel group with context parallelism
+    (parallel_state.get_data_parallel_group(with_context_parallel=True)), and torchtitan applies FSDP
+    over the dp_shard x cp mesh. The shard a rank updates is what the reduce-scatter leaves it.
+    """
+    size = {"dp": st.dp, "edp": st.dp / st.ep}[group] * st.cp
+    inner = ctx.spans[group][0] * ctx.spans["cp"][0]
+    return np.where(st.hybrid_shard, np.minimum(inner, size), size)
 
 
 def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: StageParams, gbytes, units):

@@ -55,16 +55,51 @@ def model_state_bytes(params, dp, zero, grad_el_bytes, gathered=0.0) -> ModelSta
     )
 
 
-def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches):
-    """Layer-micro-batches whose activations the first stage holds at its peak (1F1B).
+def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, first_chunk=None, rank=0):
+    """Layer-micro-batches whose activations pipeline rank ``rank`` holds at its peak (1F1B).
 
-    v = 1: (L/p) * min(m, p).  v > 1: (L/(p v)) * min(m v, p v + p - 1)
-    (Megatron-LM interleaved schedule: 2(p-1) + (v-1)p warm-up chunks + 1).
+    A rank runs its warm-up forwards, then one more, before its first backward (Megatron-LM
+    schedules.py; Narayanan et al. 2021, Sec. 2.2): p - r - 1 warm-up micro-batches without
+    interleaving, 2 (p - r - 1) + (v - 1) p chunk forwards with v virtual stages.
+    v = 1: (L/p) * min(m, p - r).
+    v > 1: F = min(m v, p v + p - 1 - 2 r) chunk forwards, run in groups of p micro-batches per
+    chunk, chunk 0 to v-1, so chunk 0 holds n_0 = floor(F / (p v)) p + min(F mod p v, p) of them
+    and the other chunks the rest:
+        c_0 n_0 + (S - c_0) (F - n_0) / (v - 1)
+    with S the stage's layers and c_0 (``first_chunk``) the layers of its first chunk. With S/v layers
+    in every chunk (the default) this is (S/v) F. It differs where the first chunk holds fewer layers:
+    when the embedding takes a layer's slot of it (Megatron-LM --account-for-embedding-in-pipeline-split;
+    Llama 3 405B: the embedding alone in the first chunk), the warm-up's extra micro-batches hold
+    no transformer layer there.
     """
     chunk = layers_per_stage / interleave
-    plain = layers_per_stage * np.minimum(microbatches, pp)
-    interleaved = chunk * np.minimum(microbatches * interleave, pp * interleave + pp - 1)
+    plain = layers_per_stage * np.minimum(microbatches, pp - rank)
+    forwards = np.minimum(microbatches * interleave, pp * interleave + pp - 1 - 2.0 * rank)
+    interleaved = chunk * forwards
+    if first_chunk is not None:
+        cycle = pp * interleave
+        cycles = np.floor(forwards / cycle)
+        in_first = cycles * pp + np.minimum(forwards - cycles * cycle, pp)
+        uneven = first_chunk * in_first + (layers_per_stage - first_chunk) * (forwards - in_first) / np.maximum(
+            interleave - 1, 1)
+        interleaved = np.where(first_chunk == chunk, interleaved, uneven)
     return np.where(interleave > 1, interleaved, plain)
+
+
+def reserved_bytes(footprint, reserved_memory: float, fragmentation: float):
+    """Device memory a job cannot use for its tensors, per device [bytes]:
+
+        reserved = R + f * footprint
+
+    R (``Cluster.reserved_memory``): what is gone before the first tensor, fixed per device: the memory the
+    driver keeps back from the nominal capacity, the runtime context (CUDA context with its kernels; XLA's
+    runtime reserve on TPU) and the collective library's buffers (NCCL: NCCL_BUFFSIZE and the LL/LL128
+    buffers per channel and connection, per communicator). f (``Cluster.fragmentation``): the allocator's
+    fragmentation, memory it holds but cannot hand out, as a fraction of the ``footprint`` (weights,
+    gradients, optimizer state, activations and buffers, in bytes). Each preset's R and f and their sources:
+    docs/hardware.md, "Reserved memory". The reserve stays in HBM: it never spills to an expansion tier.
+    """
+    return reserved_memory + fragmentation * footprint
 
 
 @dataclass(frozen=True)
@@ -84,8 +119,9 @@ def place(parts: dict, hbm_capacity, expansion_capacity) -> Placement:
 
     Spill order (cheapest traffic first): optimizer state (touched once per
     step), then weights and gradients (touched every micro-batch), then
-    activations. Without an expansion tier nothing spills. Fits when HBM holds
-    what stays and the expansion tier holds what spilled.
+    activations; buffers and the reserve (``reserved_bytes``) never spill.
+    Without an expansion tier nothing spills. Fits when HBM holds what stays
+    and the expansion tier holds what spilled.
     """
     total = sum(parts.values())
     over = np.where(expansion_capacity > 0, np.maximum(total - hbm_capacity, 0.0), 0.0)

@@ -119,7 +119,8 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     next to it: per pass, exposed = max(T_comm - T_gemm, T_comm / t), the
     first (or last) chunk having nothing to hide behind.
     EP (MoE layers): dispatch and combine all-to-alls in forward and in backward;
-    with ep_overlap (DualPipe) only what exceeds the pass's compute is exposed.
+    with ep_overlap (DualPipe) only what exceeds the pass's compute left free
+    by the TP and CP overlaps is exposed (``_behind_the_rest``).
     CP, ring (default): cp-1 steps passing K and V (forward) and their
     gradients (backward, twice the bytes), overlapped with the attention
     kernels; only the excess is exposed: max(0, steps * t_step - t_attention).
@@ -137,14 +138,17 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     tp_pass, tp_back = layer.tp_messages * tp_message, layer.tp_messages_backward * tp_message
     tp_fwd = np.where(st.tp_overlap, _pipelined(tp_pass, layer.tp_gemm_forward, st.tp), tp_pass)
     tp_bwd = np.where(st.tp_overlap, _pipelined(tp_back, layer.tp_gemm_backward, st.tp), tp_back)
-    ep_pass = expert_exchange_time(model, layer, ctx, st) if layer.moe else 0.0
-    ep_fwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.forward.total, 0.0), ep_pass)
-    ep_bwd = np.where(st.ep_overlap, np.maximum(ep_pass - layer.backward.total, 0.0), ep_pass)
     ring = (st.cp - 1) * coll.send_recv_time(layer.cp_kv_bytes, dims, spans["cp"])
     core = layer.attention_core.total
     gather = coll.all_gather_time(st.cp * layer.cp_kv_bytes, dims, spans["cp"])
     cp_fwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(ring - core, 0.0)), 0.0)
     cp_bwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(2.0 * ring - 2.5 * core, 0.0)), 0.0)
+    ring_hides = (st.cp > 1) & ~all_gather
+    ep_pass = expert_exchange_time(model, layer, ctx, st) if layer.moe else 0.0
+    ep_fwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.forward.total, tp_pass - tp_fwd,
+                                                      np.where(ring_hides, ring - cp_fwd, 0.0)), ep_pass)
+    ep_bwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.backward.total, tp_back - tp_bwd,
+                                                      np.where(ring_hides, 2.0 * ring - cp_bwd, 0.0)), ep_pass)
     rec = KernelTime(np.where(full, layer.forward.math, np.where(selective, layer.attention_core.math, 0.0)),
                      np.where(full, layer.forward.memory, np.where(selective, layer.attention_core.memory, 0.0)))
     again = np.where(full, 1.0, 0.0)
@@ -166,6 +170,22 @@ def layer_phase_times(model: Transformer, cluster: Cluster, devices: int, st: St
     comm = w["tp"] + w["ep"] + w["cp"]
     return {"forward": w["fwd_math"] + w["fwd_mem"] + comm - w[BACKWARD_COMM],
             "backward": w["bwd_math"] + w["bwd_mem"] + w["rec_math"] + w["rec_mem"] + w[BACKWARD_COMM]}
+
+
+def _behind_the_rest(comm, compute, *hidden):
+    """Exposed seconds of an overlapped collective whose pass computes ``compute`` seconds, part of which
+    already hides other communication (``hidden``: the TP and CP seconds those overlaps hid) [s]:
+
+        exposed = max(0, comm - max(0, compute - sum(hidden)))
+
+    Each second of compute hides one transfer at a time: an expert all-to-all (DualPipe) hides behind what
+    the TP chunks and the CP ring left free. Then the pass's compute plus its exposed communication is
+    max(compute + TP and CP exposed, TP + CP + EP), which a faster kernel or link never lengthens (charging
+    every overlap against the whole pass counted the same window twice, and a faster memory system made
+    a step slower).
+    """
+    free = np.maximum(compute - sum(hidden), 0.0)
+    return np.maximum(comm - free, 0.0)
 
 
 def _pipelined(comm, gemm, chunks):

@@ -20,7 +20,8 @@ import numpy as np
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
-from comet_dse.cost.memory import inflight_layer_microbatches, place
+from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes
+from comet_dse.cost.params import embedding_slots
 from comet_dse.cost.microbatch import (
     ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, deduplicated, network_dims, prefixed, work_total,
 )
@@ -114,12 +115,12 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     dp_exposed = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
     optimizer = lay.optimizer
 
-    memory, act_per_mb = _memory(model, st, terms, lay, m)
+    memory, act_per_mb = _memory(model, st, terms, lay, m, cluster)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.state_capacity, exp_cap)
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
-                            overlap=(st.expansion_overlap, fwd, bwd, optimizer))
+                            overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed))
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]),
@@ -263,15 +264,20 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     return exposed + dp.emb_sync
 
 
-def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m):
+def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):
     """Bytes per device of the stage that needs the most, by part; and that stage's activations per micro-batch.
 
     Per candidate stage (cost/params.py): model states (cost/layout.py: shared
-    weights sharded by ZeRO over dp, expert weights over dp/ep, an fp8 weight
-    copy in fp8 training) and activations: the in-flight micro-batches of the
-    first stage under 1F1B (an upper bound for later stages) of its dense and
+    weights sharded by ZeRO over dp x cp, expert weights over dp/ep x cp, an fp8
+    weight copy in fp8 training) and activations: the in-flight micro-batches of
+    the first stage under 1F1B (an upper bound for later stages) of its dense and
     MoE layers, one layer's transient recomputation, and the logits when the
-    head shares the stage (p = 1). The candidate with the largest total is reported.
+    head shares the stage (p = 1). With interleaving, the stage that holds the
+    embedding in a layer's slot of its first chunk (pipeline split
+    embedding-loss) has one layer fewer there, where the warm-up's extra
+    micro-batches sit (cost/memory.py: inflight_layer_microbatches). The
+    candidate with the largest total is reported, with the reserve the cluster
+    keeps (cost/memory.py: reserved_bytes) as the part "reserved".
     """
     t, p, b = st.tp, st.pp, st.micro_batch
     full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
@@ -288,11 +294,21 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m)
     logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES + capped), 0.0)
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
-    for states in lay.memory:
+    slot = embedding_slots(st)
+    last = len(lay.memory) - 1
+    for index, (states, (_, _, with_emb, _)) in enumerate(zip(lay.memory, lay.mixes)):
         n_dense, n_moe = states["n_dense"], states["n_moe"]
+        # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
+        # rank 1, warms up longest) or the last; one stage when p = 1
+        rank = 0.0 if index == 0 else np.maximum(np.where(index == last, p - 1.0, np.minimum(1.0, p - 1.0)), 0.0)
         layers = n_dense + n_moe
         per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
-        inflight = inflight_layer_microbatches(layers, p, st.interleave, m)
+        first_chunk = None
+        if np.any(with_emb * slot):     # the embedding takes a layer's slot of this stage's first chunk
+            taken = with_emb * slot * (p > 1)
+            first_chunk = np.where(taken > 0, np.maximum((layers + taken) / st.interleave - taken, 0.0),
+                                   layers / st.interleave)
+        inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank)
         memory = {"weights": states["weights"], "gradients": states["gradients"], "optimizer": states["optimizer"],
                   "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + logits,
                   "buffers": buffers}
@@ -305,6 +321,8 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m)
             best = {k: np.where(better, memory[k], best[k]) for k in best}
             best_act = np.where(better, act_per_mb, best_act)
             best_total = np.maximum(total, best_total)
+    best["reserved"] = reserved_bytes(best_total, cluster.reserved_memory, cluster.fragmentation) + np.zeros_like(
+        best_total)
     return best, best_act
 
 
@@ -322,15 +340,25 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None):
     micro-batch otherwise).
     Without overlap (default) all of it is exposed:
         T = (2 O_x + m (3 W_x + 2 f_x A)) / B + latencies
-    ``overlap`` = (expansion_overlap per point, T_f, T_b, T_opt): where on,
-    each pass's traffic is prefetched (weights and the activations read back)
-    or drained (gradients, activations written) while that pass computes, as
-    ZeRO-Infinity's prefetching offload engine and CXL memory pooling do, and
-    only the excess is exposed (a roofline per pass):
-        T = m [max(0, (W_x + f_x A)/B - T_f) + max(0, (2 W_x + f_x A)/B - T_b)]
-            + max(0, 2 O_x / B - T_opt) + latencies
+    ``overlap`` = (expansion_overlap per point, T_f, T_b, T_opt, T_dp): where
+    on, each pass's traffic is prefetched (weights and the activations read
+    back) or drained (gradients, activations written) while that pass
+    computes, as ZeRO-Infinity's prefetching offload engine and CXL memory
+    pooling do, and only the excess is exposed (a roofline per pass):
+        E = m [max(0, (W_x + f_x A)/B - T_f) + max(0, (2 W_x + f_x A)/B - T_b)]
+            + max(0, 2 O_x / B - T_opt)
+    The tier's link is not the network's, so its transfers also proceed while
+    the device waits on exposed data-parallel communication T_dp; only what
+    is left after that is charged:
+        T = max(0, E - T_dp) + latencies
+    Without this, the excess over the same compute window would be charged
+    twice (once as exposed DP communication, once as exposed tier traffic), and
+    a faster device could make the step slower. With it, the overlapped part of
+    the step is max(compute, DP, tier) per window: never longer when compute,
+    HBM or a link gets faster.
     T_f, T_b: the stage's forward and backward (+ recomputation) seconds per
-    micro-batch with their exposed communication; T_opt: the optimizer step.
+    micro-batch with their exposed communication; T_opt: the optimizer step;
+    T_dp: the step's exposed data-parallel communication.
     Sources: Rajbhandari et al. 2021 (ZeRO-Infinity, arXiv:2104.07857,
     Sec. 6: overlap-centric design); docs/model.md.
     """
@@ -346,28 +374,19 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None):
               + np.where(placed.expansion > placed.spilled_optimizer, 3.0 * m, 0.0))
     exposed = traffic / bw
     if overlap is not None:
-        on, t_f, t_b, t_opt = overlap
+        on, t_f, t_b, t_opt, t_dp = overlap
         forward = np.maximum((placed.spilled_weights + spilled_act) / bw - t_f, 0.0)
         backward = np.maximum((2.0 * placed.spilled_weights + spilled_act) / bw - t_b, 0.0)
         optimizer = np.maximum(2.0 * placed.spilled_optimizer / bw - t_opt, 0.0)
-        exposed = np.where(on, m * (forward + backward) + optimizer, exposed)
+        exposed = np.where(on, np.maximum(m * (forward + backward) + optimizer - t_dp, 0.0), exposed)
     return exposed + phases * lat
 
 
-def _flops(model: Transformer, st: StrategyArrays):
-    """Model and hardware FLOPs per iteration (Narayanan et al. 2021, Eq. 3, generalised).
-
-    Per token: 6 * (P_matmul + V*h) + 6 * L * s * a * (d_qk + d_v)  (model FLOPs:
-    forward and backward of every matrix multiply a token passes through —
-    MoE layers count the router, top_k routed and the shared experts — and of
-    the attention scores). For GPT, d_qk = d_v = d gives Eq. 3's 12 L s a d.
-    Hardware FLOPs add the recomputed forward: full 2 * P_layers + 2 * L * s *
-    a * (d_qk + d_v), selective 2 * L * s * a * d_qk (the scores).
-    With a sliding window w, L s becomes the sum over layers of the keys each
-    query attends to, min(s, w) on windowed layers (Transformer.keys_per_query).
-    """
+def _matmul_params(model: Transformer) -> float:
+    """Weights every token passes through in matrix multiplies, summed over the layers [-]: attention
+    projections and MLP (MoE layers: the router, top_k routed and the shared experts)."""
     att = model.attention
-    h, L, V, s = model.hidden, model.layers, model.vocab, model.seq_len
+    h = model.hidden
     mats = 3 if model.mlp.gated else 2
     attn = sum(p.n_in * p.n_out for p in att.projections(h))
     dense_layer = attn + mats * h * model.mlp.ffn
@@ -375,11 +394,39 @@ def _flops(model: Transformer, st: StrategyArrays):
     if model.moe:
         moe = model.moe
         moe_layer = attn + h * moe.experts + mats * h * (moe.top_k * moe.ffn + moe.shared_ffn)
-    layers = model.dense_layers * dense_layer + model.moe_layers * moe_layer
-    keys = L * model.keys_per_query()     # L s, or per layer min(s, w) with a sliding window
+    return model.dense_layers * dense_layer + model.moe_layers * moe_layer
+
+
+def model_flops(model: Transformer, global_batch, causal: bool = True):
+    """Model FLOPs of one iteration: forward and backward of the work a token needs [FLOP].
+
+        F = B s [6 (P_matmul + V h) + 6 L k a (d_qk + d_v)]
+    (Narayanan et al. 2021, Eq. 3, generalised: for GPT d_qk = d_v = d and k = s give its 12 L s a d),
+    with k the keys a query attends to. ``causal`` (the default, what MFU uses): k is the causal average
+    (Transformer.causal_keys_per_query: s / 2, less with a sliding window), the scores a decoder needs;
+    counting the masked half as well would let a kernel that skips it (every flash kernel) report an MFU
+    above 1 on long sequences. ``causal=False``: k = s (Transformer.keys_per_query), the convention of
+    Megatron-LM's and PaLM's published MFU, used to turn a reported MFU into a step time.
+    """
+    att = model.attention
+    keys = model.causal_keys_per_query() if causal else model.keys_per_query()
+    scores = model.layers * keys * att.heads * (att.qk_dim + att.v_dim)
+    return global_batch * model.seq_len * (6.0 * (_matmul_params(model) + model.vocab * model.hidden) + 6.0 * scores)
+
+
+def _flops(model: Transformer, st: StrategyArrays):
+    """Model and hardware FLOPs per iteration (``model_flops``, causal).
+
+    Hardware FLOPs add the recomputed forward: full 2 * P_layers + 2 * L * k *
+    a * (d_qk + d_v), selective 2 * L * k * a * d_qk (the scores), k the causal
+    keys per query. A flash kernel's backward recomputes the scores too and is
+    not added: HFU counts the algorithm's recomputation, not a kernel's.
+    """
+    att = model.attention
+    keys = model.layers * model.causal_keys_per_query()
     scores = keys * att.heads * (att.qk_dim + att.v_dim)
-    tokens = st.global_batch * s
-    model_flops = tokens * (6.0 * (layers + V * h) + 6.0 * scores)
-    extra = np.where(st.uses(Recompute.FULL), 2.0 * layers + 2.0 * scores,
+    tokens = st.global_batch * model.seq_len
+    flops = model_flops(model, st.global_batch)
+    extra = np.where(st.uses(Recompute.FULL), 2.0 * _matmul_params(model) + 2.0 * scores,
                      np.where(st.uses(Recompute.SELECTIVE), 2.0 * keys * att.heads * att.qk_dim, 0.0))
-    return model_flops, model_flops + tokens * extra
+    return flops, flops + tokens * extra

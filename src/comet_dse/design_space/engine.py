@@ -42,7 +42,8 @@ except ImportError:          # not POSIX: no lock between runs
     fcntl = None
 
 from comet_dse.allocator import keep_freed_memory
-from comet_dse.errors import InputError
+from comet_dse import jsonout, written
+from comet_dse.errors import InputError, RunFailed
 from comet_dse.design_space.output import (check_output_file, output_parent, remove_stale_temps, stale_temps,
                                      to_arrow, write_dataset)
 from comet_dse.design_space.parquet_concat import ParquetJoinError, join
@@ -50,12 +51,12 @@ from comet_dse.design_space.rank import chunk_summary, merge
 from comet_dse.design_space.space import enumerate_strategies
 from comet_dse.design_space.storage import Folder, is_url, parquet_options
 from comet_dse.design_space.study import Study
-from comet_dse.design_space.table import RULES, evaluate_columns
+from comet_dse.design_space.table import RULES, economic_columns, evaluate_columns
 
 CHUNK_ROWS = 250_000
 PARENT_POLL_S = 0.5          # how often a worker checks that its parent still runs
 SCHEDULER_TIMEOUT_S = 5      # how long to try to reach a Dask scheduler
-STRUCTURAL = sum(1 << i for i, code in enumerate(RULES) if code != "memory")
+STRUCTURAL = sum(1 << i for i, code in enumerate(RULES) if code not in ("memory", "step_time"))
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def plan(study: Study) -> tuple:
                 key = (mi, devices, variant.global_batch)
                 if key in strategies:
                     continue
-                st = enumerate_strategies(model, devices, variant.global_batch, study.space)
+                st = enumerate_strategies(model, devices, variant.global_batch, study.space, limit=None)
                 probe = evaluate_columns(model, variant.cluster, devices, st)
                 if not np.any((probe["infeasible_mask"] & STRUCTURAL) == 0):
                     raise InputError("strategy", f"no valid strategy for {model.name} on {devices} devices with "
@@ -106,7 +107,7 @@ def first_points(study: Study, n: int) -> list:
             for devices in variant.devices:
                 key = (mi, devices, variant.global_batch)
                 if key not in cache:
-                    cache[key] = enumerate_strategies(model, devices, variant.global_batch, study.space)
+                    cache[key] = enumerate_strategies(model, devices, variant.global_batch, study.space, limit=None)
                 st = cache[key]
                 for i in range(min(len(st), n - len(out))):
                     out.append((model.name, devices, variant.label, st.strategy(i)))
@@ -125,8 +126,7 @@ def run_chunk(study: Study, chunk: Chunk, st) -> pa.Table:
            "variant": np.full(n, chunk.variant_index, dtype=np.int64)}
     for axis, value in variant.values.items():
         ids[f"axis_{axis}"] = np.full(n, value) if not isinstance(value, str) else np.full(n, value, dtype=object)
-    ids["cost_usd"] = np.full(n, float(chunk.devices * (variant.cluster.device_price_usd or np.nan)))
-    ids["power_w"] = np.full(n, float(chunk.devices * (variant.cluster.device_power_w or np.nan)))
+    ids.update(economic_columns(variant.cluster, chunk.devices, cols, study.token_budget))
     bad = cols["feasible"] & ~(np.isfinite(cols["step_time_s"]) & (cols["step_time_s"] > 0))
     if np.any(bad):      # never rank a wrong answer: input validation should make this impossible
         raise RuntimeError(f"comet-dse bug: a feasible point of {variant.label} has step time "
@@ -161,7 +161,8 @@ def strategies_of(job: Job):
     if key not in _STRATEGIES:
         while len(_STRATEGIES) >= 4:
             _STRATEGIES.pop(next(iter(_STRATEGIES)))
-        _STRATEGIES[key] = enumerate_strategies(job.study.models[c.model_index], c.devices, batch, job.study.space)
+        _STRATEGIES[key] = enumerate_strategies(job.study.models[c.model_index], c.devices, batch, job.study.space,
+                                                limit=None)
     return _STRATEGIES[key].take(np.arange(c.start, c.stop))
 
 
@@ -174,7 +175,7 @@ def _task(job: Job) -> tuple:
     c = job.chunk
     table = run_chunk(job.study, c, strategies_of(job))
     summary = chunk_summary(table, job.top_k)
-    job.parts.write_bytes(f"part-{c.index:06d}.json", json.dumps(summary).encode("utf-8"))
+    job.parts.write_bytes(f"part-{c.index:06d}.json", jsonout.dumps(summary).encode("utf-8"))
     job.parts.write_parquet(f"part-{c.index:06d}.parquet", table)
     return c.index, summary, table.num_rows
 
@@ -310,6 +311,8 @@ class PartStore:
                     remove_stale_temps(self.output)
                 writer = _join_parts if fmt == "parquet" else _csv_parts
                 target.write_with(name, lambda handle: writer(self.parts, total, handle))
+                if not self.url:
+                    written.record_file(self.output)
         except OSError as exc:
             raise InputError("output", f"cannot write {self.output}: {exc.strerror or exc}") from None
         self.parts.remove_all()
@@ -323,19 +326,21 @@ class PartStore:
 
 def _join_parts(parts: Folder, total: int, handle) -> None:
     """The parts, in chunk order, as one Parquet file: their bytes joined, nothing re-encoded
-    (parquet_concat); parts of differing schemas are re-encoded into the first one's."""
+    (parquet_concat); parts it cannot join (differing schemas) are re-encoded into the first one's schema.
+    ``join`` refuses before writing a byte, so the fallback starts from an empty ``handle``."""
     names = [PartStore.name(i) for i in range(total)]
-    start = handle.tell()
     try:
         join([lambda n=n: parts.open(n) for n in names], handle)
         return
     except ParquetJoinError:
-        handle.seek(start)
+        pass
     writer = None
     for n in names:
-        table = pq.read_table(parts.open(n))
-        writer = writer or pq.ParquetWriter(handle, table.schema, **parquet_options(table.schema))
-        writer.write_table(table)
+        with parts.open(n) as source:
+            table = pq.read_table(source)
+        if writer is None:
+            writer = pq.ParquetWriter(handle, table.schema, **parquet_options(table.schema))
+        writer.write_table(table.cast(writer.schema))
     if writer is not None:
         writer.close()
 
@@ -383,6 +388,13 @@ def summary_path(output):
     return output.with_name(output.name + ".summary.json")
 
 
+def local_workers(requested: int) -> int:
+    """How many worker processes this machine runs for ``requested``: at most one per CPU (os.cpu_count()).
+    More only contend for the CPUs and hold memory each (``--workers 100000`` forked over 1,000 processes
+    before the machine ran out of them); a remote Dask scheduler's workers are not counted here."""
+    return max(1, min(int(requested), os.cpu_count() or 1))
+
+
 def run_study(study: Study, output, *, engine: str = "local", workers: int = 1, scheduler: str | None = None,
               resume: bool = False, progress: bool = True, on_chunk=None, top_k: int = 5, on_start=None) -> dict:
     """Evaluate the whole study into ``output``; returns the ranking (rank.merge) plus run counts.
@@ -391,10 +403,15 @@ def run_study(study: Study, output, *, engine: str = "local", workers: int = 1, 
     dataset folder of Parquet parts; a local path or an fsspec URL (``storage``).
     ``on_start(points, chunks, chunks already done)`` is called once the plan is
     made and the output folder locked, before any evaluation. The ranking is
-    also written to ``summary_path(output)``.
+    also written to ``summary_path(output)``. ``workers`` on this machine (local
+    processes, a local Dask cluster) are capped at its CPUs (``local_workers``).
     """
+    if not (engine == "dask" and scheduler):
+        workers = local_workers(workers)
     output = str(output) if is_url(str(output)) else Path(output)
-    check_output_file(output)
+    check_output_file(output, study.files)
+    if not is_url(str(output)):
+        written.check_file(summary_path(output), "output", study.files)
     chunks, strategies = plan(study)
     with contextlib.ExitStack() as stack:
         client = stack.enter_context(_dask_client(workers, scheduler)) if engine == "dask" else None
@@ -431,7 +448,7 @@ def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_
         if client is not None:
             _run_dask(client, todo, payload, finished, workers)
         elif workers > 1:
-            _run_processes(todo, payload, finished, workers)
+            _run_processes(todo, payload, finished, workers, store.folder)
         else:
             for c in todo:
                 finished(*_task(payload(c)))
@@ -442,9 +459,18 @@ def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_
     ranking.update({"study": study.name, "chunks": len(chunks), "points": points,
                     "skipped": len(chunks) - len(todo), "output": str(output)})
     store.assemble(len(chunks))
-    parent, name = output_parent(summary_path(output))
-    parent.write_bytes(name, json.dumps(ranking, indent=1).encode("utf-8"))
+    _write_summary(summary_path(output), ranking)
     return ranking
+
+
+def _write_summary(path, ranking: dict) -> None:
+    """The ranking as JSON beside the output: a local file through written.write_file, a URL whole."""
+    data = jsonout.dumps(ranking, indent=1).encode("utf-8")
+    if is_url(str(path)):
+        parent, name = output_parent(path)
+        parent.write_bytes(name, data)
+    else:
+        written.write_file(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def _progress(total: int, done: int, enabled: bool):
@@ -499,29 +525,38 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _run_processes(todo: list, payload, finished, workers: int) -> None:
+def _run_processes(todo: list, payload, finished, workers: int, parts=None) -> None:
     """A pool of local processes; at most 2 chunks in flight per worker (bounded memory).
 
     Workers ignore Ctrl-C and exit with their parent (worker_setup); on an
     interruption the queued chunks are cancelled and the running ones finish.
+    A worker that dies (killed, out of memory) breaks the pool: that is a
+    failure of the machine, not of the input, and ends the run with one line
+    (``RunFailed``, exit status 1) naming the parts folder ``parts`` that
+    ``--resume`` continues from.
     """
     import concurrent.futures as cf
     import multiprocessing
+    from concurrent.futures.process import BrokenProcessPool
 
     context = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=worker_setup,
-                                initargs=(os.getpid(),)) as pool:
-        try:
-            pending, queue = set(), list(todo)
-            while queue or pending:
-                while queue and len(pending) < 2 * workers:
-                    pending.add(pool.submit(_task, payload(queue.pop(0))))
-                done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for future in done:
-                    finished(*future.result())
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    try:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=worker_setup,
+                                    initargs=(os.getpid(),)) as pool:
+            try:
+                pending, queue = set(), list(todo)
+                while queue or pending:
+                    while queue and len(pending) < 2 * workers:
+                        pending.add(pool.submit(_task, payload(queue.pop(0))))
+                    done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                    for future in done:
+                        finished(*future.result())
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    except BrokenProcessPool:
+        raise RunFailed(f"a worker process died (killed, or out of memory); the finished chunks are kept in "
+                        f"{parts}: run again with --resume") from None
 
 
 @contextlib.contextmanager
@@ -553,7 +588,10 @@ def _dask_client(workers: int, scheduler: str | None):
 
 
 def _connect(client_type, scheduler: str):
-    """A client of the scheduler at ``scheduler``, or an InputError within SCHEDULER_TIMEOUT_S."""
+    """A client of the scheduler at ``scheduler``, or one InputError naming `scheduler` within about
+    SCHEDULER_TIMEOUT_S: Dask's handshake is tried first (``_handshake``), since a Client waits forever
+    for a port that accepts and says nothing."""
+    _handshake(scheduler)
     try:
         return client_type(scheduler, timeout=SCHEDULER_TIMEOUT_S)
     except (OSError, TimeoutError):
@@ -561,6 +599,39 @@ def _connect(client_type, scheduler: str):
                          f"{SCHEDULER_TIMEOUT_S} s") from None
     except (ValueError, TypeError):
         raise InputError("scheduler", f"{scheduler!r} is not a scheduler address; give tcp://HOST:PORT") from None
+    except Exception as exc:              # anything else the client trips on is still not a usable scheduler
+        raise InputError("scheduler", f"{scheduler!r} did not accept a Dask client ({type(exc).__name__}); "
+                         "give the address of a running Dask scheduler, tcp://HOST:PORT") from None
+
+
+def _handshake(scheduler: str) -> None:
+    """Open one connection to ``scheduler`` and complete Dask's handshake, all within SCHEDULER_TIMEOUT_S,
+    or raise an InputError naming `scheduler`. distributed's own connect bounds the TCP connection but not
+    the handshake's read: a port that accepts and never answers hung the sweep, and an HTTP server's
+    answer read as a frame length was a MemoryError traceback. Runs on an event loop of its own thread,
+    whatever loop the caller may run."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import connect
+
+    async def probe():
+        comm = await asyncio.wait_for(connect(scheduler, timeout=SCHEDULER_TIMEOUT_S), SCHEDULER_TIMEOUT_S)
+        await comm.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="comet-dask-probe") as pool:
+        future = pool.submit(asyncio.run, probe())
+        try:
+            future.result()
+        except (OSError, TimeoutError, asyncio.TimeoutError):
+            raise InputError("scheduler", f"no Dask scheduler answered at {scheduler!r} within "
+                             f"{SCHEDULER_TIMEOUT_S} s") from None
+        except (ValueError, TypeError, KeyError):
+            raise InputError("scheduler", f"{scheduler!r} is not a scheduler address; give tcp://HOST:PORT") from None
+        except Exception as exc:          # a MemoryError or a protocol error: something else answered
+            raise InputError("scheduler", f"{scheduler!r} answered, but not as a Dask scheduler "
+                             f"({type(exc).__name__}); give the address of a running Dask scheduler, "
+                             "tcp://HOST:PORT") from None
 
 
 @contextlib.contextmanager

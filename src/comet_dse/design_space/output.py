@@ -1,15 +1,15 @@
 """Writing result columns to Parquet or CSV, never half-written under the final name.
 
-A file is written to a temporary name beside it (``temp_path``: ``.<name>.tmp-<pid>``,
+A file is written to a temporary name beside it (``written.temp_path``: ``.<name>.tmp-<pid>``,
 or ``storage.temp_name``: ``.<name>.tmp-<pid>@<host>``) and renamed into place
 when complete; a temporary left by a process of this machine that no longer runs
 is removed by the next writer (``remove_stale_temps``). A sweep's output is one
 file (``.parquet``, ``.csv``) or, for a name without a suffix, a dataset folder
-of Parquet parts marked by ``DATASET_MARKER`` (``write_dataset``).
+of Parquet parts marked by ``DATASET_MARKER`` (``write_dataset``). What may be replaced follows
+written.py: only a file or folder this tool wrote, unchanged since.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -21,9 +21,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from comet_dse import written
 from comet_dse.errors import InputError
 from comet_dse.design_space.storage import Folder, is_url, parquet_options, temp_name
 from comet_dse.strategy import KNOBS, Choice
+from comet_dse.written import stale_temps
 
 DATASET_MARKER = "_comet-dse.json"      # in a dataset folder this tool wrote; readers skip names starting with _
 # Choice knobs: their code columns are written as dictionary-encoded names.
@@ -56,38 +58,6 @@ def output_format(path) -> str:
                      "folder of Parquet parts)")
 
 
-def temp_path(path: Path) -> Path:
-    """Where ``path`` is written before it is renamed into place: ``.<name>.tmp-<pid>`` beside it."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (a process of another user counts)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, OverflowError):
-        return pid < 2**31
-    return True
-
-
-def stale_temps(path: Path) -> list:
-    """The temporaries of ``path`` (``temp_path`` names) whose process no longer runs."""
-    path = Path(path)
-    found = []
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
-        pid, _, host = tmp.name.rsplit("-", 1)[1].partition("@")    # tmp-PID or tmp-PID@HOST (storage.temp_name)
-        if host and host != socket.gethostname():
-            continue
-        if pid.isdigit() and not process_alive(int(pid)) and not tmp.is_symlink():
-            found.append(tmp)
-    return found
-
-
 def remove_stale_temps(path: Path) -> None:
     """Remove the temporary files of ``path`` left by dead processes; a temporary folder only if it is a
     dataset this tool was writing (it holds DATASET_MARKER); other folders are left to their owner."""
@@ -98,28 +68,19 @@ def remove_stale_temps(path: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_output_file(path) -> str:
-    """The format of ``path`` (parquet, csv or dataset); an InputError if it exists and is not a result this
-    tool wrote (a folder where a file is named, a file where a dataset folder is named, foreign files)."""
+def check_output_file(path, inputs=()) -> str:
+    """The format of ``path`` (parquet, csv or dataset); an InputError if this tool may not write it
+    (written.py: only what it wrote itself is replaced, never a link, a device or an input)."""
     fmt = output_format(path)
     if is_url(str(path)):
         return _check_url_output(str(path), fmt)
-    path = Path(path)
     if fmt == "dataset":
-        if path.exists() and (not path.is_dir() or path.is_symlink()):
+        if Path(path).exists() and not Path(path).is_dir() and not Path(path).is_symlink():
             raise InputError("output", f"{path} exists and is not a folder; a name without a suffix is a dataset "
                              "folder (give a name ending in .parquet for one file)")
-        if path.is_dir() and any(path.iterdir()) and not (path / DATASET_MARKER).is_file():
-            raise InputError("output", f"{path} is a folder this tool did not write; choose another name or "
-                             "move it away")
-        return fmt
-    if path.is_dir():
-        raise InputError("output", f"{path} is a folder; give a file name ending in .{fmt}")
-    if path.exists() and not path.is_file():
-        raise InputError("output", f"{path} exists and is not a regular file")
-    if path.is_file() and path.stat().st_size and not _is_result(path, fmt):
-        raise InputError("output", f"{path} exists and is not a comet-dse result file; choose another name "
-                         "or move it away")
+        written.check_folder(path, DATASET_MARKER, "dataset", inputs=inputs)
+    else:
+        written.check_file(path, inputs=inputs)
     return fmt
 
 
@@ -161,9 +122,12 @@ def write_dataset(parts: Folder, names: list, output) -> None:
     parent, name = output_parent(output)
     tmp = Folder(parent.path(temp_name(name)))
     tmp.make()
-    tmp.write_bytes(DATASET_MARKER, json.dumps({"format": "comet-dse dataset", "parts": len(names)}).encode())
     for part in names:
         parts.copy_to(part, tmp, part)
+    if is_url(tmp.where):
+        tmp.write_bytes(DATASET_MARKER, json.dumps({"format": "comet-dse dataset", "parts": len(names)}).encode())
+    else:       # a manifest of every part: the folder is replaced later only while it holds just these
+        written.seal(tmp.root, DATASET_MARKER, "dataset", format="comet-dse dataset", parts=len(names))
     fs = parent.fs
     if parent.kind(name) == "folder":
         old = parent.path(f".{name}.tmp-old-{os.getpid()}@{socket.gethostname()}")     # a stale_temps name
@@ -174,40 +138,19 @@ def write_dataset(parts: Folder, names: list, output) -> None:
         fs.move(tmp.root, parent.path(name))
 
 
-def _is_result(path: Path, fmt: str) -> bool:
-    """Whether ``path`` holds rows comet-dse wrote (a step_time_s column): only such a file is replaced."""
-    try:
-        if fmt == "parquet":
-            return "step_time_s" in pq.read_schema(path).names
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return '"step_time_s"' in handle.readline(1 << 16)
-    except (OSError, pa.ArrowException):
-        return False
-
-
-def write_atomically(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` (.parquet or .csv) via a temporary file and a rename."""
-    path = Path(path)
-    fmt = check_output_file(path)
+def write_atomically(table: pa.Table, path: Path, inputs=()) -> None:
+    """Write ``table`` to ``path`` (.parquet or .csv), complete or not at all (written.write_file)."""
+    fmt = check_output_file(path, inputs)
     if fmt == "dataset":
         raise InputError("output", f"{path} must end in .parquet or .csv")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError("output", f"cannot create {path.parent}: {exc.strerror}") from None
-    remove_stale_temps(path)
-    tmp = temp_path(path)
-    try:
+
+    def write(tmp: Path) -> None:
         if fmt == "parquet":
             pq.write_table(table, tmp, **parquet_options(table.schema))
         else:
             pacsv.write_csv(_plain(table), tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise InputError("output", f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    written.write_file(path, write, inputs=inputs)
 
 
 def _plain(table: pa.Table) -> pa.Table:

@@ -9,6 +9,13 @@ untouched, so the result reads as the concatenation of the inputs (each input
 row group stays a row group). Only the footer is decoded, by a small generic
 Thrift compact-protocol reader and writer (``_read_struct``, ``_write_struct``).
 
+One structure outside the footer holds absolute byte offsets: a page index's
+OffsetIndex (where each data page starts). A part's copied OffsetIndex would
+point into the first part, so each one is decoded, its page offsets are
+shifted, and it is written again after all the copied bytes, where the footer
+now points (the old copy stays behind as unused bytes). A ColumnIndex (page
+statistics) and a bloom filter hold no offsets: they move with their bytes.
+
 Source: the Parquet format specification (parquet-format, ``parquet.thrift``:
 FileMetaData, RowGroup, ColumnChunk, ColumnMetaData) and the Thrift compact
 protocol specification.
@@ -24,11 +31,13 @@ COPY_BYTES = 1 << 22
 TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(1, 13)
 
 # Field ids in parquet.thrift that this module reads or rewrites.
-FILE_SCHEMA, FILE_NUM_ROWS, FILE_ROW_GROUPS, FILE_KEY_VALUE = 2, 3, 4, 5
+FILE_SCHEMA, FILE_NUM_ROWS, FILE_ROW_GROUPS, FILE_KEY_VALUE, FILE_ENCRYPTION = 2, 3, 4, 5, 8
 GROUP_COLUMNS, GROUP_FILE_OFFSET, GROUP_ORDINAL = 1, 5, 7
-CHUNK_FILE_PATH, CHUNK_META = 1, 3
-CHUNK_OFFSETS = (2, 4, 6)         # file_offset, offset_index_offset, column_index_offset
+CHUNK_FILE_PATH, CHUNK_META, CHUNK_ENCRYPTED_META = 1, 3, 9
+CHUNK_OFFSET_INDEX, CHUNK_OFFSET_INDEX_LENGTH = 4, 5
+CHUNK_OFFSETS = (2, 6)            # file_offset, column_index_offset (the offset index is rewritten)
 META_OFFSETS = (9, 10, 11, 14)    # data_page, index_page, dictionary_page, bloom_filter offsets
+INDEX_PAGES, PAGE_OFFSET = 1, 1   # OffsetIndex.page_locations, PageLocation.offset
 
 
 class ParquetJoinError(ValueError):
@@ -207,16 +216,56 @@ def read_footer(handle) -> tuple:
     return fields, start
 
 
+def _chunks(fields: list):
+    """Every ColumnChunk of a FileMetaData, row group by row group."""
+    for group in _get(fields, FILE_ROW_GROUPS)[2][1]:
+        yield from _get(group, GROUP_COLUMNS)[2][1]
+
+
+def _check_joinable(fields: list) -> None:
+    """A ParquetJoinError unless every byte offset of the file is in its footer or an OffsetIndex: no column
+    chunk in another file, no encryption (encrypted column metadata hides its offsets)."""
+    if _get(fields, FILE_ENCRYPTION) is not None:
+        raise ParquetJoinError("an encrypted Parquet file cannot be joined byte for byte")
+    for chunk in _chunks(fields):
+        if _get(chunk, CHUNK_FILE_PATH) is not None:
+            raise ParquetJoinError("a column chunk lives in another file")
+        if _get(chunk, CHUNK_ENCRYPTED_META) is not None:
+            raise ParquetJoinError("an encrypted Parquet column cannot be joined byte for byte")
+
+
+def read_offset_indexes(handle, fields: list) -> list:
+    """[(ColumnChunk fields, its decoded OffsetIndex)] for every column chunk of the open file ``handle`` (of
+    footer ``fields``) that has a page index."""
+    found = []
+    for chunk in _chunks(fields):
+        where, length = _get(chunk, CHUNK_OFFSET_INDEX), _get(chunk, CHUNK_OFFSET_INDEX_LENGTH)
+        if where is None or not where[2]:
+            continue
+        if length is None:
+            raise ParquetJoinError("a Parquet offset index without its length")
+        handle.seek(where[2])
+        raw = handle.read(length[2])
+        try:
+            index, _ = _read_struct(raw, 0)
+            pages = _get(index, INDEX_PAGES)[2][1]
+        except (IndexError, TypeError, struct.error):
+            raise ParquetJoinError("damaged Parquet offset index") from None
+        if any(_get(page, PAGE_OFFSET) is None for page in pages):
+            raise ParquetJoinError("damaged Parquet offset index")
+        found.append((chunk, index))
+    return found
+
+
 def _shift(group: list, by: int, ordinal: int) -> None:
-    """Move a RowGroup's byte offsets by ``by`` and give it position ``ordinal`` in the joined file."""
+    """Move a RowGroup's byte offsets (in the footer) by ``by`` and give it position ``ordinal`` in the joined
+    file; its OffsetIndexes are moved by ``_shift_pages``."""
     for f in group:
         if f[0] == GROUP_FILE_OFFSET and f[2]:          # an offset of 0 is unset: data starts at byte 4
             f[2] += by
         elif f[0] == GROUP_ORDINAL:
             f[2] = ordinal
     for chunk in _get(group, GROUP_COLUMNS)[2][1]:
-        if _get(chunk, CHUNK_FILE_PATH) is not None:
-            raise ParquetJoinError("a column chunk lives in another file")
         for f in chunk:
             if f[0] in CHUNK_OFFSETS and f[2]:
                 f[2] += by
@@ -226,41 +275,71 @@ def _shift(group: list, by: int, ordinal: int) -> None:
                 f[2] += by
 
 
+def _shift_pages(index: list, by: int) -> None:
+    """Move every page location of a decoded OffsetIndex by ``by``."""
+    for page in _get(index, INDEX_PAGES)[2][1]:
+        _get(page, PAGE_OFFSET)[2] += by
+
+
+def _place_offset_indexes(indexes: list, position: int) -> bytes:
+    """The OffsetIndexes ``indexes`` ([(ColumnChunk, OffsetIndex)]) encoded one after another, to be written at
+    byte ``position``; each ColumnChunk is pointed at its index there."""
+    out = bytearray()
+    for chunk, index in indexes:
+        start = len(out)
+        _write_struct(out, index)
+        _get(chunk, CHUNK_OFFSET_INDEX)[2] = position + start
+        _get(chunk, CHUNK_OFFSET_INDEX_LENGTH)[2] = len(out) - start
+    return bytes(out)
+
+
+def _copy_data(open_file, data_end: int, target) -> None:
+    """Copy bytes 4 .. ``data_end`` (every row group, page index and bloom filter) of a part to ``target``."""
+    with open_file() as handle:
+        handle.seek(len(MAGIC))
+        left = data_end - len(MAGIC)
+        while left:
+            block = handle.read(min(COPY_BYTES, left))
+            if not block:
+                raise OSError("a Parquet part ended early while it was joined")
+            target.write(block)
+            left -= len(block)
+
+
 def join(openers: list, target) -> int:
     """Write the Parquet files that ``openers`` open (callables returning binary handles, same schema) as
     one file to ``target`` (a writable binary handle); returns the number of rows.
 
-    Every footer is read before a byte is written: a ParquetJoinError (not Parquet, encrypted, other
-    schemas) leaves ``target`` untouched. Each file is opened twice, one at a time.
+    Every footer (and offset index) is read before a byte is written: a ParquetJoinError (not Parquet,
+    encrypted, other schemas) leaves ``target`` untouched. Each file is opened twice, one at a time.
     """
-    footers = []
+    parts = []
     for open_file in openers:
         with open_file() as handle:
-            footers.append(read_footer(handle))
-    if not footers:
+            fields, data_end = read_footer(handle)
+            _check_joinable(fields)
+            parts.append((fields, data_end, read_offset_indexes(handle, fields)))
+    if not parts:
         raise ParquetJoinError("nothing to join")
-    first = footers[0][0]
+    first = parts[0][0]
     schema, kv = _get(first, FILE_SCHEMA), _get(first, FILE_KEY_VALUE)
-    for fields, _ in footers:
+    for fields, _, _ in parts:
         if _get(fields, FILE_SCHEMA) != schema or _get(fields, FILE_KEY_VALUE) != kv:
             raise ParquetJoinError("the parts have different schemas")
-    groups, rows, position = [], 0, len(MAGIC)
+    groups, indexes, rows, position = [], [], 0, len(MAGIC)
     target.write(MAGIC)
-    for open_file, (fields, data_end) in zip(openers, footers):
+    for open_file, (fields, data_end, part_indexes) in zip(openers, parts):
+        by = position - len(MAGIC)
         for group in _get(fields, FILE_ROW_GROUPS)[2][1]:
-            _shift(group, position - len(MAGIC), len(groups))
+            _shift(group, by, len(groups))
             groups.append(group)
+        for chunk, index in part_indexes:
+            _shift_pages(index, by)
+            indexes.append((chunk, index))
         rows += _get(fields, FILE_NUM_ROWS)[2]
-        with open_file() as handle:
-            handle.seek(len(MAGIC))
-            left = data_end - len(MAGIC)
-            while left:
-                block = handle.read(min(COPY_BYTES, left))
-                if not block:
-                    raise OSError("a Parquet part ended early while it was joined")
-                target.write(block)
-                left -= len(block)
+        _copy_data(open_file, data_end, target)
         position += data_end - len(MAGIC)
+    target.write(_place_offset_indexes(indexes, position))
     footer = [list(f) for f in first]
     _get(footer, FILE_NUM_ROWS)[2] = rows
     _get(footer, FILE_ROW_GROUPS)[2] = (STRUCT, groups)

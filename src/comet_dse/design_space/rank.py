@@ -11,16 +11,23 @@ import numpy as np
 import pyarrow as pa
 
 from comet_dse.design_space.table import reason_counts
+from comet_dse.jsonout import plain
 from comet_dse.strategy import KNOBS
 
 # Every strategy knob, then the results kept for each of the best rows.
 ROW_FIELDS = tuple(k.name for k in KNOBS) + (
     "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes", "cost_usd",
-    "power_w")
+    "power_w", "time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_usd")
+# Pareto fronts: key -> (the resource column without a token budget, with one). Time is step time without a
+# budget, time to train with one.
+FRONTS = {"pareto_cost": ("cost_usd", "training_cost_usd"), "pareto_power": ("power_w", "power_w"),
+          "pareto_energy": (None, "energy_j")}
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:
-    """Counts and the top_k fastest feasible rows of one finished chunk (plain JSON-able values)."""
+    """Counts and the top_k fastest feasible rows of one finished chunk, as plain JSON values (jsonout.plain:
+    a cost or power the cluster does not give is None, not NaN), so that a summary read back from its
+    file equals the one a run keeps in memory."""
     feasible = table.column("feasible").to_numpy(zero_copy_only=False)
     times = table.column("step_time_s").to_numpy()
     masks = table.column("infeasible_mask").to_numpy()
@@ -33,7 +40,7 @@ def chunk_summary(table: pa.Table, top_k: int) -> dict:
         "points": table.num_rows,
         "feasible": int(len(rows)),
         "infeasible_by_rule": reason_counts(masks),
-        "top": [{name: table.column(name)[int(i)].as_py() for name in names} for i in best],
+        "top": plain([{name: table.column(name)[int(i)].as_py() for name in names} for i in best]),
     }
 
 
@@ -60,15 +67,16 @@ def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budg
                         if g["best"] and base_best else None)
         if g["best"] and token_budget:
             g["time_to_train_s"] = token_budget / g["best"]["tokens_per_second"]
-    return {"variants": rows, "baseline": variants[baseline].label,
-            "pareto_cost": pareto(rows, "cost_usd", token_budget), "pareto_power": pareto(rows, "power_w", token_budget)}
+    fronts = {key: pareto(rows, column[1 if token_budget else 0], token_budget) if column[1 if token_budget else 0]
+              else [] for key, column in FRONTS.items()}
+    return {"variants": rows, "baseline": variants[baseline].label, "token_budget": token_budget, **fronts}
 
 
 def pareto(rows: list, resource: str, token_budget: float | None) -> list:
     """The (model, devices, variant) bests not dominated in (time, resource): both lower is better.
 
-    Time is time-to-train for the token budget when one is given, else step time.
-    Rows without a price/power figure are left out.
+    Time is time-to-train for the token budget when one is given, else step time. ``resource``: a column
+    of ROW_FIELDS (cost_usd, power_w, training_cost_usd, energy_j). Rows without a figure are left out.
     """
     out = []
     for model in sorted({r["model"] for r in rows}):

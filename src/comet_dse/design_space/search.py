@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
-from comet_dse.design_space.table import evaluate_columns, reason_counts
+from comet_dse.design_space.table import economic_columns, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOBS, Strategy
@@ -30,12 +30,15 @@ class SearchResult:
 
 
 def search(model: Transformer, cluster: Cluster, devices: int, global_batch: int,
-           space: SearchSpace | None = None) -> SearchResult:
-    """Evaluate every strategy of ``space`` and rank the feasible ones by step time."""
+           space: SearchSpace | None = None, tokens: float | None = None) -> SearchResult:
+    """Evaluate every strategy of ``space`` and rank the feasible ones by step time (and so by time to
+    train: the global batch is fixed). With ``tokens`` (a token budget) the columns hold what training on
+    it takes (economics.COLUMNS) and, always, the cluster's price and rated power (table.economic_columns)."""
     space = space or SearchSpace()
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
+    cols.update(economic_columns(cluster, devices, cols, tokens))
     feasible = np.flatnonzero(cols["feasible"])
     ranked = feasible[np.argsort(cols["step_time_s"][feasible], kind="stable")]
     infeasible = cols["infeasible_mask"][~cols["feasible"]]

@@ -10,11 +10,13 @@ first value there, and interleaving is tried only with pp > 1.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import CROSS_RULES, DERIVED, GIVEN, KNOB, KNOBS, StrategyArrays, combinations
@@ -22,12 +24,19 @@ from comet_dse.strategy import CROSS_RULES, DERIVED, GIVEN, KNOB, KNOBS, Strateg
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 MAX_INNER = 1_000_000  # combinations of the non-degree knobs' value lists (held in memory per search)
 COUNT_BLOCK_ROWS = 2_000_000   # rows built at a time when counting
+MAX_STRATEGIES = BOUNDS["strategies"].high   # rows one search, what-if or explorer request builds at once
 
 
 def divisors(n: int) -> list:
-    """Positive divisors of n, ascending."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """Positive divisors of n, ascending (sqrt(n) steps, remembered: a search asks for the divisors of the
+    same batch per replica once per degree split)."""
+    return list(_divisors(int(n)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 @dataclass(frozen=True)
@@ -171,14 +180,22 @@ def _interleaves(layers: int, pp: int, space: SearchSpace) -> list:
 DEGREES = ("tp", "pp", "dp", "micro_batch", "interleave", "cp", "ep")   # the columns of the outer rows
 
 
-def _outer_rows(model: Transformer, devices: int, global_batch: int, space: SearchSpace) -> list:
-    """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep) rows, in enumeration order."""
+def _outer_rows(model: Transformer, devices: int, global_batch: int, space: SearchSpace,
+                max_rows: int | None = None) -> list:
+    """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep) rows, in enumeration order.
+
+    The device count and the global batch are checked against bounds.BOUNDS first (their divisors are
+    enumerated); more than ``max_rows`` rows is refused as soon as the row past it is found."""
+    devices = BOUNDS["devices"].check_integer("devices", devices)
+    global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
     outer = []
     for tp, cp, pp, dp in _degree_tuples(model, devices, space):
         for ep in _expert_degrees(model, dp, space):
             for mb in _micro_batches(global_batch, dp, space):
                 for v in _interleaves(model.layers, pp, space):
                     outer.append((tp, pp, dp, mb, v, cp, ep))
+                    if max_rows is not None and len(outer) > max_rows:
+                        raise _TooMany()
     if not outer and space.mp is not None:
         dps = space.given("dp")
         raise InputError("strategy.mp", f"no split MP x DP (x CP) of {devices} devices has MP = tp*pp in "
@@ -224,16 +241,32 @@ def _keep(st: StrategyArrays, chosen: list, space: SearchSpace) -> np.ndarray:
     return keep
 
 
-def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace) -> StrategyArrays:
+class _TooMany(Exception):
+    """The outer rows times the inner combinations passed the limit (raised while enumerating)."""
+
+
+def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace,
+                         limit: int | None = MAX_STRATEGIES) -> StrategyArrays:
     """Every strategy of ``space`` for ``model`` on ``devices`` devices, as arrays.
 
     The DERIVED degrees are enumerated with their rules (outer rows); every
     other knob takes each of its values (inner rows, the product in the
     declaration order of the knobs). A point where a knob does not apply
     (``Knob.applies``) is kept only with that knob's first value.
+    ``limit``: the most rows built (outer rows x inner combinations, before repeats are dropped; a search,
+    what-if or explorer request holds them all in memory); a larger space is refused as soon as the
+    enumeration passes it, before anything is built. A sweep, which builds its strategies per set and
+    counts its points first (--max-points), passes None.
     """
-    outer = _outer_rows(model, devices, global_batch, space)
     chosen, codes = _inner_codes(space)
+    n_inner = len(next(iter(codes.values()))) if codes else 1
+    try:
+        outer = _outer_rows(model, devices, global_batch, space, None if limit is None else limit // n_inner)
+    except _TooMany:
+        raise InputError("strategy", f"the search holds more than {limit:,} strategies for {devices:,} devices "
+                         f"(degree splits x micro-batches x {n_inner:,} combinations of the other knobs); at most "
+                         f"{limit:,} are evaluated at once: give fewer values (--tp, --pp, --micro-batch, "
+                         "--recompute, ...) or run a sweep, which evaluates in chunks") from None
     st = _block(outer, chosen, codes, global_batch)
     keep = _keep(st, chosen, space)
     return st if keep.all() else st.take(np.flatnonzero(keep))

@@ -18,16 +18,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.design_space.space import SearchSpace, count_strategies
-from comet_dse.hardware.load import (MAX_EXPANSION, MAX_FLOPS, MAX_HBM, MAX_LATENCY, MAX_LINK_BW, MAX_MEM_BW,
-                                     MAX_POWER_W, MAX_PRICE_USD, MAX_SRAM, network_dim_from, tier_from)
+from comet_dse.hardware import economics as econ
+from comet_dse.hardware.load import network_dim_from, tier_from
 from comet_dse.hardware.spec import Cluster, Topology
-from comet_dse.loading import Fields, check_range, parse_yaml, read_text_file
+from comet_dse.loading import Fields, parse_yaml, read_text_file
 from comet_dse.presets import load_cluster, load_model, preset_names
 from comet_dse.text import printable
 from comet_dse.strategy import GIVEN, KNOBS
-from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, parse_quantity
+from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, KIND_TOKENS, parse_quantity
 
 # Axis name -> unit kind of its absolute values (KIND_COUNT = plain number, "text" = a name).
 CLUSTER_AXES = {
@@ -45,30 +46,33 @@ CLUSTER_AXES = {
     "network_bandwidth": KIND_BANDWIDTH,
     "network_latency": KIND_TIME,
 }
-DIM_AXES = {"link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME, "efficiency": KIND_COUNT, "topology": "text"}
+# bandwidth: per device per direction (it sets link_bandwidth = value / links_per_device); link_bandwidth: per link.
+DIM_AXES = {"bandwidth": KIND_BANDWIDTH, "link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME,
+            "efficiency": KIND_COUNT, "topology": "text"}
 
-# The value an axis sets -> (highest plausible value in SI units, whether 0 is allowed): the bounds a
-# cluster file's field is checked against (hardware.load), so that no variant holds a value a cluster
-# file could not. Every value is checked as it is applied, absolute or scaled. An expansion capacity
-# of 0 is allowed: the tier is then unused (the baseline of an expansion study).
-AXIS_LIMITS = {
-    "peak_flops": (MAX_FLOPS, False),
-    "hbm_capacity": (MAX_HBM, False),
-    "hbm_bandwidth": (MAX_MEM_BW, False),
-    "sram_capacity": (MAX_SRAM, False),
-    "sram_bandwidth": (MAX_MEM_BW, False),
-    "expansion_capacity": (MAX_EXPANSION, True),
-    "expansion_bandwidth": (MAX_MEM_BW, False),
-    "expansion_latency": (MAX_LATENCY, True),
-    "device_price_usd": (MAX_PRICE_USD, False),
-    "device_power_w": (MAX_POWER_W, False),
-    "link_bandwidth": (MAX_LINK_BW, False),
-    "latency": (MAX_LATENCY, True),
-    "efficiency": (1.0, False),
+# The value an axis sets -> its row of bounds.BOUNDS: the bounds a cluster file's field is checked against
+# (hardware.load), so that no variant holds a value a cluster file could not. Every value is checked as
+# it is applied, absolute or scaled. An expansion capacity of 0 is allowed: the tier is then unused (the
+# baseline of an expansion study).
+AXIS_BOUNDS = {
+    "peak_flops": BOUNDS["peak_flops"],
+    "hbm_capacity": BOUNDS["hbm_capacity"],
+    "hbm_bandwidth": BOUNDS["memory_bandwidth"],
+    "sram_capacity": BOUNDS["sram_capacity"],
+    "sram_bandwidth": BOUNDS["memory_bandwidth"],
+    "expansion_capacity": BOUNDS["expansion_capacity"],
+    "expansion_bandwidth": BOUNDS["memory_bandwidth"],
+    "expansion_latency": BOUNDS["latency"],
+    "device_price_usd": BOUNDS["device_price_usd"],
+    "device_power_w": BOUNDS["device_power_w"],
+    "link_bandwidth": BOUNDS["link_bandwidth"],
+    "latency": BOUNDS["latency"],
+    "efficiency": BOUNDS["efficiency"],
 }
+# (highest plausible value, whether 0 is allowed) of each axis, as whatif's bisection reads them.
+AXIS_LIMITS = {name: (bound.high, bound.low == 0.0) for name, bound in AXIS_BOUNDS.items()}
 
 MAX_VARIANTS = 100_000        # cluster variants of one study (each is built and held in memory)
-MAX_STUDY_INTEGER = 10**9     # devices and global batch
 
 # The scale axes the resource-doubling figure doubles, each from x1 to x2.
 DOUBLED_RESOURCES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "network_bandwidth")
@@ -167,7 +171,7 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
         raise InputError("models", "give at least one: a model YAML, a config.json or a preset "
                          f"({', '.join(preset_names('models'))})")
     models = [str(m) for m in _as_list(f.raw("models"), "models")]
-    seq_len = f.integer("seq_len", None)
+    seq_len = f.integer("seq_len", None, bound="seq_len")
     loaded = [load_model(m) for m in models]
     if seq_len:
         loaded = [m.with_seq_len(seq_len) for m in loaded]
@@ -179,7 +183,7 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
     devices = _per_cluster(f, "devices", bases, many=True)
     batches = _per_cluster(f, "global_batch", bases, many=False)
     if f.has("expansion"):
-        tier = tier_from(f.sub("expansion"), "expansion", MAX_EXPANSION, True)
+        tier = tier_from(f.sub("expansion"), "expansion", True)
         bases = [dc.replace(b, accelerator=dc.replace(b.accelerator, expansion=tier)) for b in bases]
     networks = _networks(f, bases[0])
     axes = _axes(f, bases, networks)
@@ -196,7 +200,7 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
     variants = _variants(bases, devices, batches, axes, networks)
     baseline = _baseline(f, axes, variants, len(bases) > 1)
     kinds = _figures(f, axes)
-    budget = f.quantity("token_budget", KIND_COUNT, None, high=1e18)
+    budget = f.quantity("token_budget", KIND_TOKENS, None, bound="tokens")
     files = tuple(Path(r) for r in [str(path)] + models + refs if r.endswith((".yaml", ".yml", ".json")))
     study = Study(name=printable(f.text("name", path.stem)), description=printable(f.text("description", "")),
                   models=loaded,
@@ -242,10 +246,11 @@ def _as_list(value, field_name: str) -> list:
     return items
 
 
-def _positive_int(value, field_name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STUDY_INTEGER:
-        shown = value if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
-        raise InputError(field_name, f"must hold positive integers up to {MAX_STUDY_INTEGER:,}, got {shown!r}")
+def _positive_int(value, field_name: str, bound: str) -> int:
+    """``value`` if it is an integer in the row ``bound`` of bounds.BOUNDS (devices, global_batch)."""
+    row = BOUNDS[bound]
+    if isinstance(value, bool) or not isinstance(value, int) or not row.low <= value <= row.high:
+        raise InputError(field_name, f"must hold positive integers up to {row.high:,}, got {shown(value)}")
     return value
 
 
@@ -273,8 +278,8 @@ def _per_cluster(f: Fields, key: str, bases: list, many: bool) -> dict:
 
     def read(value, where):
         if many:
-            return [_positive_int(x, where) for x in _as_list(value, where)]
-        return _positive_int(value, where)
+            return [_positive_int(x, where, key) for x in _as_list(value, where)]
+        return _positive_int(value, where, key)
 
     if isinstance(raw, dict):
         out = {}
@@ -327,12 +332,14 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
     for item in items:
         where = f"axes.{name}.{mode}"
         if mode == "scale":
-            if kind == "text":
+            if kind == "text" or name == "cost_basis":
                 raise InputError(where, f"{name} takes named values, not multipliers")
             number = parse_quantity(item, KIND_COUNT, where)          # finite
             if number <= 0:
                 raise InputError(where, f"multipliers must be positive finite numbers, got {item!r}")
             out.append((_scale_label(number), ("scale", number)))
+        elif kind == "economics":         # power and price (hardware/economics.py): parsed and checked here
+            out.append((str(item), ("value", econ.parse_setting(name, item, where))))
         elif kind == "text":
             valid = networks if name == "network" else [t.value for t in Topology]
             if str(item) not in valid:
@@ -362,6 +369,9 @@ def _axes(f: Fields, bases: list, networks: dict) -> dict:
                 raise InputError(f"axes.{name}", f"unknown network axis; dimensions are {', '.join(sorted(dim_names))}, "
                                  f"fields {', '.join(DIM_AXES)}")
             kind = DIM_AXES[attr]
+        elif econ.is_setting(name):
+            kind = "economics"
+            _check_priced(name, bases)
         else:
             known = ", ".join(list(CLUSTER_AXES) + ["network.<dimension>.<" + "|".join(DIM_AXES) + ">"])
             raise InputError(f"axes.{name}", f"unknown axis; known axes: {known}")
@@ -371,17 +381,42 @@ def _axes(f: Fields, bases: list, networks: dict) -> dict:
     return axes
 
 
+def _check_priced(name: str, bases: list) -> None:
+    """Refuse a per-unit price or power axis for a resource the base clusters do not have."""
+    if name.startswith(("unit_price.", "unit_power.")):
+        known = econ.resource_names(bases[0])
+        if name.split(".", 1)[1] not in known:
+            raise InputError(f"axes.{name}", f"not a resource with a per-unit figure; known: {', '.join(known)}")
+
+
+def _apply_economics(cluster: Cluster, name: str, label: str, mode: str, x) -> Cluster:
+    """``cluster`` with an economics setting (hardware/economics.py) set: a value (already parsed and
+    checked) or a multiplier of the cluster's own value, checked against the same row of bounds."""
+    where = f"axes.{name}.{'scale' if mode == 'scale' else 'values'}"
+    if mode == "scale":
+        base_value = econ.current(cluster, name)
+        if base_value is None:
+            raise InputError(where, f"{cluster.name} has no {name} to scale; give a value")
+        row = name.split(".", 1)[0] if name.startswith(("unit_price.", "unit_power.")) else econ.FIELDS[name][1]
+        x = BOUNDS[row].check(where, base_value * x, f"{label} of {cluster.name}'s {base_value:g} = {base_value * x:g}")
+    return econ.with_setting(cluster, name, x)
+
+
 def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: dict) -> Cluster:
-    """``cluster`` with axis ``name`` set to ``setting``; every value it sets is checked against AXIS_LIMITS."""
+    """``cluster`` with axis ``name`` set to ``setting``; every value it sets is checked against AXIS_BOUNDS."""
     mode, x = setting
     acc = cluster.accelerator
+    if econ.is_setting(name):
+        return _apply_economics(cluster, name, label, mode, x)
 
-    def scaled(base_value, limit: str = name):
+    def scaled(base_value, limit: str = name, links: int = 1):
+        """The new value (``links`` > 1: a per-device bandwidth, returned per link), checked against the limit."""
         value = base_value * x if mode == "scale" else x
-        high, zero = AXIS_LIMITS[limit]
-        shown = f"{label} of {cluster.name}'s {base_value:g}" if mode == "scale" else label
+        shown = f"{label} of {cluster.name}'s {base_value:g} = {value:g}" if mode == "scale" else label
+        if links != 1:
+            shown += f" per device = {value / links:g} per link ({links} links)"
         where = f"axes.{name}.{'scale' if mode == 'scale' else 'values'}"
-        return check_range(where, value, high, zero, f"{shown} = {value:g}" if mode == "scale" else shown)
+        return AXIS_BOUNDS[limit].check(where, value / links, shown)
 
     if name == "peak_flops":
         peaks = {k: scaled(v) for k, v in acc.peak_flops.items()}
@@ -406,7 +441,9 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
     _, dim_name, attr = name.split(".")
     dims = []
     for dim in cluster.network:
-        if dim.name == dim_name:
+        if dim.name == dim_name and attr == "bandwidth":     # per device per direction
+            dim = dc.replace(dim, link_bandwidth=scaled(dim.bandwidth, "link_bandwidth", dim.links_per_device))
+        elif dim.name == dim_name:
             value = Topology(x) if attr == "topology" else scaled(getattr(dim, attr), attr)
             dim = dc.replace(dim, **{attr: value})
         dims.append(dim)

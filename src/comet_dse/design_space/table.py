@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from comet_dse import economics
 from comet_dse.allocator import keep_freed_memory
 from comet_dse.cost.feasibility import violations
 from comet_dse.cost.step import evaluate
@@ -17,7 +18,8 @@ from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOBS, StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
-         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp")
+         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp",
+         "step_time")
 RULE_TEXT = {
     "devices": "tp*pp*dp differs from the device count",
     "tp_heads": "tp does not divide the attention heads (the query columns with a column split)",
@@ -34,6 +36,7 @@ RULE_TEXT = {
     "dtype": "the device has no rate for the dtype",
     "memory": "does not fit in device memory",
     "pure_mp": "pure model parallelism has no pipeline (pp must be 1)",
+    "step_time": "the step time is not a positive finite number",
 }
 
 
@@ -67,6 +70,20 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
     cols.update({f"time_{k}_s": np.broadcast_to(v, step.step_time.shape) for k, v in step.breakdown.items()})
     cols.update({f"memory_{k}_bytes": np.broadcast_to(v, step.step_time.shape) for k, v in step.memory.items()})
     return cols
+
+
+def economic_columns(cluster, devices: int, cols: dict, tokens: float | None) -> dict:
+    """The price and power of each point's cluster at its design (economics.py: per-unit prices and powers
+    follow the scaled resources): ``cost_usd`` = devices x the device price, ``power_w`` = the rated draw
+    (every device compute-bound, nodes and switches with a figure, times PUE); with a token budget also
+    economics.COLUMNS (time to train, energy, cost). NaN where unknown."""
+    r = economics.rates(cluster, devices)
+    n = len(cols["step_time_s"])
+    out = {"cost_usd": np.full(n, r.cluster_price_usd), "power_w": np.full(n, r.rated_power_w)}
+    if tokens:
+        breakdown = {k[len("time_"):-len("_s")]: v for k, v in cols.items() if k.startswith("time_") and k.endswith("_s")}
+        out.update(economics.training(r, cols["step_time_s"], cols["tokens_per_second"], breakdown, tokens))
+    return out
 
 
 def reason_counts(masks: np.ndarray) -> dict:

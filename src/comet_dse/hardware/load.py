@@ -1,43 +1,47 @@
 """Cluster specs from mappings (YAML presets or user files).
 
-Plausibility bounds reject impossible magnitudes (e.g. 80 TB of HBM per chip)
-with a message naming the field. Each is set from the fastest or largest real
-part, about 10x beyond it, so that what-if studies stay possible and no real
-device (a wafer-scale engine, a Dojo training tile) is ever rejected:
-compute, on-chip SRAM and its bandwidth from Cerebras WSE-3 (125 PFLOP/s,
-44 GB SRAM at 21 PB/s, Cerebras CS-3 product brief, 2024); a link from a Dojo
-training tile's edge (9 TB/s, Chang et al., Hot Chips 34, 2022); power from a
-Cerebras CS-3 system (23 kW).
+Plausibility bounds reject impossible magnitudes (e.g. 80 TB of HBM per chip, a peak of 1e-300 FLOP/s)
+with a message naming the field. They are rows of the one table of bounds (bounds.BOUNDS, with the
+reason for each): the top of each is set from the fastest or largest real part, about 10x beyond it,
+so that what-if studies stay possible and no real device (a wafer-scale engine, a Dojo training tile)
+is ever rejected; the bottom of each rate keeps step times finite. Study axes, ``--set`` and the
+explorer's controls check the values they set against the same rows.
 """
 from __future__ import annotations
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
+from comet_dse.hardware.economics import Economics, anchored, economics_from
 from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
 from comet_dse.loading import Fields
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
 
-TiB = 2.0**40
-MAX_FLOPS = 1.25e18       # 1.25 EFLOP/s per device: 10x Cerebras WSE-3 (125 PFLOP/s)
-MAX_SRAM = 512 * 2.0**30  # 512 GiB on chip: about 10x WSE-3's 44 GB
-MAX_HBM = 4 * TiB         # 4 TiB per device: over 10x the largest HBM stack set (288 GB) or Dojo tile (160 GB)
-MAX_EXPANSION = 256 * TiB
-MAX_MEM_BW = 2.1e17       # 210 PB/s: 10x WSE-3's 21 PB/s on-chip memory bandwidth
-MAX_LINK_BW = 9e13        # 90 TB/s per link: 10x a Dojo training tile's 9 TB/s edge
-MAX_LATENCY = 1.0
-MAX_TILE = 65536          # a GEMM tile side (real ones are 64 to 256)
-MAX_PRICE_USD = 1e8       # per device
-MAX_POWER_W = 2.3e5       # per device: 10x a Cerebras CS-3 (23 kW)
+# The highest plausible values (bounds.BOUNDS), by the names other modules import.
+MAX_FLOPS = BOUNDS["peak_flops"].high
+MAX_SRAM = BOUNDS["sram_capacity"].high
+MAX_HBM = BOUNDS["hbm_capacity"].high
+MAX_EXPANSION = BOUNDS["expansion_capacity"].high
+MAX_MEM_BW = BOUNDS["memory_bandwidth"].high
+MAX_LINK_BW = BOUNDS["link_bandwidth"].high
+MAX_LATENCY = BOUNDS["latency"].high
+MAX_TILE = BOUNDS["matmul_tile"].high
+MAX_PRICE_USD = BOUNDS["device_price_usd"].high
+MAX_POWER_W = BOUNDS["device_power_w"].high
+MAX_OVERHEAD = BOUNDS["overhead"].high
+# Which row of bounds.BOUNDS a tier's capacity is checked against.
+TIER_CAPACITY = {"sram": "sram_capacity", "hbm": "hbm_capacity", "expansion": "expansion_capacity"}
 
 
-def tier_from(fields: Fields, name: str, max_capacity: float, with_latency: bool = False,
-              may_hold_state: bool = False) -> MemoryTier:
-    """A memory tier; ``may_hold_state``: it takes `holds_state` (on-chip SRAM counted as capacity)."""
+def tier_from(fields: Fields, name: str, with_latency: bool = False, may_hold_state: bool = False) -> MemoryTier:
+    """A memory tier ``name`` (sram, hbm or expansion: its capacity is checked against that row of
+    bounds.BOUNDS, ``TIER_CAPACITY``); ``may_hold_state``: it takes `holds_state` (on-chip SRAM counted
+    as capacity)."""
     tier = MemoryTier(
         name=name,
-        capacity=fields.quantity("capacity", KIND_BYTES, high=max_capacity),
-        bandwidth=fields.quantity("bandwidth", KIND_BANDWIDTH, high=MAX_MEM_BW),
+        capacity=fields.quantity("capacity", KIND_BYTES, bound=TIER_CAPACITY[name]),
+        bandwidth=fields.quantity("bandwidth", KIND_BANDWIDTH, bound="memory_bandwidth"),
         efficiency=fields.fraction("efficiency", 1.0),
-        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True) if with_latency else 0.0,
+        latency=fields.quantity("latency", KIND_TIME, 0.0, bound="latency") if with_latency else 0.0,
         holds_state=fields.boolean("holds_state", False) if may_hold_state else False,
     )
     fields.reject_unknown(("source",))
@@ -49,20 +53,22 @@ def accelerator_from(fields: Fields) -> Accelerator:
     peak_flops = {}
     for dtype in DTYPES:
         if peaks.has(dtype):
-            peak_flops[dtype] = peaks.quantity(dtype, KIND_FLOPS, high=MAX_FLOPS)
+            peak_flops[dtype] = peaks.quantity(dtype, KIND_FLOPS, bound="peak_flops")
     peaks.reject_unknown(("source",))
     if not peak_flops:
         raise InputError(peaks.prefix, f"needs at least one of {', '.join(DTYPES)}")
     memory = fields.sub("memory")
-    expansion = tier_from(memory.sub("expansion"), "expansion", MAX_EXPANSION, True) if memory.has("expansion") else None
+    expansion = tier_from(memory.sub("expansion"), "expansion", True) if memory.has("expansion") else None
     tile = fields.raw("matmul_tile")
     if not (isinstance(tile, list) and len(tile) == 3
             and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_TILE for x in tile)):
         raise InputError(fields.name("matmul_tile"), f"must be three integers [m, n, k] in [1, {MAX_TILE}], "
                          f"got {tile if len(repr(tile)) < 80 else 'huge values'}")
     overhead = fields.raw("matmul_pipeline_overhead")
-    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead <= 64:
-        raise InputError(fields.name("matmul_pipeline_overhead"), f"must be a number of iterations in [0, 64], got {overhead!r}")
+    cap = BOUNDS["matmul_pipeline_overhead"]
+    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not cap.low <= overhead <= cap.high:
+        raise InputError(fields.name("matmul_pipeline_overhead"),
+                         f"must be a number of iterations in [{cap.low}, {cap.high}], got {overhead!r}")
     accelerator = Accelerator(
         name=fields.text("name"),
         peak_flops=peak_flops,
@@ -71,11 +77,11 @@ def accelerator_from(fields: Fields) -> Accelerator:
         compute_units=fields.integer("compute_units"),
         matmul_tile=tuple(tile),
         matmul_pipeline_overhead=float(overhead),
-        sram=tier_from(memory.sub("sram"), "sram", MAX_SRAM, may_hold_state=True),
-        hbm=tier_from(memory.sub("hbm"), "hbm", MAX_HBM),
+        sram=tier_from(memory.sub("sram"), "sram", may_hold_state=True),
+        hbm=tier_from(memory.sub("hbm"), "hbm"),
         expansion=expansion,
-        vector_flops=fields.quantity("vector_flops", KIND_FLOPS, high=MAX_FLOPS),
-        kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True),
+        vector_flops=fields.quantity("vector_flops", KIND_FLOPS, bound="vector_flops"),
+        kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, bound="latency"),
         attention_efficiency=_attention_efficiency(fields),
     )
     memory.reject_unknown(("source",))
@@ -118,17 +124,19 @@ def _attention_efficiency(fields: Fields) -> dict:
 
 def network_dim_from(fields: Fields, outermost: bool) -> NetworkDim:
     size = fields.raw("size", None)
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise InputError(fields.name("size"), f"must be a positive integer or null (outermost only), got {size!r}")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                             or not 1 <= size <= BOUNDS["devices"].high):
+        raise InputError(fields.name("size"), f"must be {BOUNDS['devices'].integer_text()} or null "
+                         f"(outermost only), got {shown(size)}")
     if size is None and not outermost:
         raise InputError(fields.name("size"), "only the outermost network dimension may be unbounded (null)")
     dim = NetworkDim(
         name=fields.text("name"),
         size=size,
         topology=fields.choice("topology", Topology),
-        link_bandwidth=fields.quantity("link_bandwidth", KIND_BANDWIDTH, high=MAX_LINK_BW),
+        link_bandwidth=fields.quantity("link_bandwidth", KIND_BANDWIDTH, bound="link_bandwidth"),
         links_per_device=fields.integer("links_per_device", 1),
-        latency=fields.quantity("latency", KIND_TIME, 0.0, high=MAX_LATENCY, allow_zero=True),
+        latency=fields.quantity("latency", KIND_TIME, 0.0, bound="latency"),
         efficiency=fields.fraction("efficiency", 1.0),
     )
     fields.reject_unknown(("source",))
@@ -150,20 +158,22 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         accelerator=accelerator_from(fields.sub("accelerator")),
         devices_per_node=fields.integer("devices_per_node"),
         network=network,
-        max_devices=fields.integer("max_devices", None),
-        device_price_usd=fields.quantity("device_price_usd", KIND_COUNT, None, high=MAX_PRICE_USD),
-        device_power_w=fields.quantity("device_power_w", KIND_COUNT, None, high=MAX_POWER_W),
+        max_devices=fields.integer("max_devices", None, bound="devices"),
+        device_price_usd=fields.quantity("device_price_usd", KIND_COUNT, None, bound="device_price_usd"),
+        device_power_w=fields.quantity("device_power_w", KIND_COUNT, None, bound="device_power_w"),
+        economics=economics_from(fields.sub("economics"), tuple(d.name for d in network))
+        if fields.has("economics") else Economics(),
         source=fields.text("source", ""),
         description=fields.text("description", ""),
-        step_overhead=fields.quantity("step_overhead", KIND_TIME, 0.0, high=MAX_OVERHEAD, allow_zero=True),
-        microbatch_overhead=fields.quantity("microbatch_overhead", KIND_TIME, 0.0, high=MAX_OVERHEAD, allow_zero=True),
+        step_overhead=fields.quantity("step_overhead", KIND_TIME, 0.0, bound="overhead"),
+        microbatch_overhead=fields.quantity("microbatch_overhead", KIND_TIME, 0.0, bound="overhead"),
+        reserved_memory=fields.quantity("reserved_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
+        fragmentation=fields.quantity("fragmentation", KIND_COUNT, 0.0, bound="fragmentation"),
         calibration=_calibration(fields),
     )
     fields.reject_unknown()
-    return cluster
+    return anchored(cluster)
 
-
-MAX_OVERHEAD = 600.0      # seconds: a fixed per-step or per-micro-batch cost beyond ten minutes is a typo
 
 
 def _calibration(fields: Fields):

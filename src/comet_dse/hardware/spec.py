@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
+from comet_dse.hardware.economics import Economics
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-MAX_DEVICES = 10_000_000   # devices in one job: about 10x beyond the largest cluster built by 2026
+MAX_DEVICES = BOUNDS["devices"].high   # devices in one job: about 10x beyond the largest cluster built by 2026
 
 
 class Topology(str, Enum):
@@ -131,6 +133,11 @@ class NetworkDim:
     efficiency: float = 1.0
 
     @property
+    def bandwidth(self) -> float:
+        """bytes/s per device per direction (datasheet): link_bandwidth * links, the figure every output shows."""
+        return self.link_bandwidth * self.links_per_device
+
+    @property
     def device_bandwidth(self) -> float:
         """bytes/s one device can inject per direction: link_bandwidth * links * efficiency."""
         return self.link_bandwidth * self.links_per_device * self.efficiency
@@ -147,11 +154,17 @@ class Cluster:
     max_devices: int | None = None
     device_price_usd: float | None = None
     device_power_w: float | None = None
+    economics: Economics = field(default_factory=Economics)   # power and price beyond the two above (hardware/economics.py)
     source: str = ""
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
     step_overhead: float = 0.0         # seconds per step the framework adds (0 in presets; calibration may fit it)
     microbatch_overhead: float = 0.0   # seconds per micro-batch the framework adds (likewise)
+    # Device memory a job cannot use for its tensors (docs/hardware.md, "Reserved memory"): a fixed part per
+    # device [bytes] (what the driver keeps, the runtime context, the collective library's buffers) and the
+    # allocator's fragmentation as a fraction of the rest of the footprint. 0 and 0 unless the cluster says.
+    reserved_memory: float = 0.0
+    fragmentation: float = 0.0
     calibration: dict | None = field(default=None, compare=False, hash=False)  # provenance (comet-dse calibrate)
 
     def dim_sizes(self, devices: int) -> tuple:
@@ -160,9 +173,7 @@ class Cluster:
         Dimensions fill innermost first; the outermost unbounded one (size None)
         takes what is left. Raises InputError when ``devices`` cannot be laid out.
         """
-        if not 0 < devices <= MAX_DEVICES:
-            shown = devices if abs(devices) < 10**30 else "a huge number"
-            raise InputError("devices", f"must be an integer in [1, {MAX_DEVICES:,}], got {shown}")
+        devices = BOUNDS["devices"].check_integer("devices", devices)
         if self.max_devices is not None and devices > self.max_devices:
             raise InputError("devices", f"{self.name} has at most {self.max_devices} devices, asked for {devices}")
         sizes, left, inner = [], devices, 1

@@ -1,11 +1,11 @@
 """Transformer specs from mappings: comet-dse's own YAML schema and Hugging Face config.json."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
-from comet_dse.loading import Fields
+from comet_dse.loading import Fields, read_json
 from comet_dse.model.spec import MLP, Attention, LatentAttention, MLPKind, MoE, Norm, PositionEmbedding, Transformer
 
 
@@ -96,19 +96,22 @@ _HF_KEYS = {
 
 
 def _hf_get(config: dict, field: str, path: Path) -> int:
+    """A count a config.json must give (layers, hidden, heads, vocab), in the bounds a model YAML's has
+    (bounds.BOUNDS["integer"])."""
     for key in _HF_KEYS[field]:
         if key in config and config[key] is not None:
             value = config[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InputError(f"{path.name}:{key}", f"must be a positive integer, got {value!r}")
-            return value
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputError(f"{path.name}:{key}", f"must be {BOUNDS['integer'].integer_text()}, "
+                                 f"got {shown(value)}")
+            return BOUNDS["integer"].check_integer(f"{path.name}:{key}", value)
     raise InputError(f"{path.name}", f"missing {' or '.join(_HF_KEYS[field])} (needed for {field})")
 
 
 def _probability(config: dict, key: str, default: float, path: Path) -> float:
     try:
         return float(config.get(key, default) or 0.0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{path.name}:{key}", f"must be a number, got {config[key]!r}") from None
 
 
@@ -118,8 +121,9 @@ def _hf_int(config: dict, key: str, path: Path, default: object = ...) -> int:
         raise InputError(f"{path.name}", f"missing {key}")
     if value is None and default is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{path.name}:{key}", f"must be a non-negative integer, got {value!r}")
+    high = BOUNDS["integer"].high                 # the bound of a model YAML's counts
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise InputError(f"{path.name}:{key}", f"must be an integer in [0, {high:,}], got {shown(value)}")
     return value
 
 
@@ -184,7 +188,8 @@ def _hf_falcon(config: dict, path: Path) -> dict:
     if _flag(config, "new_decoder_architecture", False, path):
         kv_heads = _hf_int(config, "num_kv_heads", path, None)
         norms = _hf_int(config, "num_ln_in_parallel_attn", path, None) or 2
-        return {"parallel_residual": True, "norms_per_layer": norms, **({"kv_heads": kv_heads} if kv_heads else {})}
+        return {"parallel_residual": True, "norms_per_layer": norms,
+                **({"kv_heads": kv_heads} if kv_heads is not None else {})}
     parallel = _flag(config, "parallel_attn", True, path)
     norms = (_hf_int(config, "num_ln_in_parallel_attn", path, None) or 1) if parallel else 2
     variants = {"parallel_residual": parallel, "norms_per_layer": norms}
@@ -316,16 +321,7 @@ def transformer_from_hf_config(path: Path) -> Transformer:
     Keys read but not modelled: ``UNMODELLED_KEYS``, kept in Transformer.unmodelled.
     """
     path = Path(path)
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError("model", f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError("model", f"{path} is not valid JSON (line {exc.lineno})") from None
-    except UnicodeDecodeError:
-        raise InputError("model", f"{path} is not UTF-8 text") from None
-    if not isinstance(config, dict):
-        raise InputError("model", f"{path} must hold a JSON object")
+    config = read_json(path, "model")     # a regular file of at most 256 KiB; keys given twice, huge numbers refused
     layers, hidden = _hf_get(config, "layers", path), _hf_get(config, "hidden", path)
     heads, vocab = _hf_get(config, "heads", path), _hf_get(config, "vocab", path)
     model_type = str(config.get("model_type") or "").lower()
@@ -360,7 +356,8 @@ def transformer_from_hf_config(path: Path) -> Transformer:
         tied = _flag(config, "tie_word_embeddings", model_type in _TIED_BY_DEFAULT, path)
         norm = Norm.LAYERNORM if model_type in _LAYERNORM_GELU else Norm.RMSNORM
         seq_len = config.get("max_position_embeddings") or 2048
-        kv_heads = config.get("num_key_value_heads") or heads
+        kv_heads = config.get("num_key_value_heads")    # absent or null: multi-head attention; 0 is refused
+        kv_heads = heads if kv_heads is None else kv_heads
         dropout_key, other_dropout = "attention_dropout", "hidden_dropout"
         if model_type in _LAYERNORM_GELU:     # residual dropout (hidden_dropout) and attention dropout
             dropout_key, other_dropout = "hidden_dropout", "attention_dropout"

@@ -16,6 +16,7 @@ from enum import Enum
 
 import numpy as np
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 
 
@@ -326,6 +327,20 @@ class Transformer:
         f_w = self.window_fraction
         return (1.0 - f_w) * self.seq_len + f_w * min(self.seq_len, self.sliding_window)
 
+    def causal_keys_per_query(self) -> float:
+        """Keys each query attends to in a causal (decoder) model, averaged over queries and layers [tokens]:
+        (1 - f_w) s / 2 + f_w k_w / 2, k_w = w (2 - w / s) with w = min(w, s).
+
+        Query i sees i + 1 keys: s^2 / 2 scores per head and sequence (continuous form, the convention of
+        FlashAttention's and Megatron-LM's causal FLOP counts), and s w - w^2 / 2 with a sliding window.
+        Half of ``keys_per_query`` without a window."""
+        s = float(self.seq_len)
+        if not self.windowed_layers:
+            return s / 2.0
+        f_w = self.window_fraction
+        w = min(s, float(self.sliding_window))
+        return (1.0 - f_w) * s / 2.0 + f_w * w * (2.0 - w / s) / 2.0
+
     @property
     def tp_operators(self) -> tuple:
         """Megatron-LM's tensor-parallel operators per layer: (f, g).
@@ -423,5 +438,9 @@ class Transformer:
 
 
 def _require_positive(field_name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(field_name, f"must be a positive integer, got {value!r}")
+    """A count of the model: an int in bounds.BOUNDS (``seq_len``'s row for the sequence length, the
+    ``integer`` row for the others), whichever reader or API call built the model."""
+    row = BOUNDS["seq_len" if field_name.endswith(".seq_len") else "integer"]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(field_name, f"must be {row.integer_text()}, got {shown(value)}")
+    row.check_integer(field_name, value)

@@ -8,15 +8,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from comet_dse.design_space.table import RULES
+from comet_dse.vocabulary import BREAKDOWN_LABELS, WITH_TIED, time_label
 
-PARTS = ("compute", "memory", "tp_communication", "cp_communication", "ep_communication", "pp_communication",
-         "pipeline_bubble", "dp_communication", "optimizer", "offload")
-PART_LABELS = {
-    "compute": "compute", "memory": "memory-tier traffic", "tp_communication": "TP comm",
-    "cp_communication": "CP comm", "ep_communication": "EP comm", "pp_communication": "PP comm",
-    "pipeline_bubble": "pipeline bubble", "dp_communication": "DP comm", "optimizer": "optimizer",
-    "offload": "expansion traffic",
-}
+# The time parts the report draws: the vocabulary's, but the framework overhead (0 unless calibrated).
+PARTS = tuple(k for k in BREAKDOWN_LABELS if k != "overhead")
+PART_LABELS = {p: time_label(p) for p in PARTS}
 MEMORY_BIT = 1 << RULES.index("memory")
 COLUMNS = ("variant", "devices", "feasible", "infeasible_mask", "step_time_s", "tokens_per_second", "mfu", "tp", "pp",
            "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "memory_per_device_bytes",
@@ -89,6 +85,14 @@ def splits(data: dict, variant: int, where=None) -> list:
             reason = "memory" if len(runnable) else "invalid"
             out.append(Split(int(mp), dp, False, None, reason, fastest, least))
     return out
+
+
+def part_labels(models) -> dict:
+    """Part -> label in a study's figures (the vocabulary's); where a model ties its embeddings the
+    data-parallel part also holds their all-reduce between the first and last stage, and says so
+    (vocabulary.dp_communication_label: on a DP1 split it is only that)."""
+    tied = any(m.tied_embeddings for m in models)
+    return {**PART_LABELS, "dp_communication": WITH_TIED} if tied else dict(PART_LABELS)
 
 
 def breakdown(data: dict, row: int) -> dict:

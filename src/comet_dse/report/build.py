@@ -2,13 +2,13 @@
 
 Everything is written into a temporary folder beside the output and renamed
 into place at the end, so a failed or interrupted run never leaves a partial
-report under the final name. Only a folder this tool wrote (it holds MARKER)
-or an empty one is ever replaced, never one that holds the studies or a file
-they name; temporaries of dead runs are removed.
+report under the final name. Only an empty folder or a report this tool wrote
+and nobody changed since (MARKER is its manifest, written.py) is ever replaced,
+never one that holds the studies or a file they name; temporaries of dead runs
+are removed.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -17,18 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
+from comet_dse import jsonout, written
 from comet_dse.errors import InputError
 from comet_dse.design_space.engine import run_study
-from comet_dse.design_space.output import stale_temps, temp_path
 from comet_dse.design_space.study import DOUBLED_RESOURCES, Study, load_study
 from comet_dse.loading import Fields, read_yaml
 from comet_dse.report import analysis, figures, findings
 from comet_dse.report.html import write_html
+from comet_dse.vocabulary import resource
+from comet_dse.written import stale_temps, temp_path
 
 REPORT_FILE = "report.yaml"       # the folder's report title, introduction and findings, not a study
 FINDINGS_FILE = "findings.json"   # the findings table as JSON, beside report.html
-MARKER = ".comet-dse-report"      # written into every report folder: what makes it safe to replace
-REPORT_ENTRIES = {"report.html", "figures", "data", FINDINGS_FILE, MARKER}   # what a report folder holds
+MARKER = ".comet-dse-report"      # the manifest of every report folder (written.seal): what makes it safe to replace
 
 
 @dataclass
@@ -66,7 +67,8 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
     """
     study_dir, output = Path(study_dir), Path(os.path.abspath(output))
     text, studies = load_folder(study_dir, max_points)   # every input error surfaces before anything is written
-    _check_output(output, [study_dir, *(f for s in studies for f in s.files)])
+    inputs = [study_dir, *(f for s in studies for f in s.files)]
+    written.check_folder(output, MARKER, "report", inputs=inputs)   # every refusal before anything is written
     started = time.perf_counter()
     _remove_stale(output)
     tmp = temp_path(output)
@@ -75,7 +77,7 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             (tmp / "data").mkdir(parents=True)
         except OSError as exc:
             raise InputError("output", f"cannot write in {output.parent}: {exc.strerror}") from None
-        (tmp / MARKER).write_text("written by comet-dse report; the folder is replaced by the next report\n")
+        (tmp / MARKER).write_text("{}")      # a report being written: stale-temporary cleaning may remove it
         (tmp / "figures").mkdir()
         for study in studies:
             if announce is not None:
@@ -89,10 +91,11 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             sections.append(section)
         table = findings.evaluate(text.findings, sections)
         if table:
-            (tmp / FINDINGS_FILE).write_text(json.dumps([f.to_dict() for f in table], indent=2) + "\n")
+            (tmp / FINDINGS_FILE).write_text(jsonout.dumps([f.to_dict() for f in table], indent=2) + "\n")
         write_html(tmp / "report.html", sections, seconds=time.perf_counter() - started, title=text.title,
                    introduction=text.introduction, findings=table)
-        _replace(tmp, output)
+        written.seal(tmp, MARKER, "report")
+        _replace(tmp, output, inputs)
     finally:
         if tmp.exists() and (tmp / MARKER).exists():
             shutil.rmtree(tmp)
@@ -139,26 +142,6 @@ def _check_clashes(studies: list) -> None:
                                      f"{file}; rename one")
 
 
-def _ours(folder: Path) -> bool:
-    """Whether ``folder`` is a report this tool wrote: it holds MARKER, or (an earlier version's report)
-    report.html with nothing beside it but figures/ and data/."""
-    entries = {p.name for p in folder.iterdir()}
-    return MARKER in entries or ("report.html" in entries and entries <= REPORT_ENTRIES)
-
-
-def _check_output(output: Path, inputs: list) -> None:
-    """Refuse an --output that is a file or a link, holds an input, or is a folder this tool did not write."""
-    for path in inputs:
-        path = Path(os.path.abspath(path))
-        if path == output or output in path.parents:
-            raise InputError("output", f"{output} holds the report's input {path}; choose another folder")
-    if output.is_symlink() or (output.exists() and not output.is_dir()):
-        raise InputError("output", f"{output} is a file or a link; give a folder for the report")
-    if output.is_dir() and any(output.iterdir()) and not _ours(output):
-        raise InputError("output", f"{output} is a folder comet-dse did not write (no {MARKER}) and is not "
-                         "empty; choose another folder")
-
-
 def _remove_stale(output: Path) -> None:
     """Remove the temporary report folders of ``output`` whose process no longer runs (they hold MARKER)."""
     for tmp in stale_temps(output):
@@ -166,13 +149,12 @@ def _remove_stale(output: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _replace(tmp: Path, output: Path) -> None:
-    """Move the finished report ``tmp`` to ``output``; an earlier report there is replaced."""
+def _replace(tmp: Path, output: Path, inputs: list) -> None:
+    """Move the finished report ``tmp`` to ``output``; an earlier report there, unchanged, is replaced."""
     output.parent.mkdir(parents=True, exist_ok=True)
     old = output.with_name(f".{output.name}.tmp-old-{os.getpid()}")
+    written.check_folder(output, MARKER, "report", inputs=inputs)   # checked before the run; again before moving
     if output.exists() and any(output.iterdir()):
-        if not _ours(output):                   # checked before the run; checked again before moving it
-            raise InputError("output", f"{output} is no longer a report folder; the report is not written")
         os.replace(output, old)
     os.replace(tmp, output)                     # an empty folder is replaced
     if old.exists():
@@ -218,7 +200,8 @@ def _parallelism_splits(section: Section, out: Path) -> None:
     """Kind `parallelism-splits`: stacked MP x DP runtimes, the feasibility map, bathtub curves (with the
     splits that do not fit at their memory-ignored runtime) and a comparison of the variants."""
     variants, stem = section.study.variants, section.study.file_stem
-    section.figures.append(figures.rq1_stacked(section.data, variants, out, f"{stem}-stacked"))
+    section.figures.append(figures.rq1_stacked(section.data, variants, out, f"{stem}-stacked",
+                                               analysis.part_labels(section.study.models)))
     section.figures.append(figures.rq1_feasibility(section.data, variants, out, f"{stem}-feasibility"))
     curves, hollow = _bathtubs(section)
     if curves or hollow:
@@ -332,7 +315,7 @@ def _one_at_a_time(section: Section) -> dict:
         if base is None or base.index not in best or v.index not in best:
             continue
         doubled = [k for k, s in scales.items() if s == 2.0]
-        label = "all four" if len(doubled) == 4 else (doubled[0].replace("_", " ") if len(doubled) == 1 else None)
+        label = "all four" if len(doubled) == 4 else (resource(doubled[0]).label if len(doubled) == 1 else None)
         if label:
             out.setdefault(cluster, {})[label] = best[base.index] / best[v.index]
     return out
@@ -393,7 +376,7 @@ def _capacity(section: Section, out: Path) -> None:
 
 
 def _network(section: Section, out: Path) -> None:
-    """Kind `network`: speedup over the baseline against link bandwidth, one line per network."""
+    """Kind `network`: speedup over the baseline against the network bandwidth multiplier, one line per network."""
     best = figures.variant_best_time(section.data)
     base = best.get(section.study.baseline)
     series = {}
@@ -404,7 +387,8 @@ def _network(section: Section, out: Path) -> None:
             xs.append(v.values["network_bandwidth"])
             ys.append(base / best[v.index])
     baseline = section.study.variants[section.study.baseline].label
-    section.figures.append(figures.lines(series, "link bandwidth (x the preset)", "speedup over the baseline (x)",
+    section.figures.append(figures.lines(series, f"{resource('network_bandwidth').label} (x the preset)",
+                                         "speedup over the baseline (x)",
                                          "Network topology and bandwidth", f"{section.study.file_stem}-network",
                                          f"Best step time relative to the baseline ({baseline}).", out))
     for label, (xs, ys) in series.items():

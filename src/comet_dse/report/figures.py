@@ -4,6 +4,7 @@ Every figure is written as PNG and SVG; axis labels carry units.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 
 from comet_dse.report.analysis import PART_LABELS, PARTS, best_rows, breakdown, splits  # noqa: E402
+from comet_dse.vocabulary import TIME_PART  # noqa: E402
 
-COLORS = dict(zip(PARTS, ("#4C72B0", "#64B5CD", "#DD8452", "#8172B3", "#937860", "#DA8BC3", "#C7C7C7",
-                          "#55A868", "#8C8C8C", "#CCB974")))
+COLORS = {p: TIME_PART[p].color for p in PARTS}
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8})
 
 
@@ -41,8 +42,9 @@ def _shown_row(split):
     return split.any_memory_row, False
 
 
-def rq1_stacked(data: dict, variants: list, out: Path, name: str = "rq1-stacked") -> Figure:
-    """Normalised step time of the best strategy per MP x DP split, stacked by where time goes.
+def rq1_stacked(data: dict, variants: list, out: Path, name: str = "rq1-stacked", labels: dict | None = None) -> Figure:
+    """Normalised step time of the best strategy per MP x DP split, stacked by where time goes; ``labels``:
+    part -> legend label (default the vocabulary's, analysis.part_labels).
 
     Splits that do not fit are drawn hatched and pale at the step time of
     their fastest strategy with memory ignored (as the COMET paper draws every
@@ -79,9 +81,15 @@ def rq1_stacked(data: dict, variants: list, out: Path, name: str = "rq1-stacked"
         fits = np.array([f for _, f in drawn])
         pale = float(bottom[~fits].max()) if np.any(~fits) else 0.0      # room above them for their label
         ax.set_ylim(0, max(2.0, float(bottom.max()) * 1.05, pale * 1.6))
-    handles = [matplotlib.patches.Patch(color=COLORS[p], label=PART_LABELS[p]) for p in PARTS if p in used]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, 0.0))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    labels = labels or PART_LABELS
+    handles = [matplotlib.patches.Patch(color=COLORS[p], label=labels[p]) for p in PARTS if p in used]
+    width, height = fig.get_size_inches()
+    longest = max((len(h.get_label()) for h in handles), default=1)    # the vocabulary's labels are long:
+    columns = max(1, min(len(handles), int(width // (0.065 * longest + 0.5))))    # as many columns as fit
+    rows = -(-len(handles) // columns)
+    fig.set_size_inches(width, height + 0.22 * rows)            # room for the legend's rows below the panels
+    fig.legend(handles=handles, loc="lower center", ncol=columns, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, (0.25 + 0.22 * rows) / (height + 0.22 * rows), 1, 1))
     fig.savefig(out / f"{name}.png", dpi=150)
     fig.savefig(out / f"{name}.svg")
     plt.close(fig)
@@ -137,7 +145,7 @@ def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str,
     if len(groups) > 1:
         ax.set_ylim(0, max(top, 1.0) * (1.15 + 0.12 * len(groups)))    # room for the legend above the bars
     ax.axhline(1.0, color="black", linewidth=0.7)
-    ax.set_xticks(range(len(categories)), categories, fontsize=8)
+    ax.set_xticks(range(len(categories)), [textwrap.fill(str(c), 18) for c in categories], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()

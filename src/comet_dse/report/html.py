@@ -7,8 +7,9 @@ from importlib import resources
 from pathlib import Path
 
 from comet_dse.version import __version__
-from comet_dse.strategy import compact_text
+from comet_dse.strategy import compact_text, legend
 from comet_dse.units import format_time
+from comet_dse.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
@@ -18,7 +19,7 @@ figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #eee}figcaption
 table{border-collapse:collapse;font-size:.85em;margin:.8em 0}th,td{border:1px solid #ddd;padding:.25em .5em;
 text-align:right}th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:.8em;
 overflow-x:auto;font-size:.8em}details{margin:.4em 0}ul.findings li{margin:.2em 0}
-table.findings td{vertical-align:top}table.findings small{color:#555}
+table.findings td{vertical-align:top}table.findings small{color:#555}p.legend{font-size:.85em;color:#555}
 """
 # Sets the page title to "figures-ok:N" once every figure has decoded (read by the browser test).
 CHECK = """
@@ -54,8 +55,19 @@ def _best_table(section) -> str:
                      format_time(b["step_time_s"]) if b else "-", f"{b['tokens_per_second']:,.0f}" if b else "-",
                      f"{b['mfu'] * 100:.1f}%" if b else "-", strategy,
                      f"{g['speedup']:.2f}x" if g["speedup"] else "-"])
-    return _table(["cluster variant", "devices", "feasible / evaluated", "best step", "tokens/s", "MFU",
-                   "best strategy", "speedup vs baseline"], rows)
+    table = _table(["cluster variant", "devices", "feasible / evaluated", "best step", "tokens/s", "MFU",
+                    "best strategy", "speedup vs baseline"], rows)
+    key = legend([r[6] for r in rows])
+    return table + (f'<p class="legend">{html.escape(key)}</p>' if key else "")
+
+
+def _vocabulary() -> str:
+    """What the parts of the step time in the figures mean, and how bandwidth is counted (comet_dse.vocabulary)."""
+    rows = "".join(f'<tr><td class="l">{html.escape(p.label)}</td><td class="l">{html.escape(p.meaning)}</td></tr>'
+                   for p in TIME_PARTS)
+    return (f"<details><summary>What the parts of the step time mean</summary><table>"
+            f'<tr><th class="l">part</th><th class="l">what it is</th></tr>{rows}</table>'
+            f"<p>{html.escape(BANDWIDTH_CONVENTION)}</p></details>")
 
 
 def _preset_text(kind: str, name: str) -> str | None:
@@ -118,6 +130,7 @@ def write_html(path: Path, sections: list, seconds: float, title: str, introduct
             f"design point in <code>data/</code> (Parquet).{intro}</p>"]
     if findings:
         body.append(_findings_table(findings))
+    body.append(_vocabulary())
     for s in sections:
         body.append(f"<h2>{html.escape(s.study.name)}: {html.escape(s.study.description)}</h2>")
         body.append(f"<p>Baseline: {html.escape(s.ranking['baseline'])}.</p>")

@@ -9,11 +9,14 @@ from __future__ import annotations
 import dash
 from dash import ALL, Input, Output, State, dcc, html
 
+from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
 from comet_dse.web import figures
 from comet_dse.web.view import TOP, TOPOLOGIES, Controls, compute, controls_for
 from comet_dse.presets import preset_names
+from comet_dse.strategy import legend
 from comet_dse.units import format_bytes, format_time
+from comet_dse.vocabulary import BANDWIDTH_CONVENTION
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
 DEFAULT = Controls()
@@ -30,6 +33,7 @@ header h1 { font-size: 20px; margin: 0; } header p { margin: 2px 0 0; font-size:
 .best { font-size: 14px; margin: 4px 0 8px; } .best code { background: #eef3f8; padding: 1px 4px; }
 table.top { border-collapse: collapse; font-size: 12px; } table.top td, table.top th { padding: 2px 8px; }
 table.top tr:nth-child(even) { background: #f4f6f8; } table.top th { text-align: left; border-bottom: 1px solid #aaa; }
+.note, .legend { font-size: 11px; color: #555; margin: 4px 0; }
 .figs { display: grid; grid-template-columns: 1fr 1fr; gap: 8px; }
 """
 
@@ -62,6 +66,7 @@ def _layout():
         html.H3("Cluster"),
         *_labelled("Cluster (preset)", dcc.Dropdown(clusters, DEFAULT.cluster, id="cluster", clearable=False)),
         html.Div(id="resource-controls", children=_resource_controls(DEFAULT.cluster)),
+        html.P(BANDWIDTH_CONVENTION, className="note"),
         html.H3("Shown strategy"),
         *_labelled("Breakdown of rank", dcc.Dropdown(list(range(1, TOP + 1)), 1, id="rank", clearable=False)),
     ])
@@ -91,8 +96,7 @@ def _resource_controls(cluster: str) -> list:
             control = dcc.Dropdown(list(TOPOLOGIES), value, id=ident, clearable=False)
         else:
             control = dcc.Input(id=ident, type="number", min=0, value=value, debounce=True)
-        out += _labelled(f"{resource.label}" + ("" if resource.unit == "topology" else f" ({resource.unit})"),
-                         control)
+        out += _labelled(resource.caption, control)
     return out
 
 
@@ -122,12 +126,11 @@ def _callbacks(app: dash.Dash) -> None:
 
 def controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids) -> Controls:
     """The page's control values as ``Controls``; resource values typed for another cluster are dropped."""
-    for name, value in (("devices", devices), ("global batch", global_batch)):
-        if value is None or int(value) != value or value < 1:
-            raise InputError(name, f"must be a positive integer, got {value!r}")
+    devices = BOUNDS["devices"].check_integer("devices", devices)          # the CLI's and the API's bounds:
+    global_batch = BOUNDS["global_batch"].check_integer("global batch", global_batch)   # 1e30 spun a thread
     resources = {i["key"]: v for i, v in zip(ids, values) if i.get("cluster") == cluster}
-    return Controls(model=(model_file or "").strip() or model, cluster=cluster, devices=int(devices),
-                    global_batch=int(global_batch), resources=resources, rank=int(rank or 1))
+    return Controls(model=(model_file or "").strip() or model, cluster=cluster, devices=devices,
+                    global_batch=global_batch, resources=resources, rank=int(rank or 1))
 
 
 def _status(view) -> str:
@@ -151,4 +154,5 @@ def _table(view):
                      html.Td(format_time(r["step_time_s"])), html.Td(f"{r['tokens_per_second']:,.0f}"),
                      html.Td(f"{r['mfu'] * 100:.1f} %"), html.Td(format_bytes(r["memory_bytes"]))])
             for r in view.top]
-    return html.Table([head, *rows], className="top")
+    key = legend([r["strategy"] for r in view.top] + [view.chosen.get("strategy")])
+    return html.Div([html.Table([head, *rows], className="top"), html.P(key, className="legend", id="legend")])

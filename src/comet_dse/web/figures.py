@@ -1,19 +1,14 @@
 """The explorer's figures as Plotly figure specifications: plain dicts that ``dcc.Graph`` draws.
 
 Nothing here imports Plotly or Dash; each function reads a ``view.View`` and returns
-``{"data": [...], "layout": {...}}``. Units are in the axis titles (seconds, GiB).
+``{"data": [...], "layout": {...}}``. Units are in the axis titles (seconds, GiB); the parts' and
+resources' names and colours come from comet_dse.vocabulary.
 """
 from __future__ import annotations
 
+from comet_dse.vocabulary import MEMORY_PARTS, TIME_PART, memory_label, resource, time_label
 from comet_dse.web.view import GiB, View
 
-PART_COLORS = {
-    "compute": "#4C72B0", "memory": "#64B5CD", "tp_communication": "#DD8452", "cp_communication": "#8172B3",
-    "ep_communication": "#937860", "pp_communication": "#DA8BC3", "pipeline_bubble": "#C7C7C7",
-    "dp_communication": "#55A868", "optimizer": "#8C8C8C", "offload": "#CCB974", "overhead": "#B0B0B0",
-}
-MEMORY_COLORS = {"weights": "#4C72B0", "gradients": "#DD8452", "optimizer": "#8172B3", "activations": "#55A868",
-                 "buffers": "#C7C7C7"}
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12}
 
 
@@ -27,8 +22,12 @@ def _layout(title: str, **extra) -> dict:
     return layout
 
 
-def _label(part: str) -> str:
-    return part.replace("_communication", " comm").replace("_", " ")
+def _resource_label(name: str) -> str:
+    """A resource's label (vocabulary), or its name where the vocabulary does not know it."""
+    try:
+        return resource(name).label
+    except KeyError:
+        return name
 
 
 def bathtub(view: View) -> dict:
@@ -67,11 +66,12 @@ def bathtub(view: View) -> dict:
 def memory(view: View) -> dict:
     """Memory per device by part for each split (its fastest strategy that fits, else its leanest), with
     the device's capacity as a line: where the memory wall is."""
-    parts = [p for p in MEMORY_COLORS if any(s["memory_parts"].get(p) for s in view.splits)]
+    parts = [p for p in MEMORY_PARTS if any(s["memory_parts"].get(p.key) for s in view.splits)]
     shown = [s for s in view.splits if s["memory_parts"]]
     xs = [f"MP{s['mp']}" for s in shown]
-    data = [{"type": "bar", "name": p, "x": xs, "y": [s["memory_parts"].get(p, 0.0) / GiB for s in shown],
-             "marker": {"color": MEMORY_COLORS[p]}, "hovertemplate": f"{p}: %{{y:.1f}} GiB<extra></extra>"}
+    data = [{"type": "bar", "name": memory_label(p.key), "x": xs,
+             "y": [s["memory_parts"].get(p.key, 0.0) / GiB for s in shown], "marker": {"color": p.color},
+             "hovertemplate": f"{memory_label(p.key)}: %{{y:.1f}} GiB<extra></extra>"}
             for p in parts]
     lines = [("capacity per device", view.capacity_bytes, "#C44E52")]
     if view.expansion_bytes:
@@ -90,9 +90,11 @@ def memory(view: View) -> dict:
 def breakdown(view: View) -> dict:
     """Where the chosen strategy's step time goes, one bar per part (seconds)."""
     parts = {k: v for k, v in (view.chosen.get("breakdown_s") or {}).items() if v > 0}
+    labels = view.chosen.get("labels") or {}
     title = (f"Breakdown of rank {view.chosen['rank']}" if view.chosen.get("rank") else "Breakdown (does not fit)")
-    data = [{"type": "bar", "orientation": "h", "y": [_label(p) for p in parts], "x": list(parts.values()),
-             "marker": {"color": [PART_COLORS.get(p, "#999") for p in parts]},
+    data = [{"type": "bar", "orientation": "h", "y": [labels.get(p) or time_label(p) for p in parts],
+             "x": list(parts.values()),
+             "marker": {"color": [TIME_PART[p].color if p in TIME_PART else "#999" for p in parts]},
              "hovertemplate": "%{y}: %{x:.3g} s<extra></extra>"}]
     return {"data": data, "layout": _layout(title, xaxis={"title": {"text": "seconds per step"}},
                                             yaxis={"autorange": "reversed", "automargin": True}, showlegend=False)}
@@ -101,7 +103,7 @@ def breakdown(view: View) -> dict:
 def doubling(view: View) -> dict:
     """The best strategy's speedup when each resource is doubled (1 = no gain)."""
     rows = view.doubling
-    data = [{"type": "bar", "orientation": "h", "y": [r["resource"] for r in rows],
+    data = [{"type": "bar", "orientation": "h", "y": [_resource_label(r["resource"]) for r in rows],
              "x": [r["speedup"] or 0.0 for r in rows],
              "text": [f"{r['speedup']:.2f}x" if r["speedup"] else (r["note"] or "no fit") for r in rows],
              "textposition": "auto", "marker": {"color": "#55A868"},

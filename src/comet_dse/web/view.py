@@ -26,9 +26,10 @@ from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import compact_text
 from comet_dse.units import format_bytes
+from comet_dse.vocabulary import breakdown_labels, resource as described
 from comet_dse.whatif import MEMORY_BIT, Best, candidates, default_resources, resource_value, scaled_best
 
-GiB, MiB = 2.0**30, 2.0**20
+GiB = 2.0**30
 TOP = 10                        # strategies listed
 NEW_TIER_BANDWIDTH = 64e9       # bytes/s the expansion control offers for a cluster without a tier (CXL 2.0 x16)
 TOPOLOGIES = tuple(t.value for t in Topology)
@@ -36,30 +37,45 @@ TOPOLOGIES = tuple(t.value for t in Topology)
 
 @dataclass(frozen=True)
 class Resource:
-    """One resource control: its key (an override name), label, display unit and SI value of one unit."""
+    """One resource control: its key (an override name), label, display unit, SI value of one unit and
+    what follows the unit in the control's caption (what it is counted per, which value is shown)."""
 
     key: str
     label: str
     unit: str
     si: float
+    note: str = ""
+
+    @property
+    def caption(self) -> str:
+        """The control's caption, e.g. 'Network nvlink bandwidth (GB/s per device, per direction)'."""
+        label = self.label[:1].upper() + self.label[1:]
+        return label if self.unit == "topology" else f"{label} ({' '.join(filter(None, (self.unit, self.note)))})"
+
+
+def control(name: str, hint: str = "") -> Resource:
+    """The control of a resource, named, labelled and united by the vocabulary; ``hint`` ends its caption."""
+    r = described(name)
+    note = "; ".join(filter(None, (r.per + (f", {r.shown}" if r.shown else ""), hint)))
+    return Resource(name, r.label, r.unit, r.scale, note)
 
 
 # Resource controls every cluster has; expansion and network controls are added per cluster (controls_for).
 RESOURCES = (
-    Resource("peak_flops", "Peak compute (bf16; every dtype scales with it)", "TFLOP/s", 1e12),
-    Resource("hbm_capacity", "HBM capacity", "GiB", GiB),
-    Resource("hbm_bandwidth", "HBM bandwidth", "TB/s", 1e12),
-    Resource("sram_capacity", "On-chip SRAM", "MiB", MiB),
-    Resource("expansion_capacity", "Expansion tier capacity (0: none)", "GiB", GiB),
-    Resource("expansion_bandwidth", "Expansion tier bandwidth", "GB/s", 1e9),
+    control("peak_flops"),
+    control("hbm_capacity"),
+    control("hbm_bandwidth"),
+    control("sram_capacity"),
+    control("expansion_capacity", "0: none"),
+    control("expansion_bandwidth"),
 )
 
 
 @dataclass(frozen=True)
 class Controls:
     """The page's controls. ``resources``: control key -> value in display units (absent or None: the
-    preset's); network controls are keyed ``network.<dim>.link_bandwidth`` (GB/s) and
-    ``network.<dim>.topology`` (a name)."""
+    preset's); network controls are keyed ``network.<dim>.bandwidth`` (GB/s per device, per direction;
+    ``network.<dim>.link_bandwidth``, GB/s per link, is also taken) and ``network.<dim>.topology`` (a name)."""
 
     model: str = "megatron-1t"
     cluster: str = "tpu-v4"
@@ -78,7 +94,8 @@ class View:
     feasible: int
     seconds: float
     top: list                   # dicts: rank, strategy, step_time_s, tokens_per_second, mfu, memory_bytes
-    chosen: dict                # strategy, rank, feasible, note, step_time_s, breakdown_s, memory_bytes
+    chosen: dict                # strategy, rank, feasible, note, step_time_s, breakdown_s, memory_bytes,
+                                # labels (time part -> its label for this strategy, vocabulary.breakdown_labels)
     capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
     expansion_bytes: float      # expansion tier capacity (0: none)
     splits: list                # dicts: mp, dp, fits, step_time_s, strategy, why, memory_parts (part -> bytes)
@@ -103,14 +120,15 @@ def _strategies(model_ref: str, devices: int, global_batch: int):
 
 def controls_for(cluster_ref: str) -> list:
     """Every resource control of a cluster preset, with its present value: [(Resource, value)] where the
-    value is in display units, and network dimensions as (Resource, value) with unit 'GB/s' or 'topology'."""
+    value is in display units, and per network dimension its bandwidth (per device, per direction, as
+    whatif and presets show it) and its topology (unit 'topology')."""
     cluster = _cluster(cluster_ref)
     out = [(r, preset_value(cluster, r.key)) for r in RESOURCES]
     for dim in cluster.network:
-        out.append((Resource(f"network.{dim.name}.link_bandwidth", f"Network {dim.name}: link bandwidth", "GB/s",
-                             1e9), dim.link_bandwidth / 1e9))
-        out.append((Resource(f"network.{dim.name}.topology", f"Network {dim.name}: topology", "topology", 1.0),
-                    dim.topology.value))
+        bandwidth = control(f"network.{dim.name}.bandwidth")
+        out.append((bandwidth, float(f"{dim.bandwidth / bandwidth.si:.6g}")))
+        topology = f"network.{dim.name}.topology"
+        out.append((Resource(topology, described(topology).label, "topology", 1.0), dim.topology.value))
     return out
 
 
@@ -138,10 +156,11 @@ def overrides_for(cluster: Cluster, values: dict) -> tuple:
                 settings.append((key, str(value)))
             continue
         number = _number(key, value)
-        if key.endswith(".link_bandwidth"):
-            dim = next((d for d in cluster.network if f"network.{d.name}.link_bandwidth" == key), None)
-            if dim is not None and not math.isclose(number * 1e9, dim.link_bandwidth, rel_tol=1e-6):
-                settings.append((key, f"{number}GB/s"))
+        if key.startswith("network.") and key.endswith((".bandwidth", ".link_bandwidth")):
+            attr, unit = key.rsplit(".", 1)[1], described(key)
+            dim = next((d for d in cluster.network if f"network.{d.name}.{attr}" == key), None)
+            if dim is not None and not math.isclose(number * unit.scale, getattr(dim, attr), rel_tol=1e-6):
+                settings.append((key, f"{number}{unit.unit}"))
             continue
         if key not in units or math.isclose(number, preset_value(cluster, key), rel_tol=1e-6):
             continue
@@ -223,7 +242,8 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
     est = estimate(model, cluster, controls.devices, strategy_at(cols, row))
     return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
-            "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes)}
+            "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes),
+            "labels": breakdown_labels(est.inputs["strategy"], model.tied_embeddings)}
 
 
 def _splits(cols: dict, cluster: Cluster) -> list:

@@ -1,0 +1,114 @@
+"""Search for points where a better resource makes a step slower, far beyond what the test suite draws.
+
+For every cluster preset that holds 64 devices (and the same preset with a 512 GiB, 100 GB/s CXL-like tier
+when it has none), a dense and a MoE model, and N random strategies over the whole knob space, it evaluates
+the batched cost model once as it is and once per improved resource (2x FLOP/s, HBM, SRAM and vector rates,
+HBM and tier capacity, tier bandwidth; per network dimension 2x link bandwidth, 1.25x efficiency capped at 1,
+half the latency) and prints each (cluster, resource) with violations: how many, the worst ratio, and the
+worst strategy. No output means none was found. tests/test_physics.py checks the same property on fewer
+points in CI.
+
+    python benchmarks/probe_monotonic.py [--seed 0] [--points 300]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses as dc
+import random
+
+import numpy as np
+
+from comet_dse.cost.step import evaluate
+from comet_dse.hardware.spec import MemoryTier
+from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy, StrategyArrays
+
+DEVICES = 64
+CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6)
+
+
+def random_strategy(rng: random.Random, moe: bool) -> Strategy:
+    tp = rng.choice([1, 2, 4, 8])
+    cp = rng.choice([1, 2])
+    pp = rng.choice([1, 2, 4])
+    dp = DEVICES // (tp * cp * pp)
+    ep = rng.choice([e for e in (1, 2, 4, 8) if dp % e == 0]) if moe else 1
+    coin = lambda: rng.random() < 0.5  # noqa: E731 - a fair coin per switch
+    return Strategy(
+        tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, global_batch=dp * rng.choice([4, 8]), micro_batch=rng.choice([1, 2]),
+        recompute=rng.choice(list(Recompute)), sequence_parallel=tp > 1 and coin(), zero=rng.choice([0, 1, 2, 3]),
+        dtype=rng.choice(["bf16", "fp8"]), flash_attention=coin(), tp_overlap=coin(), ep_overlap=coin(),
+        cp_algorithm=rng.choice(list(CpAlgorithm)), pp_overlap=coin(), interleave=rng.choice([1, 2]) if pp > 1 else 1,
+        dp_overlap=coin(), reshard_after_forward=coin(), hybrid_shard=coin(),
+        placement=rng.choice(["tp-pp-dp", "dp-tp-pp"]), attention_kernel=AttentionKernel.FA2, expansion_overlap=coin())
+
+
+def _acc(cluster, **changes):
+    return dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, **changes))
+
+
+def improved(cluster):
+    """(name, cluster with that resource improved) for every resource."""
+    acc = cluster.accelerator
+    yield "flops", _acc(cluster, peak_flops={k: 2 * v for k, v in acc.peak_flops.items()})
+    yield "hbm_bandwidth", _acc(cluster, hbm=dc.replace(acc.hbm, bandwidth=2 * acc.hbm.bandwidth))
+    yield "hbm_capacity", _acc(cluster, hbm=dc.replace(acc.hbm, capacity=2 * acc.hbm.capacity))
+    yield "sram_bandwidth", _acc(cluster, sram=dc.replace(acc.sram, bandwidth=2 * acc.sram.bandwidth))
+    yield "vector_flops", _acc(cluster, vector_flops=2 * acc.vector_flops)
+    if acc.expansion:
+        exp = acc.expansion
+        yield "expansion_bandwidth", _acc(cluster, expansion=dc.replace(exp, bandwidth=2 * exp.bandwidth))
+        yield "expansion_latency", _acc(cluster, expansion=dc.replace(exp, latency=0.5 * exp.latency))
+        yield "expansion_capacity", _acc(cluster, expansion=dc.replace(exp, capacity=2 * exp.capacity))
+    for i, d in enumerate(cluster.network):
+        for what, new in (("link_bandwidth", dc.replace(d, link_bandwidth=2 * d.link_bandwidth)),
+                          ("efficiency", dc.replace(d, efficiency=min(1.0, 1.25 * d.efficiency))),
+                          ("latency", dc.replace(d, latency=0.5 * d.latency))):
+            network = list(cluster.network)
+            network[i] = new
+            yield f"{d.name}.{what}", dc.replace(cluster, network=tuple(network))
+
+
+def clusters():
+    """(label, cluster) of every preset that holds DEVICES, as it is and with an expansion tier."""
+    for name in preset_names("clusters"):
+        base = load_cluster(name)
+        try:
+            base.dim_sizes(DEVICES)
+        except ValueError:
+            continue
+        yield name, base
+        if base.accelerator.expansion is None:
+            yield f"{name}+tier", _acc(base, expansion=CXL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--points", type=int, default=300, help="random strategies per cluster and model")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    models = {"dense": load_model("llama3-8b").with_seq_len(8192), "moe": load_model("mixtral-8x7b").with_seq_len(8192)}
+    found = {}
+    for label, cluster in clusters():
+        for kind, model in models.items():
+            strategies = [random_strategy(rng, kind == "moe") for _ in range(args.points)]
+            strategies = [s if s.dtype.value in cluster.accelerator.peak_flops else dc.replace(s, dtype="bf16")
+                          for s in strategies]
+            arrays = StrategyArrays.of(strategies)
+            with np.errstate(all="ignore"):
+                base = evaluate(model, cluster, DEVICES, arrays).step_time
+                for resource, better in improved(cluster):
+                    ratio = evaluate(model, better, DEVICES, arrays).step_time / base
+                    worse = np.flatnonzero(ratio > 1 + 1e-9)
+                    if len(worse):
+                        worst = worse[np.argmax(ratio[worse])]
+                        count, top, _ = found.get((label, resource), (0, 0.0, None))
+                        example = (kind, strategies[worst]) if ratio[worst] > top else found[(label, resource)][2]
+                        found[(label, resource)] = (count + len(worse), max(top, ratio[worst]), example)
+    for (label, resource), (count, top, (kind, strategy)) in sorted(found.items()):
+        print(f"{label} {resource}: {count} slower, worst x{top:.6f} ({kind}) {strategy}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Days, megawatt-hours and dollars: what training on a token budget takes, over arrays of design points.
+
+For a step of ``step_time`` seconds whose parts (``breakdown``, cost/step.py) add up to it, on ``devices``
+devices of a cluster, and a budget of ``tokens`` tokens (docs/economics.md has every formula and source):
+
+    time to train [s]      T = tokens / tokens_per_second
+    device time [s]        D = devices x T                                   (shown in device-hours)
+    device draw [W]        P_dev = sum over states s of P_s x f_s            f_s = the step's time in state s
+                                                                             / step time (STATE_OF_PART)
+    cluster draw [W]       P = PUE x (devices x (P_dev + P_switch) + nodes x P_node)
+    energy [J]             E = P x T                                         (shown in MWh)
+    owning [USD]           C_own = devices x price x T / lifetime + E x energy price
+    renting [USD]          C_rent = D x (rent + (price - price as given) / lifetime)
+    cost [USD]             C = C_rent with the cost basis 'rent' (the default where a rent is known), else C_own
+
+The states of a device are compute-bound kernels (drawing the datasheet TDP, ``device_power_w``),
+memory-bound kernels and the optimizer step (``memory_power``), exposed communication and expansion-tier
+traffic (``network_power``) and idle (the pipeline bubble, fixed overhead: ``idle_power``). Per-unit prices
+and powers (hardware/economics.py) make price and draws follow the design. Unknown stays unknown: NaN
+inside, null in JSON, "unknown" in text; a node or switch share without a figure is left out of the
+energy and named in ``excluded``, never counted as 0 silently.
+
+Floor 4 (docs/architecture.md): it reads a Cluster and arrays; estimate, the design space, whatif, the
+API, the explorer and the command line all use it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from comet_dse.hardware.economics import amount, state_of
+from comet_dse.hardware.spec import Cluster
+from comet_dse.units import KWH, YEAR
+
+# Defaults where a cluster file gives no figure: editable assumptions with their sources (docs/economics.md),
+# each overridable with --set.
+DEFAULT_PUE = 1.2                     # between Google's fleet-wide 1.10 (2023 Environmental Report) and the
+                                      # Uptime Institute 2023 survey average of 1.58: a modern hyperscale hall
+DEFAULT_ENERGY_PRICE = 0.0806 / KWH   # USD per J: US average industrial electricity price 2023, 8.06 cents/kWh
+                                      # (EIA, Electric Power Annual 2023)
+DEFAULT_LIFETIME = 5 * YEAR           # Amazon shortened its servers' useful life from 6 to 5 years (2025,
+                                      # Q4 2024 results); Meta uses 5.5, Microsoft and Alphabet 6
+IDLE_FRACTION = 0.10                  # editable assumptions: a device's draw as a fraction of its TDP while
+MEMORY_FRACTION = 0.60                # idle, running memory-bound kernels, or communicating, where the cluster
+NETWORK_FRACTION = 0.40               # file gives no figure (docs/economics.md: why these)
+
+# The part of a step's time (vocabulary.TIME_PARTS) -> the state of the device during it.
+STATE_OF_PART = {
+    "compute": "compute", "memory": "memory", "optimizer": "memory",
+    "tp_communication": "network", "cp_communication": "network", "ep_communication": "network",
+    "pp_communication": "network", "dp_communication": "network", "offload": "network",
+    "pipeline_bubble": "idle", "overhead": "idle",
+}
+COLUMNS = ("time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_rent_usd",
+           "training_cost_own_usd", "training_cost_usd")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one design costs and draws per device, per node and per second, before any step is known.
+    SI units; NaN: unknown."""
+
+    devices: int
+    nodes: int
+    device_price_usd: float       # purchase price of one device at this design
+    price_delta_usd: float        # of which the per-unit prices add over the price as given (0 without any)
+    draws_w: dict                 # state -> a device's draw in it [W]
+    node_power_w: float           # per node besides its devices
+    switch_power_w: float         # per device: its share of the switches outside the nodes
+    pue: float
+    energy_price_usd_per_j: float
+    lifetime_s: float
+    rent_usd_per_s: float         # per device-second, as given
+    basis: str                    # 'rent' or 'own'
+
+    @property
+    def excluded(self) -> list:
+        """What the energy leaves out for want of a figure: 'node overhead', 'network switches'."""
+        return [name for name, value in (("node overhead", self.node_power_w), ("network switches", self.switch_power_w))
+                if math.isnan(value)]
+
+    @property
+    def rated_power_w(self) -> float:
+        """The cluster's draw with every device compute-bound, nodes and switches included, times PUE [W]:
+        the figure a data centre provisions (NaN without a device power)."""
+        return self.pue * (self.devices * (self.draws_w["compute"] + _known(self.switch_power_w))
+                           + self.nodes * _known(self.node_power_w))
+
+    @property
+    def cluster_price_usd(self) -> float:
+        """devices x the device price at this design [USD] (NaN without a price)."""
+        return self.devices * self.device_price_usd
+
+
+def _known(x: float) -> float:
+    """``x``, or 0 where it is unknown: only for the parts ``Rates.excluded`` names."""
+    return 0.0 if math.isnan(x) else x
+
+
+def _number(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def price_delta(cluster: Cluster) -> float:
+    """USD one device costs more (or less) than its price as given: sum over resources with a per-unit price
+    of unit_price x (amount now - amount as given). 0 without per-unit prices."""
+    econ = cluster.economics
+    return sum(price * (amount(cluster, r) - econ.reference.get(r, amount(cluster, r)))
+               for r, price in econ.unit_price.items())
+
+
+def device_price(cluster: Cluster) -> float:
+    """Purchase price of one device at this design [USD]: device_price_usd + price_delta; NaN when unknown."""
+    return _number(cluster.device_price_usd) + price_delta(cluster)
+
+
+def device_draws(cluster: Cluster) -> dict:
+    """State -> one device's draw in it [W] at this design. Compute-bound: device_power_w (the datasheet TDP);
+    memory-bound, communicating, idle: the cluster's figures, else IDLE/MEMORY/NETWORK_FRACTION x TDP; plus,
+    per resource with a per-unit power, unit_power x (amount now - amount as given) in the state it serves
+    (every state for a capacity). NaN where the cluster has no figure and no TDP."""
+    econ = cluster.economics
+    tdp = _number(cluster.device_power_w)
+    draws = {"compute": tdp,
+             "memory": _number(econ.memory_power_w) if econ.memory_power_w is not None else MEMORY_FRACTION * tdp,
+             "network": _number(econ.network_power_w) if econ.network_power_w is not None else NETWORK_FRACTION * tdp,
+             "idle": _number(econ.idle_power_w) if econ.idle_power_w is not None else IDLE_FRACTION * tdp}
+    for r, watts in econ.unit_power.items():
+        delta = watts * (amount(cluster, r) - econ.reference.get(r, amount(cluster, r)))
+        for state in draws:
+            if state_of(r) in (state, "all"):
+                draws[state] += delta
+    return draws
+
+
+def rates(cluster: Cluster, devices: int) -> Rates:
+    """The cost and power figures of ``devices`` devices of ``cluster`` at its present design."""
+    econ = cluster.economics
+    rent = _number(econ.rent_usd_per_s)
+    basis = econ.cost_basis or ("rent" if econ.rent_usd_per_s is not None else "own")
+    return Rates(
+        devices=devices, nodes=math.ceil(devices / cluster.devices_per_node),
+        device_price_usd=device_price(cluster), price_delta_usd=price_delta(cluster),
+        draws_w=device_draws(cluster), node_power_w=_number(econ.node_power_w),
+        switch_power_w=_number(econ.switch_power_w),
+        pue=econ.pue if econ.pue is not None else DEFAULT_PUE,
+        energy_price_usd_per_j=(econ.energy_price_usd_per_j if econ.energy_price_usd_per_j is not None
+                                else DEFAULT_ENERGY_PRICE),
+        lifetime_s=econ.lifetime_s if econ.lifetime_s is not None else DEFAULT_LIFETIME,
+        rent_usd_per_s=rent, basis=basis)
+
+
+def state_fractions(step_time, breakdown: dict) -> dict:
+    """State -> the fraction of the step a device spends in it: the step's parts (seconds, arrays or
+    floats) summed by STATE_OF_PART, divided by the step time; idle takes what the others leave."""
+    step = np.asarray(step_time, dtype=float)
+    out = {s: np.zeros_like(step) for s in ("compute", "memory", "network")}
+    for part, seconds in breakdown.items():
+        state = STATE_OF_PART.get(part, "idle")
+        if state != "idle":
+            out[state] = out[state] + np.asarray(seconds, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {s: v / step for s, v in out.items()}
+    out["idle"] = 1.0 - out["compute"] - out["memory"] - out["network"]
+    return out
+
+
+def average_power(r: Rates, step_time, breakdown: dict) -> np.ndarray:
+    """The cluster's average draw over a step, at the wall [W]:
+    PUE x (devices x (sum_s P_s x f_s + P_switch) + nodes x P_node); the parts ``r.excluded`` names left out."""
+    f = state_fractions(step_time, breakdown)
+    device = sum(r.draws_w[s] * f[s] for s in ("compute", "memory", "network", "idle"))
+    return r.pue * (r.devices * (device + _known(r.switch_power_w)) + r.nodes * _known(r.node_power_w))
+
+
+def training(r: Rates, step_time, tokens_per_second, breakdown: dict, tokens: float) -> dict:
+    """The COLUMNS of training on ``tokens`` tokens, one value per design point (arrays as the inputs;
+    SI units: s, W, J, USD; NaN where an input is unknown)."""
+    step = np.asarray(step_time, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time = tokens / np.asarray(tokens_per_second, dtype=float)
+    power = average_power(r, step, breakdown)
+    energy = power * time
+    device_time = r.devices * time
+    own = r.devices * r.device_price_usd * time / r.lifetime_s + energy * r.energy_price_usd_per_j
+    rent = device_time * (r.rent_usd_per_s + r.price_delta_usd / r.lifetime_s)
+    shape = np.broadcast_shapes(step.shape, np.shape(time))
+    cols = {"time_to_train_s": time, "device_time_s": device_time, "average_power_w": power, "energy_j": energy,
+            "training_cost_rent_usd": rent, "training_cost_own_usd": own,
+            "training_cost_usd": rent if r.basis == "rent" else own}
+    return {k: np.broadcast_to(np.asarray(v, dtype=float), shape) for k, v in cols.items()}
+
+
+def training_of(cluster: Cluster, devices: int, step_time: float, tokens_per_second: float, breakdown: dict,
+                tokens: float) -> dict:
+    """``training`` of one design point as plain floats, with what was assumed: the JSON block of
+    ``estimate --tokens`` (Estimate.training)."""
+    r = rates(cluster, devices)
+    cols = training(r, np.array([step_time]), np.array([tokens_per_second]),
+                    {k: np.array([v]) for k, v in breakdown.items()}, tokens)
+    out = {"tokens": float(tokens), **{k: float(v[0]) for k, v in cols.items()}}
+    out.update(inputs(r))
+    return out
+
+
+def inputs(r: Rates) -> dict:
+    """What a training figure was computed with (SI; NaN unknown): the cost basis, prices, draws, PUE,
+    lifetime and what the energy leaves out."""
+    return {"cost_basis": r.basis, "device_price_usd": r.device_price_usd, "rent_usd_per_device_s": r.rent_usd_per_s,
+            "energy_price_usd_per_j": r.energy_price_usd_per_j, "lifetime_s": r.lifetime_s, "pue": r.pue,
+            "device_power_w": dict(r.draws_w), "node_power_w": r.node_power_w, "switch_power_w": r.switch_power_w,
+            "nodes": r.nodes, "energy_excludes": r.excluded}
