@@ -34,16 +34,33 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+def _design_space():
+    """The package of the sweep engine, under its name in the revision on the path: comet_dse.design_space
+    (comet_dse.explore before the house issue), with its space, table, engine and study modules loaded."""
+    import importlib
+    import types
+
+    for name in ("comet_dse.design_space", "comet_dse.explore"):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        return types.SimpleNamespace(**{m: importlib.import_module(f"{name}.{m}")
+                                        for m in ("space", "table", "engine", "study")})
+    raise ModuleNotFoundError("neither comet_dse.design_space nor comet_dse.explore")
+
+
 def child(points: int, out: Path) -> None:
     """Evaluate the benchmark points with whichever comet_dse is first on the path; write rate and columns."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import comet_dse
     from comet_dse.allocator import keep_freed_memory
-    from comet_dse.design_space.space import SearchSpace, enumerate_strategies
-    from comet_dse.design_space.table import evaluate_columns
     from comet_dse.presets import load_cluster, load_model
 
+    engine = _design_space()
+    SearchSpace, enumerate_strategies = engine.space.SearchSpace, engine.space.enumerate_strategies
+    evaluate_columns = engine.table.evaluate_columns
     keep_freed_memory()
     model, cluster = load_model("megatron-1t"), load_cluster("tpu-v4")
     st = enumerate_strategies(model, 4096, 2048, SearchSpace(max_micro_batch=64))
@@ -62,9 +79,9 @@ def child_sweep(out: Path) -> None:
     """Time the 10-million-point study on 2 local worker processes with whichever comet_dse is first on the path."""
     import comet_dse
     from comet_dse.allocator import keep_freed_memory
-    from comet_dse.design_space.engine import run_study
-    from comet_dse.design_space.study import load_study
 
+    engine = _design_space()
+    run_study, load_study = engine.engine.run_study, engine.study.load_study
     keep_freed_memory()
     study = load_study(HERE / "sweep-10m.yaml")
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses as dc
+import inspect
 import json
 import math
 import os
@@ -175,9 +176,11 @@ def test_explorer_request_with_a_huge_batch_is_refused_before_it_computes(monkey
 
     monkeypatch.setattr(view, "enumerate_strategies", lambda *a, **k: pytest.fail("enumerated"))
     app = build_app()
-    callback = next(c for key, c in app.callback_map.items() if "status.children" in key)["callback"]
+    update = next(c for key, c in app.callback_map.items() if "status.children" in key)["callback"].__wrapped__
+    given = {"model": "megatron-22b", "model_file": "", "cluster": "dgx-a100-80gb", "devices": 64,
+             "global_batch": 1e30, "rank": 1, "values": [], "ids": []}      # other controls: left empty
     with no_hang():
-        outputs = callback.__wrapped__("megatron-22b", "", "dgx-a100-80gb", 64, 1e30, 1, [], [])
+        outputs = update(**{name: given.get(name) for name in inspect.signature(update).parameters})
     assert "global batch" in str(outputs[1]), outputs[1]
 
 
@@ -187,7 +190,8 @@ def test_a_search_space_past_the_bound_is_refused_before_it_is_built(capsys, mon
     monkeypatch.setattr(space_module, "_block", lambda *a: pytest.fail("strategies built"))
     with no_hang():
         line = one_line_error(run(capsys, "search", "--model", "megatron-22b", "--cluster", "dgx-b200",
-                                  "--devices", 7_207_200, "--global-batch", 735_134_400), "strategy: ")
+                                  "--devices", 7_207_200, "--global-batch", 735_134_400, "--tp-across-nodes"),
+                              "strategy: ")
     assert f"more than {BOUNDS['strategies'].high:,} strategies" in line
     with pytest.raises(InputError, match="strategies"):
         enumerate_strategies(load_model("megatron-22b"), 7_207_200, 735_134_400, SearchSpace())

@@ -13,6 +13,7 @@ import pytest
 
 from comet_dse.errors import InputError
 from comet_dse.design_space.search import search
+from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
 from comet_dse.web import figures
 from comet_dse.web.view import Controls, compute, controls_for, overrides_for
 from comet_dse.overrides import apply_overrides
@@ -27,8 +28,10 @@ def default_view():
 
 
 def test_the_view_is_the_search(default_view):
-    """The page's best strategy is `search`'s on the same inputs; every split and resource is drawn."""
-    base = search(load_model("megatron-1t"), load_cluster("tpu-v4"), 4096, 2048)
+    """The page's best strategy is `search`'s on the same inputs, with a search's defaults on that cluster
+    (comet-dse search: TP inside the scale-up domain); every split and resource is drawn."""
+    tpu = load_cluster("tpu-v4")
+    base = search(load_model("megatron-1t"), tpu, 4096, 2048, with_cluster_defaults(SearchSpace(), tpu, 4096))
     assert default_view.evaluated == base.evaluated and default_view.feasible == base.feasible
     assert default_view.top[0]["step_time_s"] == pytest.approx(float(base.columns["step_time_s"][base.ranked[0]]))
     assert default_view.chosen["rank"] == 1 and sum(default_view.chosen["breakdown_s"].values()) == pytest.approx(
@@ -43,7 +46,8 @@ def test_the_view_is_the_search(default_view):
 def test_a_30k_strategy_view_shrinks_with_hbm_capacity():
     """GPT-3 175B on 1024 H100s: about 40 K strategies, the search, the splits and eight doublings. How fast
     the page answers this is measured by benchmarks/bench_web.py, not asserted here (docs/reliability.md)."""
-    controls = Controls(model="gpt3-175b", cluster="dgx-h100", devices=1024, global_batch=1536)
+    controls = Controls(model="gpt3-175b", cluster="dgx-h100", devices=1024, global_batch=1536,
+                        tp_across_nodes=True)       # every TP degree: the 40 K strategies
     feasible = []
     for capacity in (80, 64, 48):
         view = compute(Controls(**{**controls.__dict__, "resources": {"hbm_capacity": capacity}}))
@@ -215,6 +219,9 @@ def test_explorer_in_headless_chromium(server, tmp_path):
             page.wait_for_selector("#memory .main-svg", timeout=60_000)
             first = _state(page)
             assert "4,096 x tpu-v4" in first["status"] and re.search(r"[\d,]+ strategies evaluated", first["status"])
+            page.wait_for_selector("#time-to-train", timeout=60_000)        # the token budget control's 1T
+            assert re.fullmatch(r"[\d,.]+ days", page.inner_text("#time-to-train")), page.inner_text("#training")
+            assert re.fullmatch(r"\$[\d,.]+[kMB]?", page.inner_text("#training-cost")), page.inner_text("#training")
 
             _change(page, 'input[id*="hbm_capacity"]', "16", first)
             second = _state(page)

@@ -62,7 +62,7 @@ def test_whatif_table(capsys):
     code, out, err = run(capsys, "whatif", *SMALL)
     assert code == 0, err
     for needle in ("As it is:", "peak_flops", "hbm_capacity", "network.nvlink.bandwidth", "x0.5", "x2",
-                   "Smallest hbm_capacity at which any split has a strategy that fits"):
+                   "Smallest hbm_capacity at which any split with TP <= 8 (the scale-up domain) has a strategy that fits"):
         assert needle in out, needle
 
 

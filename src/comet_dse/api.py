@@ -22,7 +22,7 @@ from comet_dse.estimate import Estimate
 from comet_dse.estimate import estimate as _estimate
 from comet_dse.design_space.search import SearchResult, strategy_at
 from comet_dse.design_space.search import search as _search
-from comet_dse.design_space.space import SearchSpace
+from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.overrides import apply_overrides
@@ -161,18 +161,29 @@ class SearchResults(Tabular):
         return arrow_to_pandas(self.to_arrow(feasible_only))
 
 
-def _space(knobs: dict, mp, max_micro_batch: int, max_interleave: int) -> SearchSpace:
+def _space(knobs: dict, mp, max_micro_batch: int, max_interleave: int, cluster=None, devices: int = 1,
+           tp_across_nodes: bool = False) -> SearchSpace:
+    """The knobs as a SearchSpace; with ``cluster``, the defaults that depend on it, as the command line's
+    (design_space.space.with_cluster_defaults: flash attention where the accelerator has a fused-attention
+    rate, TP inside the scale-up domain unless ``tp_across_nodes``)."""
     _check_knobs(knobs, "search")
     values = {k: v for k, v in knobs.items() if KNOB[k].search != GIVEN}
-    return SearchSpace(values, max_micro_batch, max_interleave, mp)
+    space = SearchSpace(values, max_micro_batch, max_interleave, mp)
+    if cluster is None:
+        return space
+    BOUNDS["devices"].check_integer("devices", devices)
+    return with_cluster_defaults(space, cluster, devices, bool(tp_across_nodes))
 
 
 def search(model, cluster, devices: int, global_batch: int, *, mp=None, overrides=None, expansion=None, tokens=None,
-           seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8, **knobs) -> SearchResults:
+           seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8,
+           tp_across_nodes: bool = False, **knobs) -> SearchResults:
     """Evaluate every strategy (each knob a value or a list of values to try; ``mp``: model-parallel
-    degrees MP = TP x PP to try) and rank those that fit, as ``comet-dse search`` does."""
+    degrees MP = TP x PP to try) and rank those that fit, as ``comet-dse search`` does (its defaults too:
+    flash attention where the cluster has a fused-attention rate, TP inside the scale-up domain unless
+    ``tp_across_nodes`` or ``tp``/``mp`` say otherwise)."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
-    space = _space(knobs, mp, max_micro_batch, max_interleave)
+    space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     started = time.perf_counter()
     tokens = token_budget(tokens)
     result = _search(model, cluster, devices, global_batch, space, tokens=tokens)
@@ -181,11 +192,12 @@ def search(model, cluster, devices: int, global_batch: int, *, mp=None, override
 
 def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, factors=DEFAULT_FACTORS, tokens=None,
            capacity: str | None = "hbm_capacity", mp=None, overrides=None, expansion=None,
-           seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8, **knobs) -> WhatIf:
+           seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8,
+           tp_across_nodes: bool = False, **knobs) -> WhatIf:
     """The best strategy's speedup with each resource scaled by each factor, and the smallest
-    ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py)."""
+    ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py), with search's defaults."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
-    space = _space(knobs, mp, max_micro_batch, max_interleave)
+    space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     return _whatif(model, cluster, devices, global_batch, space, resources, factors, capacity, token_budget(tokens))
 
 

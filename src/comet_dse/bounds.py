@@ -120,7 +120,7 @@ BOUNDS = {
                                                        "one day to 50 years"),
     "unit_price": Bound(0.0, 1e6, "USD per SI unit of a resource (per byte, byte/s or FLOP/s): not negative"),
     "unit_power": Bound(0.0, 1e6, "W per SI unit of a resource: not negative"),
-    "tokens": Bound(1.0, 1e18, "tokens to train: up to 1e18, 10,000x the largest published runs (15T)"),
+    "tokens": Bound(1.0, 1e18, "tokens to train: up to 1e18, over 10,000x the largest published runs (15T)"),
     # measurements (comet-dse calibrate)
     "measured_time": Bound(1e-6, 1e6, "a measured step time (iter_s, or tokens/s and MFU turned into one): "
                                       "1 us to 11.6 days"),

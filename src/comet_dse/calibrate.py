@@ -246,8 +246,7 @@ def _measured(text: str, metric: str, tokens: int) -> float:
     """The measured value, checked against bounds.BOUNDS as the step time it stands for: iter_s itself,
     tokens/s as the tokens of a step over it; an MFU in the ``mfu`` row (its step time needs the model's
     FLOP count). ``measured=1e-300`` was a traceback from the fit."""
-    time_row = BOUNDS["measured_time"]
-    row = BOUNDS["mfu"] if metric == "mfu" else time_row
+    row = BOUNDS["mfu" if metric == "mfu" else "measured_time"]
     try:
         value = float(text)
     except ValueError:

@@ -67,6 +67,7 @@ class Rates:
     device_price_usd: float       # purchase price of one device at this design
     price_delta_usd: float        # of which the per-unit prices add over the price as given (0 without any)
     draws_w: dict                 # state -> a device's draw in it [W]
+    added_w: float                # what per-unit powers add to memory and network draws over the design as given
     node_power_w: float           # per node besides its devices
     switch_power_w: float         # per device: its share of the switches outside the nodes
     pue: float
@@ -83,10 +84,11 @@ class Rates:
 
     @property
     def rated_power_w(self) -> float:
-        """The cluster's draw with every device compute-bound, nodes and switches included, times PUE [W]:
-        the figure a data centre provisions (NaN without a device power)."""
-        return self.pue * (self.devices * (self.draws_w["compute"] + _known(self.switch_power_w))
-                           + self.nodes * _known(self.node_power_w))
+        """What a data centre provisions for the cluster [W]: PUE x (devices x (TDP + what per-unit powers add to
+        the memory and network draws, as if every added part were busy at once + switch share) + nodes x node
+        overhead); the parts ``excluded`` names left out, NaN without a device power."""
+        device = self.draws_w["compute"] + self.added_w
+        return self.pue * (self.devices * (device + _known(self.switch_power_w)) + self.nodes * _known(self.node_power_w))
 
     @property
     def cluster_price_usd(self) -> float:
@@ -112,15 +114,23 @@ def price_delta(cluster: Cluster) -> float:
 
 
 def device_price(cluster: Cluster) -> float:
-    """Purchase price of one device at this design [USD]: device_price_usd + price_delta; NaN when unknown."""
-    return _number(cluster.device_price_usd) + price_delta(cluster)
+    """Purchase price of one device at this design [USD]: device_price_usd + price_delta; NaN when unknown, and
+    where the per-unit prices would take it below 0 (a design far smaller than the one priced: the linear
+    per-unit model says nothing there)."""
+    return _not_negative(_number(cluster.device_price_usd) + price_delta(cluster))
+
+
+def _not_negative(x: float) -> float:
+    """``x``, or NaN (unknown) where it is negative: a price or a draw below 0 is no figure at all."""
+    return x if not x < 0 else float("nan")
 
 
 def device_draws(cluster: Cluster) -> dict:
     """State -> one device's draw in it [W] at this design. Compute-bound: device_power_w (the datasheet TDP);
     memory-bound, communicating, idle: the cluster's figures, else IDLE/MEMORY/NETWORK_FRACTION x TDP; plus,
     per resource with a per-unit power, unit_power x (amount now - amount as given) in the state it serves
-    (every state for a capacity). NaN where the cluster has no figure and no TDP."""
+    (every state for a capacity). NaN where the cluster has no figure and no TDP, or where the per-unit powers
+    would take a draw below 0."""
     econ = cluster.economics
     tdp = _number(cluster.device_power_w)
     draws = {"compute": tdp,
@@ -132,7 +142,15 @@ def device_draws(cluster: Cluster) -> dict:
         for state in draws:
             if state_of(r) in (state, "all"):
                 draws[state] += delta
-    return draws
+    return {state: _not_negative(w) for state, w in draws.items()}
+
+
+def added_power(cluster: Cluster) -> float:
+    """W that per-unit powers add to the memory and network draws of one device over the design as given
+    (the compute draw and the capacities' share are in device_draws' compute state already)."""
+    econ = cluster.economics
+    return sum(watts * (amount(cluster, r) - econ.reference.get(r, amount(cluster, r)))
+               for r, watts in econ.unit_power.items() if state_of(r) in ("memory", "network"))
 
 
 def rates(cluster: Cluster, devices: int) -> Rates:
@@ -143,7 +161,7 @@ def rates(cluster: Cluster, devices: int) -> Rates:
     return Rates(
         devices=devices, nodes=math.ceil(devices / cluster.devices_per_node),
         device_price_usd=device_price(cluster), price_delta_usd=price_delta(cluster),
-        draws_w=device_draws(cluster), node_power_w=_number(econ.node_power_w),
+        draws_w=device_draws(cluster), added_w=added_power(cluster), node_power_w=_number(econ.node_power_w),
         switch_power_w=_number(econ.switch_power_w),
         pue=econ.pue if econ.pue is not None else DEFAULT_PUE,
         energy_price_usd_per_j=(econ.energy_price_usd_per_j if econ.energy_price_usd_per_j is not None

@@ -162,7 +162,10 @@ def add_override_options(parser) -> None:
                              "hbm_capacity=51.2GiB, hbm_bandwidth=x2, peak_flops=x2 (every dtype), "
                              "peak_flops.fp8=2PFLOP/s, network_bandwidth=x2, network.<dim>.bandwidth=450GB/s (per "
                              "device, per direction), network.<dim>.link_bandwidth=25GB/s (per link), "
-                             "network.<dim>.topology=torus, sram_capacity, expansion_capacity, ... "
+                             "network.<dim>.topology=torus, sram_capacity, expansion_capacity, ...; power and "
+                             "price: rent=2USD/h, pue=1.1, energy_price=0.08USD/kWh, lifetime=4years, "
+                             "node_power=4.6kW, cost_basis=own, unit_price.hbm_capacity=15USD/GiB, "
+                             "unit_power.hbm_bandwidth=31W/(TB/s) (docs/economics.md) "
                              "(the study axes, studies/README.md)")
     parser.add_argument("--expansion", default=None, metavar="CAP@BW[@LAT]",
                         help="add an expansion memory tier (CXL-like), e.g. 512GiB@64GB/s or 512GiB@64GB/s@1us")

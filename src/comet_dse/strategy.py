@@ -134,6 +134,20 @@ class GradPrecision(Choice):
     reduces them (dkadiyala3/comet-astrasim: weight-gradient all-reduces of 2 bytes per weight)."""
 
 
+class GradBuffer(Choice):
+    """Which weight gradients a device holds at once (docs/model.md, "Gradient buffer")."""
+
+    WHOLE = "whole"
+    """Every gradient of the stage, from its backward until the step's reduction (Megatron-LM's contiguous
+    gradient buffer, PyTorch DDP's buckets)."""
+    LAYER = "layer"
+    """Layer by layer, as COMET's workload (dkadiyala3/comet-astrasim: each layer's weight-gradient all-reduce,
+    then that layer's update): each layer's gradient is reduced over DP as soon as backward has produced it, so
+    a device holds the gradients of two layers (one being computed, one being reduced); with several
+    micro-batches per step each is reduce-scattered every micro-batch into the device's DP shard (g P / N, as
+    ZeRO 2 accumulates it) and the updated weights are all-gathered at the end of the step."""
+
+
 class ModelParallel(Choice):
     """What model parallelism means: how the TP and PP degrees split the layers."""
 
@@ -415,10 +429,22 @@ class Strategy:
         GradPrecision.MIXED, "weight gradients: mixed (fp32 main gradients in bf16/fp8, 16-bit in fp16) or 16-bit "
         "in every dtype (as COMET's workload reduces them)", applies=lambda s: _not_fp16(s), layout=True,
         label=lambda v: f"{v.value} gradients", line=2, short="grads")
+    grad_buffer: GradBuffer = knob(
+        GradBuffer.WHOLE, "which weight gradients a device holds: whole (every gradient of its stage until the "
+        "step's reduction) or layer (each layer's reduced over DP right after its backward, as COMET's workload; "
+        "two layers' gradients in flight, plus the DP shard they accumulate in with several micro-batches)",
+        layout=True, label=lambda v: "gradients reduced layer by layer" if v is GradBuffer.LAYER else
+        "whole gradient buffer", line=2, short="gbuf")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
         "pooling); off exposes it all", label=lambda v: "expansion traffic overlapped" if v else
         "expansion traffic exposed", short="xo")
+    expansion_roofline: bool = knob(
+        False, "cost the expansion tier as COMET's remote-memory roofline (dkadiyala3/comet-astrasim trial/run.log): "
+        "each pass's spilled traffic at the tier's bandwidth against that pass's GEMM math only, nothing hidden "
+        "behind communication or prefetched across passes; on, it replaces expansion_overlap",
+        label=lambda v: "expansion tier as a remote-memory roofline" if v else "expansion tier as a traffic model",
+        short="xr")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",

@@ -33,16 +33,21 @@ TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
 TABLE4 = "korthikanti2022_table4.csv"
 H100 = "h100_public.csv"
+MEMORY = "memory.csv"
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """One predicted-vs-measured value (seconds)."""
+    """One predicted-vs-measured value (seconds); for a whole run also whether the model judges it to fit
+    (``fits``) and its memory per device with the reserve (``memory_bytes``, of ``capacity_bytes``)."""
 
     dataset: str
     label: str
     predicted: float
     measured: float
+    fits: bool | None = None
+    memory_bytes: float | None = None
+    capacity_bytes: float | None = None
 
     @property
     def error(self) -> float:
@@ -107,7 +112,7 @@ def table5_comparisons(cluster: Cluster, directory: Path) -> list:
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         mode = "selective+SP" if strategy.sequence_parallel else row["recompute"]
         label = f"{row['model']} {mode} {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
-        out.append(Comparison(TABLE5, label, result.step_time_s, float(row["measured_iteration_time_s"])))
+        out.append(_compared(TABLE5, label, result, float(row["measured_iteration_time_s"]), cluster))
     return out
 
 
@@ -120,7 +125,7 @@ def table1_comparisons(cluster: Cluster, directory: Path) -> list:
         strategy = _strategy(row, grad_accumulation=GradAccumulation.SEPARATE, dp_overlap=torch_ddp)
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         label = f"{row['params_b']}B {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
-        out.append(Comparison(TABLE1, label, result.step_time_s, float(row["derived_iteration_time_s"])))
+        out.append(_compared(TABLE1, label, result, float(row["derived_iteration_time_s"]), cluster))
     return out
 
 
@@ -181,8 +186,23 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
             peak = cluster.accelerator.flops(strategy.dtype.value)
             reported = model_flops(model, strategy.global_batch, causal=False)
             measured = reported / (int(row["gpus"]) * peak * float(row["measured"]))
-        out.append(Comparison(H100, row["id"], result.step_time_s, measured))
+        out.append(_compared(H100, row["id"], result, measured, cluster))
     return out
+
+
+def _compared(dataset: str, label: str, result, measured: float, cluster: Cluster) -> Comparison:
+    """A whole run's Comparison: its step time, whether it fits and its memory per device (reserve included)."""
+    return Comparison(dataset, label, result.step_time_s, measured, fits="memory" not in result.broken_rules,
+                      memory_bytes=float(result.memory_per_device_bytes),
+                      capacity_bytes=float(cluster.accelerator.state_capacity))
+
+
+def recall(comparisons: list) -> dict:
+    """Feasibility recall over the whole runs (Table 4's per-layer times are not runs): {runs, judged_to_fit,
+    missed: [labels of runs the model says do not fit]}. Every run here ran, so every one should fit."""
+    runs = [c for c in comparisons if c.fits is not None]
+    return {"runs": len(runs), "judged_to_fit": sum(c.fits for c in runs),
+            "missed": [c.label for c in runs if not c.fits]}
 
 
 def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Cluster | None = None) -> list:
@@ -193,6 +213,72 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory)
             + h100_comparisons(h100 or load_cluster("dgx-h100"), directory))
+
+
+@dataclass(frozen=True)
+class MemoryComparison:
+    """One predicted-vs-measured peak memory per device [bytes] (memory.csv).
+
+    measures: what the source measured. ``max_reserved``: the peak of what PyTorch's caching allocator held
+    (torch.cuda.max_memory_reserved, what torchtitan logs as "memory"): the footprint and its fragmentation,
+    without the driver's share, the CUDA context or NCCL's buffers, so the prediction leaves out the
+    cluster's fixed reserved_memory. ``device``: everything the device had in use (nvidia-smi), the
+    prediction with the whole reserve.
+    """
+
+    label: str
+    predicted: float
+    measured: float
+    measures: str
+    source: str
+
+    @property
+    def error(self) -> float:
+        """Relative error (predicted - measured) / measured."""
+        return (self.predicted - self.measured) / self.measured
+
+
+MEASURES = ("max_reserved", "device")
+
+
+def memory_file(directory: Path) -> Path:
+    """memory.csv in ``directory``, or the packaged copy when that folder has none (../shared/validation holds
+    the step-time tables only)."""
+    path = directory / MEMORY
+    if path.is_file():
+        return path
+    return Path(str(resources.files("comet_dse").joinpath("data", "validation", MEMORY)))
+
+
+def memory_comparisons(directory: Path | None = None) -> list:
+    """memory.csv: the peak memory per device of published runs against the model's, each row predicted with
+    its cluster preset as shipped (capacity only decides the fit, not the prediction) and the settings its
+    source states."""
+    from comet_dse.presets import load_cluster, load_model
+
+    path = memory_file(directory or validation_dir())
+    out = []
+    for row in _read(path.parent, path.name):
+        if row["measures"] not in MEASURES:
+            raise InputError("memory.csv", f"measures must be one of {', '.join(MEASURES)}, got {row['measures']!r}")
+        cluster = load_cluster(row["cluster"])
+        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
+        result = estimate(model, cluster, int(row["gpus"]), _strategy(row))
+        predicted = float(result.memory_per_device_bytes)
+        if row["measures"] == "max_reserved":
+            predicted -= cluster.reserved_memory
+        out.append(MemoryComparison(row["id"], predicted, float(row["measured_gib"]) * 2.0**30, row["measures"],
+                                    row["source"]))
+    return out
+
+
+def memory_summary(comparisons: list) -> dict:
+    """{rows, mean_abs_error, max_abs_error, mean_error} of memory comparisons (fractions; mean_error signed)."""
+    errors = [c.error for c in comparisons]
+    if not errors:
+        return {"rows": 0, "mean_abs_error": None, "max_abs_error": None, "mean_error": None}
+    return {"rows": len(errors), "mean_abs_error": sum(abs(e) for e in errors) / len(errors),
+            "max_abs_error": max(abs(e) for e in errors), "mean_error": sum(errors) / len(errors)}
 
 
 def summary(comparisons: list) -> dict:

@@ -62,6 +62,10 @@ MEMORY_PARTS = (
     Part("optimizer", "optimizer state", "#8172B3", "fp32 master weights and Adam moments held by this device"),
     Part("activations", "activations", "#55A868", "activations kept for backward by the micro-batches in flight"),
     Part("buffers", "communication buffers", "#C7C7C7", "tensor-parallel message buffers"),
+    Part("reserved", "reserved (runtime and allocator)", "#8C564B",
+         "memory the job cannot use for its tensors: what the driver keeps, the runtime context, the "
+         "collective library's buffers (the cluster's reserved_memory) and the allocator's fragmentation "
+         "(its fragmentation x the rest)"),
 )
 MEMORY_PART = {p.key: p for p in MEMORY_PARTS}
 
@@ -164,6 +168,10 @@ RESOURCES = (
              "bytes/s to and from the expansion tier"),
     Resource("expansion_latency", "expansion tier latency", "s", "us", 1e-6, "per access",
              "seconds per transfer phase to the expansion tier"),
+    Resource("reserved_memory", "reserved memory", "B", "GiB", GiB, PER_DEVICE,
+             "device memory a job cannot use for its tensors: driver, runtime context, collective buffers"),
+    Resource("fragmentation", "allocator fragmentation", "1", "", 1.0, "fraction of the footprint",
+             "memory the allocator holds but cannot hand out, as a fraction of the rest of the footprint"),
     Resource("device_price_usd", "device price", "USD", "USD", 1.0, PER_DEVICE, "what one device costs"),
     Resource("device_power_w", "device power", "W", "W", 1.0, PER_DEVICE, "what one device draws"),
     Resource("network_bandwidth", "network bandwidth, every dimension", "B/s", "GB/s", 1e9,

@@ -96,6 +96,7 @@ class CapacityFit:
     fits_now: bool
     strategy_text: str | None      # the strategy that fits at the smallest value
     note: str = ""
+    split: str | None = None       # its parallel split, e.g. "TP8 x PP4 x DP32"
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,18 @@ def describe_space(space: SearchSpace) -> str:
     for name in ("tp", "pp", "cp", "dp"):
         if space.given(name) is not None:
             words.append(name.upper() + "|".join(str(int(v)) for v in space.given(name)))
-    return " x ".join(words) or "any split"
+    text = " x ".join(words) or "any split"
+    if space.max_tp is not None:
+        text += f" with TP <= {space.max_tp} (the scale-up domain)"
+    return text
+
+
+def split_text(strategy: dict | None) -> str | None:
+    """A strategy's parallel split, e.g. 'TP8 x PP4 x DP32' (CP and EP where above 1)."""
+    if not strategy:
+        return None
+    names = [n for n in ("tp", "cp", "ep", "pp", "dp") if n in ("tp", "pp", "dp") or int(strategy.get(n, 1)) > 1]
+    return " x ".join(f"{n.upper()}{int(strategy[n])}" for n in names)
 
 
 def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global_batch: int,
@@ -349,4 +361,5 @@ def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global
         if top - low <= max(2.0**20, 1e-4 * top):
             break
     best = fitting(top)
-    return CapacityFit(resource, constraint, current, top, bool(cols["feasible"].any()), best.strategy_text)
+    return CapacityFit(resource, constraint, current, top, bool(cols["feasible"].any()), best.strategy_text,
+                       split=split_text(best.strategy))

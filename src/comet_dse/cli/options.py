@@ -108,6 +108,9 @@ def add_search_inputs(parser: argparse.ArgumentParser) -> None:
                         help="largest micro-batch tried when --micro-batch is not given (default 16)")
     parser.add_argument("--max-interleave", type=positive_int, default=8,
                         help="most virtual stages tried when --interleave is not given (default 8)")
+    parser.add_argument("--tp-across-nodes", action="store_true",
+                        help="also try TP degrees beyond the scale-up domain (the innermost network dimension, "
+                             "e.g. 8 NVLink GPUs); by default TP stays inside it unless --tp or --mp names more")
     add_override_options(parser)
 
 
@@ -198,13 +201,18 @@ def strategy_from(args, devices: int):
     return Strategy(**given)
 
 
-def space_from(args):
-    """The SearchSpace of `search`'s options: every knob given on the command line, as values to try."""
-    from comet_dse.design_space.space import SearchSpace
+def space_from(args, cluster=None):
+    """The SearchSpace of `search`'s options: every knob given on the command line, as values to try; with
+    ``cluster``, the defaults that depend on it (flash attention where it has a fused-attention rate, TP
+    inside the scale-up domain unless --tp-across-nodes: design_space.space.with_cluster_defaults)."""
+    from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
 
-    return SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
-                        if k.search != GIVEN and getattr(args, k.name) is not None},
-                       max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave, mp=args.mp)
+    space = SearchSpace({k.name: getattr(args, k.name) for k in KNOBS
+                         if k.search != GIVEN and getattr(args, k.name) is not None},
+                        max_micro_batch=args.max_micro_batch, max_interleave=args.max_interleave, mp=args.mp)
+    if cluster is None:
+        return space
+    return with_cluster_defaults(space, cluster, args.devices, getattr(args, "tp_across_nodes", False))
 
 
 def load_inputs(args) -> tuple:

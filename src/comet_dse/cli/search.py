@@ -27,7 +27,7 @@ def run(args) -> int:
 
     model, cluster = load_inputs(args)
     started = time.perf_counter()
-    result = search(model, cluster, args.devices, args.global_batch, space_from(args), tokens=args.tokens)
+    result = search(model, cluster, args.devices, args.global_batch, space_from(args, cluster), tokens=args.tokens)
     elapsed = time.perf_counter() - started
     if args.output:
         write_atomically(to_arrow(result.columns), Path(args.output))
@@ -35,13 +35,18 @@ def run(args) -> int:
     if result.feasible:
         best = estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
                         tokens=args.tokens)
+    per_dtype = best_by(result, "dtype")
     if args.json:
         top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]
         print(jsonout.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,
                           "infeasible_by_rule": result.infeasible_by_rule, "top": top,
+                          "best_by_dtype": {name: {"rank": rank, **row_dict(result.columns, row)}
+                                            for name, (rank, row) in per_dtype.items()},
                           "best": best.to_dict() if best else None}, indent=2))
         return 0
     print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top))
+    if len(per_dtype) > 1:
+        print(render_best_by(result, per_dtype, "precision"))
     if best:
         exp = cluster.accelerator.expansion
         print("\nThe fastest strategy in detail\n")
@@ -50,6 +55,34 @@ def run(args) -> int:
     if args.output:
         print(f"\nWrote {result.evaluated:,} rows to {args.output}")
     return 0
+
+
+def best_by(result, knob: str) -> dict:
+    """The fastest feasible row for each value a knob takes among the feasible rows (e.g. the best bf16 and the
+    best fp8 strategy of ``--dtype bf16,fp8``): value name -> (rank in the whole ranking, row)."""
+    from comet_dse.strategy import KNOB
+
+    out = {}
+    codes = result.columns[knob]
+    for rank, row in enumerate(result.ranked, start=1):
+        name = str(KNOB[knob].decode(codes[int(row)]))
+        out.setdefault(name, (rank, int(row)))
+    return out
+
+
+def render_best_by(result, per_value: dict, what: str) -> str:
+    """One line per value of ``best_by``: its best strategy's rank, step time, MFU and compact text."""
+    from comet_dse.strategy import KNOBS, compact_text
+    from comet_dse.text import printable
+    from comet_dse.units import format_time
+
+    cols = result.columns
+    lines = [f"\nBest per {what}"]
+    for name, (rank, row) in per_value.items():
+        values = {k.name: k.decode(cols[k.name][row]) for k in KNOBS}
+        lines.append(f"  {name:5s} rank {rank:>4}  {format_time(cols['step_time_s'][row]):>10s}  "
+                     f"MFU {cols['mfu'][row] * 100:.1f}%  {compact_text(values)}")
+    return printable("\n".join(lines))
 
 
 def row_dict(columns: dict, row: int) -> dict:

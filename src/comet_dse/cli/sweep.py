@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from comet_dse import jsonout
-from comet_dse.cli.options import (DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, note_workers, point_count,
-                                   positive_int)
+from comet_dse.cli.options import (DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, add_tokens_option,
+                                   note_workers, point_count, positive_int)
 from comet_dse.errors import InputError
 
 
@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=positive_int, default=5, help="strategies kept per cluster variant (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    add_tokens_option(p)
     p.add_argument("--max-points", type=point_count, default=DEFAULT_MAX_POINTS,
                    help="refuse a study of more design points (default 1e9)")
     p.add_argument("--dry-run", action="store_true",
@@ -41,6 +42,9 @@ def run(args) -> int:
     if args.scheduler and args.engine != "dask":
         raise InputError("scheduler", "needs --engine dask")
     study = load_study(Path(args.study), None if args.dry_run else args.max_points)
+    if args.tokens is not None:          # --tokens replaces the study's token_budget (and so its digest)
+        study.token_budget = args.tokens
+        study.inputs["token_budget"] = args.tokens
     if args.dry_run:
         print(render_dry_run(study, first_points(study, DRY_RUN_POINTS), args.max_points))
         return 0

@@ -21,7 +21,8 @@ def run(args) -> int:
 
     from comet_dse.presets import load_cluster
     from comet_dse.text import render_table
-    from comet_dse.validation import all_comparisons, summary, validation_dir
+    from comet_dse.validation import all_comparisons, memory_comparisons, memory_summary, recall, summary, \
+        validation_dir
 
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
@@ -36,12 +37,24 @@ def run(args) -> int:
     except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:     # a malformed measurement file
         raise InputError("data", f"a CSV in {directory} holds a value that is not valid: {exc}") from None
     stats = summary(comparisons)
+    try:
+        memory = memory_comparisons(directory)
+    except KeyError as exc:
+        raise InputError("data", f"memory.csv lacks the column {exc.args[0]!r}") from None
+    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
+        raise InputError("data", f"memory.csv holds a value that is not valid: {exc}") from None
+    fits = recall(comparisons)
     if args.json:
         print(jsonout.dumps({
             "data": str(directory),
             "rows": [{"dataset": c.dataset, "label": c.label, "predicted_s": c.predicted, "measured_s": c.measured,
-                      "error": c.error} for c in comparisons],
+                      "error": c.error, "fits": c.fits, "memory_per_device_bytes": c.memory_bytes,
+                      "capacity_bytes": c.capacity_bytes} for c in comparisons],
             "summary": stats,
+            "feasibility_recall": fits,
+            "memory": {"rows": [{"label": c.label, "predicted_bytes": c.predicted, "measured_bytes": c.measured,
+                                 "measures": c.measures, "error": c.error, "source": c.source} for c in memory],
+                       "summary": memory_summary(memory)},
         }, indent=2))
         return 0
     print(f"Validation against published runs in {directory} (cluster preset {args.cluster})\n")
@@ -52,4 +65,14 @@ def run(args) -> int:
     rows = [[k.removesuffix(".csv"), v["rows"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%"]
             for k, v in stats.items()]
     print(render_table(["dataset", "rows", "mean |error|", "max |error|"], rows))
+    print(f"\nFeasibility recall: {fits['judged_to_fit']} of {fits['runs']} published runs judged to fit "
+          f"(with each preset's reserved memory)" + (f"; not: {', '.join(fits['missed'])}" if fits["missed"] else ""))
+    print("\nPeak memory per device, predicted vs measured (memory.csv)\n")
+    rows = [[c.label, c.measures, f"{c.predicted / 2**30:.1f}", f"{c.measured / 2**30:.1f}", f"{c.error * 100:+.1f}%"]
+            for c in memory]
+    print(render_table(["run", "measured as", "predicted GiB", "measured GiB", "error"], rows, left=(0, 1)))
+    mem = memory_summary(memory)
+    if mem["rows"]:
+        print(f"\nmemory: {mem['rows']} rows, mean |error| {mem['mean_abs_error'] * 100:.1f}%, "
+              f"max |error| {mem['max_abs_error'] * 100:.1f}%")
     return 0

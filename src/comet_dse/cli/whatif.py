@@ -62,8 +62,8 @@ def run(args) -> int:
             raise InputError("--figure", f"{args.figure} must end in .png or .svg")
         written.check_file(args.figure, "--figure", _file_inputs(args))
     model, cluster = load_inputs(args)
-    result = whatif(model, cluster, args.devices, args.global_batch, space_from(args), args.resources, args.scale,
-                    None if args.no_fit else args.capacity, tokens=args.tokens)
+    result = whatif(model, cluster, args.devices, args.global_batch, space_from(args, cluster), args.resources,
+                    args.scale, None if args.no_fit else args.capacity, tokens=args.tokens)
     if args.figure:
         written.write_file(args.figure, lambda tmp: figure(result, tmp, Path(args.figure).suffix[1:].lower()),
                            "--figure", _file_inputs(args))
@@ -175,7 +175,8 @@ def fit_text(fit: CapacityFit) -> str:
         return f"{fit.constraint}: {fit.note}."
     now = "fits now" if fit.fits_now else "does not fit now"
     return (f"Smallest {fit.resource} at which {fit.constraint} has a strategy that fits: {format_bytes(fit.smallest)} "
-            f"({fit.smallest:,.0f} B; the cluster has {format_bytes(fit.current)}, {now}), with {fit.strategy_text}")
+            f"({fit.smallest:,.0f} B; the cluster has {format_bytes(fit.current)}, {now}), with "
+            + (f"{fit.split}: " if fit.split else "") + f"{fit.strategy_text}")
 
 
 def _file_inputs(args) -> list:

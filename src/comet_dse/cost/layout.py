@@ -27,7 +27,7 @@ from comet_dse.cost.params import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import LAYOUT_KNOBS, Dtype, GradPrecision, StrategyArrays, Zero
+from comet_dse.strategy import LAYOUT_KNOBS, Dtype, GradBuffer, GradPrecision, StrategyArrays, Zero
 
 FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
 
@@ -63,7 +63,10 @@ class DataParallelComm:
     unit_gather, unit_reduce: ZeRO 3's all-gather of one layer's 16-bit weights
     and reduce-scatter of its gradients; unit_across: with hybrid sharding, the
     all-reduce of that unit's gradient shard across nodes (each 0.0 when no
-    point uses ZeRO 3, unit_across also when none uses hybrid sharding).
+    point uses ZeRO 3, unit_across also when none uses hybrid sharding);
+    layer_reduce, layer_allreduce: grad_buffer layer's reduce-scatter and all-reduce of
+    one layer's gradients, and weights_gather the all-gather of the stage's updated 16-bit
+    weights whatever the ZeRO stage (each 0.0 when no point reduces layer by layer).
     """
 
     reduce: object
@@ -73,6 +76,9 @@ class DataParallelComm:
     unit_gather: object
     unit_reduce: object
     unit_across: object
+    layer_reduce: object = 0.0
+    layer_allreduce: object = 0.0
+    weights_gather: object = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,10 @@ def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbyte
     of the weights (FP8_WEIGHT_COPY bytes per parameter). ZeRO 3 holds the
     current and the prefetched layer gathered; without resharding after
     forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
+    For grad_buffer layer (cost/step.py: _memory picks them per point) also
+    "grad_layer", the gradients of two layers in flight, g min(2 P_l, P), and
+    "grad_shard", the DP shard several micro-batches accumulate in, g P / N
+    (P_l: one transformer layer's parameters on the device, P the stage's).
     """
     is_fp8 = st.uses(Dtype.FP8)
     layer = model.layer_params() / st.tp
@@ -153,6 +163,8 @@ def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbyte
                                    gathered=np.where(keep, 0.0, params.expert))
         out.append({"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
                     "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
+                    "grad_layer": gbytes * np.minimum(2.0 * layer, params.total),
+                    "grad_shard": gbytes * (params.shared / shards[0] + params.expert / shards[1]),
                     "n_dense": n_dense, "n_moe": n_moe})
     return out
 
@@ -212,11 +224,15 @@ def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: Sta
     gradients, and with hybrid sharding t_ar = AR(g P/(u N_shard)) of the unit's
     gradient shard across the node replicas. Ring collectives on the spanned
     dimensions (cost/collectives.py); cost/step.py decides what of them is exposed.
+    grad_buffer layer (``units`` equal layers): RS(g P/u) and AR(g P/u) of one layer's gradients and
+    AG(2 P) of the updated weights, whatever the ZeRO stage.
     """
     dims, spans = ctx.dims, ctx.spans
     reduce = gather = across = unit_gather = unit_reduce = unit_across = 0.0
     sharded = st.zero >= Zero.OPTIMIZER
     hybrid, zero3 = np.any(st.hybrid_shard), np.any(st.zero >= Zero.PARAMETERS)
+    layered = np.any(st.uses(GradBuffer.LAYER))
+    layer_reduce = layer_allreduce = weights_gather = 0.0
     for count, group in _dp_groups(params, spans):
         grads, weights = count * gbytes, count * 2.0
         shard, replica = _split_shard(st, group)
@@ -231,8 +247,14 @@ def _data_parallel_comm(model: Transformer, st: StrategyArrays, ctx, params: Sta
             unit_reduce = unit_reduce + coll.reduce_scatter_time(grads / units, dims, shard)
             if hybrid:
                 unit_across = unit_across + coll.all_reduce_time(grads / units / members, dims, replica)
+        if layered:     # grad_buffer layer: one layer's gradients per collective, reduced over the whole group
+            layer_reduce = layer_reduce + coll.reduce_scatter_time(grads / units, dims, group)
+            layer_allreduce = layer_allreduce + coll.all_reduce_time(grads / units, dims, group)
+            weights_gather = weights_gather + coll.all_gather_time(weights, dims, group)
     tied = model.tied_embeddings & (st.pp > 1)
     emb_bytes = model.vocab * model.hidden / st.tp * gbytes
     emb_sync = np.where(tied, coll.send_recv_time(emb_bytes, dims, spans["pp"]), 0.0)
     return DataParallelComm(reduce=reduce, gather=gather, across=across, emb_sync=emb_sync,
-                            unit_gather=unit_gather, unit_reduce=unit_reduce, unit_across=unit_across)
+                            unit_gather=unit_gather, unit_reduce=unit_reduce, unit_across=unit_across,
+                            layer_reduce=layer_reduce, layer_allreduce=layer_allreduce,
+                            weights_gather=weights_gather)

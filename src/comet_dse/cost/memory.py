@@ -1,16 +1,18 @@
-"""Memory per device: model states, activations, buffers, and placement across tiers.
+"""Memory per device: model states, activations, buffers, the reserve, and placement across tiers.
 
 Model states per parameter for mixed-precision Adam (Rajbhandari et al. 2020,
 ZeRO, Sec. 3.1): weights in 16-bit (2 B), gradients (2 B in fp16 runs with
 loss scaling; 4 B fp32 main gradients for bf16/fp8, as Megatron-LM keeps
 them), optimizer state 12 B (fp32 master weights, Adam m and v).
-ZeRO over the data-parallel group of size N_d divides: stage 1 the optimizer
-state, stage 2 also gradients, stage 3 also weights.
+ZeRO over the data-parallel shard of size N (DP x CP ranks, cost/layout.py)
+divides: stage 1 the optimizer state, stage 2 also gradients, stage 3 also weights.
 
-Activations of the busiest pipeline stage under 1F1B (Korthikanti et al.
-2022, Sec. 4.2.3): the first stage holds min(m, p) micro-batches of its L/p
-layers; with v-way interleaving it holds L/(p v) * min(m v, p v + p - 1)
-layer-micro-batches, i.e. L (1 + (p-1)/(p v)) when m is large.
+Activations under 1F1B (Korthikanti et al. 2022, Sec. 4.2.3): pipeline rank r
+holds min(m, p - r) micro-batches of its layers; with v-way interleaving it
+holds the layers of min(m v, p v + p - 1 - 2r) chunk forwards
+(``inflight_layer_microbatches``), L (1 + (p-1)/(p v)) on the first stage when
+m is large. The reserve (``reserved_bytes``): the cluster's fixed
+reserved_memory plus its fragmentation x the rest (docs/hardware.md).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from comet_dse.cost.microbatch import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import GradAccumulation, PipelineEngine, Recompute, StrategyArrays, Zero
+from comet_dse.strategy import GradAccumulation, GradBuffer, PipelineEngine, Recompute, StrategyArrays, Zero
 
 
 @dataclass
@@ -120,7 +120,9 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.state_capacity, exp_cap)
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
-                            overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed))
+                            overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed),
+                            roofline=(st.expansion_roofline, stage["fwd_math"],
+                                      stage["bwd_math"] + stage["rec_math"]))
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]),
@@ -244,8 +246,9 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     all of it. Hybrid sharding's all-reduce across nodes hides behind what is
     left of window_b after the reduction: max(0, across - max(0, window_b - reduce)).
     ZeRO 3 works layer by layer every micro-batch instead (``_sharded_layers``),
-    and its hybrid all-reduces queue behind each unit's reduce-scatter. The
-    tied-embedding gradient sync is always exposed.
+    and its hybrid all-reduces queue behind each unit's reduce-scatter. So does
+    grad_buffer layer below ZeRO 3 (``_layer_by_layer``). The tied-embedding
+    gradient sync is always exposed.
     """
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
     hidden = (np.maximum(dp.reduce - bwd * chunk_steps, 0.0)
@@ -259,9 +262,33 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
                                                       np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0), 0.0)),
                               dp.across)
+    if np.any(st.uses(GradBuffer.LAYER)):
+        layered = _layer_by_layer(st, fwd, bwd, dp, m, units, chunk_steps)
+        step_level = np.where(st.uses(GradBuffer.LAYER), layered, step_level)
+        across_exposed = np.where(st.uses(GradBuffer.LAYER) & (st.zero < Zero.PARAMETERS), 0.0, across_exposed)
     exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
                        0.0)
     return exposed + dp.emb_sync
+
+
+def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units, chunk_steps):
+    """Exposed data-parallel seconds per step of grad_buffer layer below ZeRO 3 (docs/model.md, "Gradient buffer").
+
+    Each of the stage's ``units`` layers has its gradient reduced over DP as soon as backward has produced
+    it: an all-reduce t_ar (DataParallelComm.layer_allreduce) when the step is one micro-batch (m = 1), as
+    COMET's workload does; otherwise a reduce-scatter t_rs (layer_reduce) every micro-batch into the DP
+    shard, and the updated 16-bit weights all-gathered after the step, t_ag (weights_gather; with ZeRO 1/2
+    the all-gather they already do, DataParallelComm.gather). With dp_overlap each layer's collective is
+    prefetched behind the next layer's backward (``_prefetched``, B) and the all-gather hides behind the
+    next forward as the bucketed one does (``_data_parallel``):
+        exposed = m B(t, T_b) + max(0, t_ag - T_f c),   t = t_ar if m = 1 else t_rs
+    (c: the chunk steps of the window); without it, m u t + t_ag. Hybrid sharding's all-reduce across
+    nodes is not modelled here.
+    """
+    unit = np.where(m > 1, dp.layer_reduce, dp.layer_allreduce)
+    gather = np.where(st.zero >= Zero.OPTIMIZER, dp.gather, np.where(m > 1, dp.weights_gather, 0.0))
+    hidden = m * _prefetched(unit, bwd, units) + np.maximum(gather - fwd * chunk_steps, 0.0)
+    return np.where(st.dp_overlap, hidden, m * units * unit + gather)
 
 
 def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):
@@ -270,14 +297,18 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     Per candidate stage (cost/params.py): model states (cost/layout.py: shared
     weights sharded by ZeRO over dp x cp, expert weights over dp/ep x cp, an fp8
     weight copy in fp8 training) and activations: the in-flight micro-batches of
-    the first stage under 1F1B (an upper bound for later stages) of its dense and
-    MoE layers, one layer's transient recomputation, and the logits when the
-    head shares the stage (p = 1). With interleaving, the stage that holds the
+    its pipeline rank under 1F1B (first stage rank 0, a full middle stage rank 1,
+    the last rank p - 1) of its dense and MoE layers, one layer's transient
+    recomputation, and on the stage with the head the logits of the one micro-batch
+    whose loss it computes (the last rank runs each micro-batch's backward right
+    after its forward; with p = 1 the single stage). With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
     micro-batches sit (cost/memory.py: inflight_layer_microbatches). The
     candidate with the largest total is reported, with the reserve the cluster
-    keeps (cost/memory.py: reserved_bytes) as the part "reserved".
+    keeps (cost/memory.py: reserved_bytes) as the part "reserved". With grad_buffer
+    layer the gradients are two layers' in flight, plus their DP shard when the step
+    has several micro-batches (cost/layout.py: _state_bytes).
     """
     t, p, b = st.tp, st.pp, st.micro_batch
     full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
@@ -291,12 +322,12 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
     capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    logits = np.where(p == 1, b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES + capped), 0.0)
+    logits = b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES + capped)
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
     slot = embedding_slots(st)
     last = len(lay.memory) - 1
-    for index, (states, (_, _, with_emb, _)) in enumerate(zip(lay.memory, lay.mixes)):
+    for index, (states, (_, _, with_emb, with_head)) in enumerate(zip(lay.memory, lay.mixes)):
         n_dense, n_moe = states["n_dense"], states["n_moe"]
         # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
         # rank 1, warms up longest) or the last; one stage when p = 1
@@ -309,8 +340,10 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
             first_chunk = np.where(taken > 0, np.maximum((layers + taken) / st.interleave - taken, 0.0),
                                    layers / st.interleave)
         inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank)
-        memory = {"weights": states["weights"], "gradients": states["gradients"], "optimizer": states["optimizer"],
-                  "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + logits,
+        gradients = np.where(st.uses(GradBuffer.LAYER),
+                             states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0), states["gradients"])
+        memory = {"weights": states["weights"], "gradients": gradients, "optimizer": states["optimizer"],
+                  "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + with_head * logits,
                   "buffers": buffers}
         total = sum(memory.values())
         act_per_mb = layers * per_layer
@@ -326,7 +359,7 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     return best, best_act
 
 
-def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None):
+def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None):
     """Traffic to the expansion tier per step that is not hidden behind compute [s].
 
     Spilled bytes (cost/memory.py: place): O_x of optimizer state, W_x of
@@ -359,6 +392,15 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None):
     T_f, T_b: the stage's forward and backward (+ recomputation) seconds per
     micro-batch with their exposed communication; T_opt: the optimizer step;
     T_dp: the step's exposed data-parallel communication.
+    ``roofline`` = (expansion_roofline per point, C_f, C_b): where on, the tier is costed as COMET's
+    remote-memory roofline (dkadiyala3/comet-astrasim, trial/run.log: remote-mem-roofline-bw beside
+    local-mem-roofline-bw): the operators whose data is spilled stream it at B while their own math
+    runs, so each pass's traffic hides only behind that pass's GEMM math C_f, C_b (fwd_math; bwd_math +
+    rec_math per micro-batch), not behind its memory-bound kernels or communication, and nothing is
+    prefetched from one pass into another or into exposed DP time:
+        T = m [max(0, (W_x + f_x A)/B - C_f) + max(0, (2 W_x + f_x A)/B - C_b)]
+            + max(0, 2 O_x / B - T_opt) + latencies
+    (the optimizer, memory-bound, streams its spilled state beside its HBM traffic).
     Sources: Rajbhandari et al. 2021 (ZeRO-Infinity, arXiv:2104.07857,
     Sec. 6: overlap-centric design); docs/model.md.
     """
@@ -379,6 +421,11 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None):
         backward = np.maximum((2.0 * placed.spilled_weights + spilled_act) / bw - t_b, 0.0)
         optimizer = np.maximum(2.0 * placed.spilled_optimizer / bw - t_opt, 0.0)
         exposed = np.where(on, np.maximum(m * (forward + backward) + optimizer - t_dp, 0.0), exposed)
+        if roofline is not None and np.any(roofline[0]):
+            on, c_f, c_b = roofline
+            forward = np.maximum((placed.spilled_weights + spilled_act) / bw - c_f, 0.0)
+            backward = np.maximum((2.0 * placed.spilled_weights + spilled_act) / bw - c_b, 0.0)
+            exposed = np.where(on, m * (forward + backward) + optimizer, exposed)
     return exposed + phases * lat
 
 

@@ -72,7 +72,8 @@ class Chunk:
 
 
 def plan(study: Study) -> tuple:
-    """(chunks, strategies): strategies[(model_index, devices, global_batch)] are StrategyArrays.
+    """(chunks, strategies): strategies[(model_index, devices, global_batch)] are StrategyArrays (with the
+    variant's MP grid appended to the key where the study has per-cluster grids: ``_strategy_set``).
 
     Raises InputError when a (model, devices) pair has no structurally valid strategy.
     """
@@ -80,10 +81,10 @@ def plan(study: Study) -> tuple:
     for mi, model in enumerate(study.models):
         for variant in study.variants:
             for devices in variant.devices:
-                key = (mi, devices, variant.global_batch)
+                key = _strategy_set(study, mi, devices, variant)
                 if key in strategies:
                     continue
-                st = enumerate_strategies(model, devices, variant.global_batch, study.space, limit=None)
+                st = enumerate_strategies(model, devices, variant.global_batch, study.space_for(variant), limit=None)
                 probe = evaluate_columns(model, variant.cluster, devices, st)
                 if not np.any((probe["infeasible_mask"] & STRUCTURAL) == 0):
                     raise InputError("strategy", f"no valid strategy for {model.name} on {devices} devices with "
@@ -92,10 +93,16 @@ def plan(study: Study) -> tuple:
     for mi in range(len(study.models)):
         for variant in study.variants:
             for devices in variant.devices:
-                n = len(strategies[(mi, devices, variant.global_batch)])
+                n = len(strategies[_strategy_set(study, mi, devices, variant)])
                 for start in range(0, n, CHUNK_ROWS):
                     chunks.append(Chunk(len(chunks), mi, devices, variant.index, start, min(n, start + CHUNK_ROWS)))
     return chunks, strategies
+
+
+def _strategy_set(study: Study, model_index: int, devices: int, variant) -> tuple:
+    """The key of a variant's strategy set: model, device count, global batch, and its MP grid if it has one."""
+    grid = study.strategy_key(variant)
+    return (model_index, devices, variant.global_batch) + ((grid,) if grid else ())
 
 
 def first_points(study: Study, n: int) -> list:
@@ -105,9 +112,10 @@ def first_points(study: Study, n: int) -> list:
     for mi, model in enumerate(study.models):
         for variant in study.variants:
             for devices in variant.devices:
-                key = (mi, devices, variant.global_batch)
+                key = _strategy_set(study, mi, devices, variant)
                 if key not in cache:
-                    cache[key] = enumerate_strategies(model, devices, variant.global_batch, study.space, limit=None)
+                    cache[key] = enumerate_strategies(model, devices, variant.global_batch, study.space_for(variant),
+                                                      limit=None)
                 st = cache[key]
                 for i in range(min(len(st), n - len(out))):
                     out.append((model.name, devices, variant.label, st.strategy(i)))
@@ -156,13 +164,14 @@ _STRATEGIES: dict = {}          # per process: (token, model, devices, batch) ->
 def strategies_of(job: Job):
     """The chunk's slice of its strategy set, enumerated in this process once per set (as ``plan`` does)."""
     c = job.chunk
-    batch = job.study.variants[c.variant_index].global_batch
-    key = (job.token, c.model_index, c.devices, batch)
+    variant = job.study.variants[c.variant_index]
+    batch = variant.global_batch
+    key = (job.token, *_strategy_set(job.study, c.model_index, c.devices, variant))
     if key not in _STRATEGIES:
         while len(_STRATEGIES) >= 4:
             _STRATEGIES.pop(next(iter(_STRATEGIES)))
-        _STRATEGIES[key] = enumerate_strategies(job.study.models[c.model_index], c.devices, batch, job.study.space,
-                                                limit=None)
+        _STRATEGIES[key] = enumerate_strategies(job.study.models[c.model_index], c.devices, batch,
+                                                job.study.space_for(variant), limit=None)
     return _STRATEGIES[key].take(np.arange(c.start, c.stop))
 
 

@@ -19,9 +19,10 @@ ROW_FIELDS = tuple(k.name for k in KNOBS) + (
     "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes", "cost_usd",
     "power_w", "time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_usd")
 # Pareto fronts: key -> (the resource column without a token budget, with one). Time is step time without a
-# budget, time to train with one.
-FRONTS = {"pareto_cost": ("cost_usd", "training_cost_usd"), "pareto_power": ("power_w", "power_w"),
-          "pareto_energy": (None, "energy_j")}
+# budget, time to train with one. pareto_cost is the cluster's purchase price at each design (per-unit prices
+# follow the scaled resources); with a budget also what training costs and the energy it takes.
+FRONTS = {"pareto_cost": ("cost_usd", "cost_usd"), "pareto_power": ("power_w", "power_w"),
+          "pareto_training_cost": (None, "training_cost_usd"), "pareto_energy": (None, "energy_j")}
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:

@@ -10,6 +10,7 @@ first value there, and interleaving is tried only with pp > 1.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import numpy as np
 
 from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
+from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import CROSS_RULES, DERIVED, GIVEN, KNOB, KNOBS, StrategyArrays, combinations
 
@@ -55,6 +57,8 @@ class SearchSpace:
       other knob its default). The global batch is given per search, not here.
     mp: the model-parallel degrees MP = tp * pp allowed (None: any), a split
       constraint over two knobs (with ``values["dp"]``: the MP x DP split).
+    max_tp: the largest TP degree enumerated when ``values`` names no tp (None: any); the searches set it
+      to the scale-up domain (``with_cluster_defaults``).
     ``SearchSpace.of(tp=(4, 8), recompute=("full",))`` builds one from keywords.
     """
 
@@ -62,6 +66,7 @@ class SearchSpace:
     max_micro_batch: int = 16
     max_interleave: int = 8
     mp: tuple | None = None
+    max_tp: int | None = None
 
     @classmethod
     def of(cls, max_micro_batch: int = 16, max_interleave: int = 8, mp=None, **values) -> "SearchSpace":
@@ -83,6 +88,9 @@ class SearchSpace:
                 raise InputError(where, str(exc)) from None
         object.__setattr__(self, "values", checked)
         object.__setattr__(self, "mp", _degrees(self.mp, "strategy.mp"))
+        if self.max_tp is not None and (isinstance(self.max_tp, bool) or not isinstance(self.max_tp, int)
+                                        or self.max_tp < 1):
+            raise InputError("strategy.max_tp", f"must be a positive integer, got {self.max_tp!r}")
         for attr in ("max_micro_batch", "max_interleave"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -103,6 +111,63 @@ class SearchSpace:
         if knob.search in (DERIVED, GIVEN):
             raise ValueError(f"{name} is enumerated from the model and devices, not chosen from a list")
         return self.values.get(name, knob.search)
+
+
+def scale_up_domain(cluster: Cluster, devices: int) -> int:
+    """Devices of one scale-up domain in a job of ``devices`` devices: the size the innermost network dimension
+    takes for that job (an NVLink/NVSwitch domain: 8 on a DGX, 72 on a GB200 NVL72; one ICI axis of a TPU
+    torus; an Infinity Fabric or Gaudi node), where TP's per-layer collectives run at the fastest links."""
+    return int(cluster.dim_sizes(devices)[0])
+
+
+def fused_attention_default(cluster: Cluster) -> bool:
+    """Whether a search runs fused (flash) attention when not told: where the accelerator lists a measured
+    rate for a fused kernel (``Accelerator.attention_efficiency``: the Hopper presets). Elsewhere the kernel's
+    rate would be a guess at the GEMM rate, so the default stays the unfused attention."""
+    return bool(cluster.accelerator.attention_efficiency)
+
+
+def with_cluster_defaults(space: SearchSpace, cluster: Cluster, devices: int,
+                          tp_across_nodes: bool = False) -> SearchSpace:
+    """``space`` with the defaults of a search that depend on the cluster (docs/design-space.md, "Defaults"):
+
+    - flash attention on where ``fused_attention_default`` says so, unless the space names flash_attention
+      (``--flash-attention off`` keeps it off); the kernel is the knob's default (fa2) when the accelerator
+      lists it, else the first it lists;
+    - TP no larger than the scale-up domain (``scale_up_domain``), unless the space names tp values (an
+      explicit list beyond it is tried as given), an MP constraint (MP = TP x PP), pure model parallelism, or
+      ``tp_across_nodes``.
+    """
+    values = dict(space.values)
+    rates = cluster.accelerator.attention_efficiency
+    if "flash_attention" not in values and fused_attention_default(cluster):
+        values["flash_attention"] = (True,)
+        if "attention_kernel" not in values and KNOB["attention_kernel"].default.value not in rates:
+            values["attention_kernel"] = (next(iter(rates)),)
+    pure = values.get("model_parallel") is not None and any(str(v) == "pure-mp" for v in values["model_parallel"])
+    asked = tp_across_nodes or "tp" in values or space.mp is not None or pure
+    max_tp = None if asked else scale_up_domain(cluster, devices)
+    return dataclasses.replace(space, values=values, max_tp=max_tp)
+
+
+def with_study_defaults(space: SearchSpace, clusters: list) -> SearchSpace:
+    """A study's ``strategy:`` space with flash attention on when the block does not name flash_attention and
+    every base cluster lists a fused-attention rate (``fused_attention_default``) for a kernel they share (the
+    knob's default fa2 when they all list it). The scale-up rule of searches is not applied: a study searches
+    what its file says (studies/README.md)."""
+    if "flash_attention" in space.values or not all(fused_attention_default(c) for c in clusters):
+        return space
+    values = dict(space.values)
+    if "attention_kernel" not in values:
+        shared = [k for k in clusters[0].accelerator.attention_efficiency
+                  if all(k in c.accelerator.attention_efficiency for c in clusters)]
+        if not shared:
+            return space
+        default = KNOB["attention_kernel"].default.value
+        if default not in shared:
+            values["attention_kernel"] = (shared[0],)
+    values["flash_attention"] = (True,)
+    return dataclasses.replace(space, values=values)
 
 
 def _degrees(items, where: str) -> tuple | None:
@@ -140,6 +205,8 @@ def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list
     for cp in cps:
         for tp in divisors(devices // cp):
             if tps is not None and tp not in tps:
+                continue
+            if tps is None and space.max_tp is not None and tp > space.max_tp:
                 continue
             for pp in divisors(devices // (cp * tp)):
                 dp = devices // (tp * cp * pp)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
-from comet_dse.design_space.space import SearchSpace, count_strategies
+from comet_dse.design_space.space import SearchSpace, count_strategies, with_study_defaults
 from comet_dse.hardware import economics as econ
 from comet_dse.hardware.load import network_dim_from, tier_from
 from comet_dse.hardware.spec import Cluster, Topology
@@ -40,6 +40,8 @@ CLUSTER_AXES = {
     "expansion_capacity": KIND_BYTES,
     "expansion_bandwidth": KIND_BANDWIDTH,
     "expansion_latency": KIND_TIME,
+    "reserved_memory": KIND_BYTES,
+    "fragmentation": KIND_COUNT,
     "device_price_usd": KIND_COUNT,
     "device_power_w": KIND_COUNT,
     "network": "text",
@@ -63,6 +65,8 @@ AXIS_BOUNDS = {
     "expansion_capacity": BOUNDS["expansion_capacity"],
     "expansion_bandwidth": BOUNDS["memory_bandwidth"],
     "expansion_latency": BOUNDS["latency"],
+    "reserved_memory": BOUNDS["reserved_memory"],
+    "fragmentation": BOUNDS["fragmentation"],
     "device_price_usd": BOUNDS["device_price_usd"],
     "device_power_w": BOUNDS["device_power_w"],
     "link_bandwidth": BOUNDS["link_bandwidth"],
@@ -89,6 +93,7 @@ class AxisNeed:
 
 # Figure kind (the study's `figures:` list, drawn by `comet-dse report`) -> the axes it needs.
 FIGURE_KINDS = {
+    "pareto": (),
     "speedup": (),
     "parallelism-splits": (),
     "resource-doubling": tuple(AxisNeed(a, "scale", (1.0, 2.0)) for a in DOUBLED_RESOURCES),
@@ -131,6 +136,16 @@ class Study:
     points: int = 0                    # design points: models x variants x devices x strategies
     inputs: dict = field(default_factory=dict, repr=False)   # what the results depend on -> its digest
     files: tuple = ()                  # the study file and every model or cluster file it names
+    mp: dict = field(default_factory=dict)   # base cluster name -> the MP = tp x pp degrees searched there (`mp:`)
+
+    def space_for(self, variant: "Variant") -> SearchSpace:
+        """The strategy space of one variant: the study's, with its cluster's MP grid (``mp``) where it has one."""
+        grid = self.mp.get(variant.cluster.name)
+        return self.space if grid is None else dc.replace(self.space, mp=grid)
+
+    def strategy_key(self, variant: "Variant") -> tuple:
+        """What, besides the model, device count and batch, decides a variant's strategies: its MP grid."""
+        return self.mp.get(variant.cluster.name, ())
 
     def fingerprint(self) -> str:
         """Identifies the results: the same digest means the same study text, models, clusters and code."""
@@ -158,14 +173,23 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def load_study(path: Path, max_points: int | None = None) -> Study:
+def load_study(path: Path, max_points: int | None = None, overrides: dict | None = None) -> Study:
     """Read and validate a study file; every error names the field.
 
     The design points are counted before any cluster variant is built: a study
     of more than ``max_points`` (None: no limit) is refused with its count.
+    ``overrides``: top-level fields that replace the file's (a report's readings,
+    report/readings.py), e.g. {"seq_len": 1024, "global_batch": 4096, "name": ...}.
     """
     path = Path(path)
     text = read_text_file(path, "study")
+    if overrides:
+        import yaml
+
+        data = parse_yaml(text, path, "study")
+        if not isinstance(data, dict):
+            raise InputError("study", f"{path} must hold a mapping of fields")
+        text = yaml.safe_dump({**data, **overrides}, sort_keys=False)
     f = Fields(parse_yaml(text, path, "study"), "")
     if not f.has("models") or f.raw("models") in ([], ""):
         raise InputError("models", "give at least one: a model YAML, a config.json or a preset "
@@ -187,9 +211,10 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
         bases = [dc.replace(b, accelerator=dc.replace(b.accelerator, expansion=tier)) for b in bases]
     networks = _networks(f, bases[0])
     axes = _axes(f, bases, networks)
-    space = _space(f)
+    space = with_study_defaults(_space(f), bases)
+    grids = _mp_grids(f, bases)
     per_base = math.prod(len(values) for values in axes.values())
-    points, exact = _count_points(loaded, bases, devices, batches, per_base, space, max_points)
+    points, exact = _count_points(loaded, bases, devices, batches, per_base, space, max_points, grids)
     if max_points is not None and points > max_points:
         raise InputError("max-points", f"the study has {'' if exact else 'more than '}{points:,} design points, "
                          f"above the limit of {max_points:,}; narrow its axes or strategy lists, or raise "
@@ -206,25 +231,52 @@ def load_study(path: Path, max_points: int | None = None) -> Study:
                   models=loaded,
                   variants=variants, baseline=baseline,
                   space=space, token_budget=budget, output=_output(f),
-                  source_text=text, figures=kinds, points=points, inputs=inputs, files=files)
+                  source_text=text, figures=kinds, points=points, inputs=inputs, files=files, mp=grids)
     f.reject_unknown()
     return study
 
 
 def _count_points(models: list, bases: list, devices: dict, batches: dict, per_base: int, space: SearchSpace,
-                  limit: int | None) -> tuple:
+                  limit: int | None, grids: dict | None = None) -> tuple:
     """(design points, exact): for each base cluster, its variants x models x device counts x strategies.
-    Not exact (a lower bound above ``limit``) when one model and device count alone exceeds ``limit``."""
+    Not exact (a lower bound above ``limit``) when one model and device count alone exceeds ``limit``.
+    ``grids``: base cluster name -> its MP grid (``mp:``)."""
     total, exact, counts = 0, True, {}
+    grids = grids or {}
     for base in bases:
+        grid = grids.get(base.name)
+        here = space if grid is None else dc.replace(space, mp=grid)
         for model in models:
             for n in devices[base.name]:
-                key = (id(model), n, batches[base.name])
+                key = (id(model), n, batches[base.name], grid)
                 if key not in counts:
-                    counts[key] = count_strategies(model, n, batches[base.name], space, limit)
+                    counts[key] = count_strategies(model, n, batches[base.name], here, limit)
                     exact = exact and (limit is None or counts[key] <= limit)
                 total += per_base * counts[key]
     return total, exact
+
+
+def _mp_grids(f: Fields, bases: list) -> dict:
+    """`mp:` the model-parallel degrees MP = tp x pp searched: one list for every cluster, or per cluster
+    (`{tpu-v4: [1, 4, 16, 64, 256, 1024, 4096]}`; a cluster not named keeps every MP). Base cluster name ->
+    tuple; empty when the study has no `mp:`."""
+    if not f.has("mp"):
+        return {}
+    raw = f.raw("mp")
+
+    def grid(value, where: str) -> tuple:
+        items = value if isinstance(value, list) else [value]
+        if not items or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in items):
+            raise InputError(where, f"must be a positive integer or a list of them, got {shown(value)}")
+        return tuple(dict.fromkeys(items))
+
+    if isinstance(raw, dict):
+        names = {c.name for c in bases}
+        extra = sorted(set(map(str, raw)) - names)
+        if extra:
+            raise InputError(f"mp.{extra[0]}", f"is not one of the study's clusters ({', '.join(sorted(names))})")
+        return {str(name): grid(value, f"mp.{name}") for name, value in raw.items()}
+    return {c.name: grid(raw, "mp") for c in bases}
 
 
 def _output(f: Fields) -> str | None:
@@ -427,6 +479,8 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
         tier = getattr(acc, tier_name)
         tier = dc.replace(tier, **{attr: scaled(getattr(tier, attr))})
         return dc.replace(cluster, accelerator=dc.replace(acc, **{tier_name: tier}))
+    if name in ("reserved_memory", "fragmentation"):       # the memory a job cannot use (docs/hardware.md)
+        return dc.replace(cluster, **{name: scaled(getattr(cluster, name))})
     if name in ("device_price_usd", "device_power_w"):
         base_value = getattr(cluster, name)
         if mode == "scale" and base_value is None:

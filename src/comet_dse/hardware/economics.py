@@ -111,29 +111,7 @@ def anchored(cluster):
     econ = cluster.economics
     names = sorted(set(econ.unit_price) | set(econ.unit_power))
     reference = {name: amount(cluster, name) for name in names}
-    _check_fixed_parts(cluster, reference)
     return dc.replace(cluster, economics=dc.replace(econ, reference=reference))
-
-
-def _check_fixed_parts(cluster, reference: dict) -> None:
-    """Refuse per-unit figures that claim more than the whole: the device price (or a draw) less the
-    per-unit part of the resources it holds must not be negative, else a smaller design would cost less
-    than nothing."""
-    econ = cluster.economics
-    if cluster.device_price_usd is not None:
-        priced = sum(econ.unit_price[r] * reference[r] for r in econ.unit_price)
-        if priced > cluster.device_price_usd:
-            raise InputError("economics.unit_price", f"the per-unit prices make {priced:,.0f} USD of the device, more "
-                             f"than its device_price_usd of {cluster.device_price_usd:,.0f}")
-    draws = {"compute": cluster.device_power_w, "memory": econ.memory_power_w, "network": econ.network_power_w,
-             "idle": econ.idle_power_w}
-    for state, draw in draws.items():
-        if draw is None:
-            continue
-        part = sum(econ.unit_power[r] * reference[r] for r in econ.unit_power if state_of(r) in (state, "all"))
-        if part > draw:
-            raise InputError("economics.unit_power", f"the per-unit powers make {part:,.0f} W of the {state} draw, "
-                             f"more than its {draw:,.0f} W")
 
 
 def resource_names(cluster) -> list:

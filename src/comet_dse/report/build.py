@@ -466,6 +466,7 @@ def _first_fit(section: Section, out: Path) -> None:
 
 # Figure kind -> the suffixes of its figure files (each file is <study file name>-<suffix>.png and .svg).
 FIGURE_FILES = {
+    "pareto": ("pareto",),
     "speedup": ("speedup",),
     "parallelism-splits": ("stacked", "feasibility", "bathtub", "clusters"),
     "resource-doubling": ("balance",),
@@ -476,7 +477,50 @@ FIGURE_FILES = {
 }
 
 # Figure kind (a study's `figures:`, explore.study.FIGURE_KINDS) -> the function that draws it.
+def _pareto(section: Section, out: Path) -> None:
+    """Kind `pareto`: every variant's best strategy as a point of time (time to train with the study's
+    `token_budget`, else step time) against the cluster's price, its rated power and, with a budget, the cost
+    and energy of training; the Pareto front of each (design_space/rank.py) drawn as a line. A panel
+    whose figures are all unknown (no price or power, docs/economics.md) is left out."""
+    ranking, budget = section.ranking, section.study.token_budget
+    axes = list(section.study.variants[0].labels)
+    short = {v.index: "/".join(v.labels.values()) or "base" for v in section.study.variants}
+    panels = []
+    for key, column, label, scale in (("pareto_cost", "cost_usd", "cluster price (USD M)", 1e6),
+                                      ("pareto_training_cost", "training_cost_usd", "cost of training (USD M)", 1e6),
+                                      ("pareto_energy", "energy_j", "energy (MWh)", 3.6e9),
+                                      ("pareto_power", "power_w", "rated power (kW)", 1e3)):
+        if key not in ranking:
+            continue
+        points = [(g["best"][column] / scale, _time_of(g["best"], budget), short[g["variant"]])
+                  for g in ranking["variants"] if g["best"] and _finite(g["best"].get(column))]
+        if points:
+            front = sorted((p[column] / scale, p["time_s"] / (86400.0 if budget else 1.0)) for p in ranking[key])
+            panels.append((label, points, front))
+    if not panels:
+        return
+    what = "time to train (days)" if budget else "step time (s)"
+    section.figures.append(figures.pareto(
+        panels, what, f"{section.study.name}: time against price, cost, energy and power",
+        f"{section.study.file_stem}-pareto",
+        f"Each point is a cluster variant's fastest strategy, labelled {'/'.join(axes) or 'base'}; the line joins "
+        "the Pareto front (no other variant is "
+        "both faster and cheaper, or both faster and leaner). Prices and power follow the scaled resources through "
+        "the cluster's per-unit prices and powers (docs/economics.md); a resource without a per-unit figure adds "
+        "nothing.", out))
+
+
+def _time_of(best: dict, budget) -> float:
+    """A best row's time to train in days with a token budget, else its step time in seconds."""
+    return budget / best["tokens_per_second"] / 86400.0 if budget else best["step_time_s"]
+
+
+def _finite(value) -> bool:
+    return value is not None and np.isfinite(value)
+
+
 DRAW = {
+    "pareto": _pareto,
     "speedup": _speedup,
     "parallelism-splits": _parallelism_splits,
     "resource-doubling": _resource_doubling,

@@ -193,6 +193,25 @@ def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption
     return Figure(name, title, caption)
 
 
+def pareto(panels: list, ylabel: str, title: str, name: str, caption: str, out: Path) -> Figure:
+    """One panel per (xlabel, points [(x, y, label)], front [(x, y)]): every point, the front as a line
+    through its points, each labelled with its variant when there are few."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.6, 3.4), squeeze=False)
+    for ax, (xlabel, points, front) in zip(axes[0], panels):
+        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#8C8C8C", s=18, label="variants")
+        ax.plot([f[0] for f in front], [f[1] for f in front], marker="o", color="#C44E52", label="Pareto front")
+        if len(points) <= 12:
+            for x, y, label in points:
+                ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle(title, fontsize=10)
+    _save(fig, out, name)
+    return Figure(name, title, caption)
+
+
 def variant_best_time(data: dict) -> dict:
     """variant -> best feasible step time (s)."""
     return {v: float(data["step_time_s"][r]) for v, r in best_rows(data).items()}

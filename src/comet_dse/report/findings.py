@@ -1,36 +1,43 @@
-"""The COMET paper's findings next to comet-dse's: the report's findings table and findings.json.
+"""A paper's findings next to comet-dse's: the report's findings table, its scorecard and findings.json.
 
-A report folder's report.yaml may list findings (studies/README.md). Each
-gives the paper's value and, for two setups (the paper's own assumptions and
-today's strategies), the study of the folder, the cluster variant and the
-measure that reproduces it; the values are computed from the studies'
-results, never written down, so that they follow the presets. A paper value
-counts as reproduced when the split is the same, or a ratio is within
-``TOLERANCE`` of the paper's. Where a measure cannot be taken as the paper
-took it (nothing fits), it is taken with memory ignored and the note says so.
+A report folder's report.yaml may list findings (studies/README.md). Each gives the paper's value and where the
+studies measure it: with the paper's setup (``paper_setup``) and with today's strategies (``modern_setup``). The
+paper's setup is measured under every reading of it (report/readings.py; one reading, "as written", without a
+``readings:`` block), never one reading per finding. The values are computed from the studies' results, never
+written down, so that they follow the presets. A paper value is reproduced when the split or the shape is the
+same, or a ratio is within ``TOLERANCE`` of the paper's. Splits that fit and speedups are taken where something
+fits, as the paper took them; otherwise the value is None ("nothing fits") and the note gives the memory-ignored
+one. A finding's **status** over all readings: "not determinable" where its report.yaml entry names information
+that is not public (``not_public``), "reproduced" where some reading gives the paper's value, else "contradicted".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.loading import Fields
 from comet_dse.report import analysis
+from comet_dse.report import readings as rd
 
 TOLERANCE = 0.30          # a ratio within 30 % of the paper's counts as reproduced
+# A dip of less than this (a fraction of the fastest split's step time) is flat: the largest error of comet-dse's
+# end-to-end validation (Korthikanti et al. 2022, Table 5: 5.3 %, docs/validation.md), rounded to 5 %.
+BATHTUB_TOLERANCE = 0.05
 GiB = 2.0**30
+STATUSES = ("reproduced", "contradicted", "not determinable")
 
 # Measure -> (unit, what it is). Units: "split" (MPm_DPd), "x" (a ratio), "shape" (yes or no).
 MEASURES = {
     "fastest-split": ("split", "the fastest MP x DP split with memory ignored: the bottom of the bathtub"),
     "first-fit": ("split", "the smallest MP x DP split with a strategy that fits"),
-    "best-split": ("split", "the fastest split that fits (with memory ignored where none fits)"),
-    "bathtub": ("shape", "whether the fastest strategy per split, memory ignored, is slowest at both ends"),
-    "speedup": ("x", "tokens/s of the variant's best strategy over the `over` variant's"),
+    "best-split": ("split", "the fastest split that fits"),
+    "bathtub": ("shape", "whether the fastest strategy per split, memory ignored, has its minimum at an inner "
+                         f"split with both ends more than {BATHTUB_TOLERANCE:.0%} slower"),
+    "speedup": ("x", "tokens/s of the variant's best strategy that fits over the `over` variant's"),
     "max-speedup": ("x", "the largest speedup of any variant's best strategy over the study's baseline"),
-    "spread": ("x", "the fastest variant's tokens/s over the slowest's"),
+    "spread": ("x", "the fastest variant's tokens/s over the slowest's (variants on which something fits)"),
 }
 
 
@@ -54,7 +61,8 @@ class FindingSpec:
     paper_setup: Setup
     modern_setup: Setup
     paper_split: str       # optional: the paper's split, whose needs a note states ("" when none)
-    why: str
+    why: str               # the evidence: what is public about the paper's value, why the values differ
+    not_public: str = ""   # what the paper's value rests on that is not public ("": determinable)
 
     @property
     def unit(self) -> str:
@@ -69,23 +77,85 @@ class Value:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Finding:
+    """One finding measured under every reading of the paper's setup (``values``, by reading name, in the
+    order of ``Readings.all``) and with today's strategies (``modern_setup``)."""
+
     spec: FindingSpec
-    paper_setup: Value
+    values: dict
     modern_setup: Value
+    literal: str = rd.AS_WRITTEN       # the literal reading's name
+    best: str = rd.AS_WRITTEN          # the best-scoring reading's name (``score``)
+    conditions: str = ""               # what every reading that reproduces it shares (``score``)
+
+    @property
+    def paper_setup(self) -> Value:
+        """The value under the literal reading."""
+        return self.values[self.literal]
+
+    def reproduced_under(self) -> list:
+        """The readings under which the paper's value comes out."""
+        return [name for name, v in self.values.items() if matches(self.spec.paper, v.value, self.spec.unit)]
 
     @property
     def reproduced(self) -> bool:
-        """The paper's split or shape exactly, or its ratio within TOLERANCE, with the paper's assumptions."""
+        """Reproduced under the literal reading."""
         return matches(self.spec.paper, self.paper_setup.value, self.spec.unit)
 
+    @property
+    def status(self) -> str:
+        if self.spec.not_public:
+            return "not determinable"
+        return "reproduced" if self.reproduced_under() else "contradicted"
+
+    def span(self) -> str:
+        """The values the readings give: a ratio's range, or the distinct splits or shapes."""
+        values = [v.value for v in self.values.values()]
+        known = [v for v in values if v is not None]
+        missing = len(values) - len(known)
+        if self.spec.unit == "x" and known:
+            low, high = min(map(float, known)), max(map(float, known))
+            text = f"{low:.2f}x" if abs(high - low) < 5e-3 else f"{low:.2f}x to {high:.2f}x"
+        else:
+            counts = {}
+            for v in known:
+                counts[str(v)] = counts.get(str(v), 0) + 1
+            text = ", ".join(f"{k} ({n})" if len(values) > 1 else k for k, n in
+                             sorted(counts.items(), key=lambda kv: -kv[1]))
+        if missing:
+            text = (text + "; " if text else "") + (f"none in {missing}" if len(values) > 1 else "none")
+        return text or "-"
+
+    def evidence(self) -> str:
+        """The status and its grounds: what is not public, or under which readings the paper's value comes out,
+        and the range the readings span; then the report.yaml evidence."""
+        n, under = len(self.values), self.reproduced_under()
+        spread = f"values over the {n} readings: {self.span()}" if n > 1 else f"value: {self.span()}"
+        if self.status == "not determinable":
+            head = f"Not determinable: {self.spec.not_public}. {spread[0].upper()}{spread[1:]}"
+            if under:
+                head += f"; the paper's value under {len(under)} of them"
+        elif under:
+            head = (f"Reproduced under {len(under)} of {n} readings" + (f" ({self.conditions})" if self.conditions
+                                                                      else "") + f"; {spread}")
+        else:
+            head = f"Contradicted under every reading; {spread}"
+        return f"{head}. {self.spec.why}".strip()
+
     def to_dict(self) -> dict:
-        """findings.json: finding, paper, paper_setup, modern_setup, unit, and the notes and verdict."""
-        return {"finding": self.spec.finding, "paper": self.spec.paper, "paper_setup": _plain(self.paper_setup.value),
-                "modern_setup": _plain(self.modern_setup.value), "unit": self.spec.unit,
-                "reproduced": self.reproduced, "paper_setup_note": self.paper_setup.note,
-                "modern_setup_note": self.modern_setup.note, "why": self.spec.why}
+        """findings.json: finding, paper, unit, readings {name: value}, status, evidence; and the literal and best
+        readings' values with their notes, and today's strategies' value."""
+        return {"finding": self.spec.finding, "paper": self.spec.paper, "unit": self.spec.unit,
+                "readings": {name: _plain(v.value) for name, v in self.values.items()},
+                "status": self.status, "evidence": self.evidence(),
+                "reproduced_under": len(self.reproduced_under()), "conditions": self.conditions,
+                "span": self.span(), "not_public": self.spec.not_public,
+                "literal": {"reading": self.literal, "value": _plain(self.paper_setup.value),
+                            "note": self.paper_setup.note},
+                "best": {"reading": self.best, "value": _plain(self.values[self.best].value),
+                         "note": self.values[self.best].note},
+                "modern_setup": {"value": _plain(self.modern_setup.value), "note": self.modern_setup.note}}
 
 
 def matches(paper, value, unit: str) -> bool:
@@ -121,10 +191,13 @@ def _spec(f: Fields) -> FindingSpec:
         paper = float(paper)
     else:
         paper = str(paper)
+    if f.has("why") and f.has("evidence"):
+        raise InputError(f.name("evidence"), "give `evidence` or its older name `why`, not both")
     spec = FindingSpec(finding=f.text("finding"), paper=paper, measure=measure,
                        paper_setup=_setup(f.sub("paper_setup"), measure),
                        modern_setup=_setup(f.sub("modern_setup"), measure),
-                       paper_split=f.text("paper_split", ""), why=f.text("why", ""))
+                       paper_split=f.text("paper_split", ""),
+                       why=f.text("evidence", "") or f.text("why", ""), not_public=f.text("not_public", ""))
     f.reject_unknown()
     return spec
 
@@ -147,9 +220,11 @@ def _setup(f: Fields, measure: str) -> Setup:
     return setup
 
 
-def check(specs: list, studies: list) -> None:
-    """Every setup names a study of the folder and selects exactly one of its variants (before anything runs)."""
+def check(specs: list, studies: list, readings: rd.Readings = rd.NO_READINGS) -> None:
+    """Every setup names a study of the folder and selects exactly one of its variants, under every reading of
+    the paper's setup (before anything runs)."""
     by_name = {s.name: s for s in studies}
+    every = readings.all()
     for i, spec in enumerate(specs):
         for side in ("paper_setup", "modern_setup"):
             setup = getattr(spec, side)
@@ -158,10 +233,19 @@ def check(specs: list, studies: list) -> None:
                 raise InputError(f"{where}.study", f"no study {setup.study!r} in the folder; it has "
                                  f"{', '.join(sorted(by_name))}")
             study = by_name[setup.study]
-            if spec.measure not in ("max-speedup", "spread"):
-                variant_of(study, setup.variant, f"{where}.variant")
-            if spec.measure == "speedup":
-                variant_of(study, setup.over, f"{where}.over")
+            under = every if side == "paper_setup" and readings.applies(setup.study) else [rd.Reading(())]
+            for reading in {tuple(sorted(r.clusters.items())): r for r in under}.values():
+                if spec.measure not in ("max-speedup", "spread"):
+                    variant_of(study, _mapped(setup.variant, reading), f"{where}.variant")
+                if spec.measure == "speedup":
+                    variant_of(study, _mapped(setup.over, reading), f"{where}.over")
+
+
+def _mapped(selector: dict, reading) -> dict:
+    """A variant selector with its cluster read as ``reading`` reads it."""
+    if "cluster" not in selector:
+        return selector
+    return {**selector, "cluster": reading.cluster(str(selector["cluster"]))}
 
 
 def variant_of(study, selector: dict, where: str):
@@ -186,11 +270,65 @@ def _matches(variant, axis: str, wanted) -> bool:
 
 # --- measuring ------------------------------------------------------------------------------------
 
-def evaluate(specs: list, sections: list) -> list:
-    """Every finding measured in both setups from the report's sections (report/build.py: Section)."""
+def evaluate(specs: list, sections: list, readings: rd.Readings = rd.NO_READINGS, runs: dict | None = None) -> list:
+    """Every finding measured under every reading of the paper's setup and with today's strategies.
+
+    ``sections``: the report's sections of the studies as written (report/build.py: Section); ``runs``: run
+    label -> {study name: Section} of the studies run again with a reading's overrides (report/readings.py).
+    The findings come back scored (``score``): each knows the best reading and what reproducing ones share.
+    """
     by_name = {s.study.name: s for s in sections}
-    return [Finding(spec, _tidy(measure(spec, by_name[spec.paper_setup.study], spec.paper_setup)),
-                    _tidy(measure(spec, by_name[spec.modern_setup.study], spec.modern_setup))) for spec in specs]
+    runs = {"": by_name, **(runs or {})}
+    every = readings.all()
+    retimes, sims, memo = {}, {}, {}
+    out = []
+    for index, spec in enumerate(specs):
+        values = {}
+        for reading in every:
+            setup = spec.paper_setup
+            applies = readings.applies(setup.study)
+            section = runs[reading.run_label if applies else ""][setup.study]
+            here = reading if applies else rd.Reading(())
+            key = (index, id(section), _relevant(spec, section.study, here))
+            if key not in memo:
+                roles = rd.roles(section.study, readings) if applies else None
+                memo[key] = _tidy(_measure_under(spec, section, setup, here, roles, retimes, sims))
+            values[rd.reading_name(reading)] = memo[key]
+        modern = _tidy(measure(spec, by_name[spec.modern_setup.study], spec.modern_setup))
+        out.append(Finding(spec, values, modern, literal=rd.reading_name(every[0])))
+    score(out, readings)
+    return out
+
+
+def _relevant(spec: FindingSpec, study, reading) -> tuple:
+    """What of ``reading`` can change ``spec``'s value in ``study``: its strategy selections, its costing, and the
+    grids, clusters and device counts of the clusters the finding reads (of every cluster where it compares
+    them all): readings that agree on these give the same value, computed once."""
+    selectors = [spec.paper_setup.variant, spec.paper_setup.over]
+    named = [str(sel["cluster"]) for sel in selectors if "cluster" in sel]
+    if spec.measure in ("max-speedup", "spread") or not named:
+        named = list(dict.fromkeys(v.cluster.name for v in study.variants))
+    mp, devices = reading.mp, reading.devices
+    return (tuple(sorted(reading.strategy.items())), reading.cost,
+            tuple((c, reading.cluster(c), mp.get(c), devices.get(c)) for c in named))
+
+
+def _measure_under(spec: FindingSpec, section, setup: Setup, reading, roles, retimes: dict, sims: dict) -> Value:
+    """The value of ``spec`` in ``section`` under ``reading``: its rows, its clusters, its costing (``roles``: the
+    clusters findings name, readings.roles; None: the study is not read)."""
+    study, data = section.study, section.data
+    if reading.cost != "comet-dse":
+        key = (id(section), reading.cost)
+        if key not in retimes:
+            retimes[key] = rd.retimed(data, study, reading.cost, sims)
+        data = retimes[key]
+        if data is None:
+            return Value(None, "not costed: the published simulator has no remote-memory roofline")
+    rows = rd.mask(data, study, reading)
+    selected = Setup(study=setup.study, variant=_mapped(setup.variant, reading), over=_mapped(setup.over, reading),
+                     where=setup.where)
+    clusters = None if roles is None else {reading.cluster(c) for c in roles}
+    return _measure(spec, study, data, selected, rows, clusters)
 
 
 def _tidy(value: Value) -> Value:
@@ -199,21 +337,26 @@ def _tidy(value: Value) -> Value:
 
 
 def measure(spec: FindingSpec, section, setup: Setup) -> Value:
-    """The value of ``spec.measure`` in one setup, with its note."""
-    data = section.data
-    rows = np.ones(len(data["variant"]), dtype=bool)
+    """The value of ``spec.measure`` in one setup (the study as written), with its note."""
+    rows = np.ones(len(section.data["variant"]), dtype=bool)
+    return _measure(spec, section.study, section.data, setup, rows, None)
+
+
+def _measure(spec: FindingSpec, study, data, setup: Setup, rows, clusters) -> Value:
+    """The value of ``spec.measure`` from ``data``'s ``rows`` (``clusters``: the variants' clusters an across-variant
+    measure compares; None: every variant)."""
+    rows = rows.copy()
     for column, allowed in setup.where.items():
         rows &= np.isin(data[column], allowed)
     if spec.measure in ("max-speedup", "spread"):
-        return _across_variants(spec.measure, section, rows)
-    variant = variant_of(section.study, setup.variant, spec.finding)
+        return _across_variants(spec.measure, study, data, rows, clusters)
+    variant = variant_of(study, setup.variant, spec.finding)
     if spec.measure == "speedup":
-        return _speedup(spec, section, variant, variant_of(section.study, setup.over, spec.finding), rows)
-    return _split_measure(spec, section, variant, rows)
+        return _speedup(spec, data, variant, variant_of(study, setup.over, spec.finding), rows)
+    return _split_measure(spec, data, variant, rows)
 
 
-def _split_measure(spec: FindingSpec, section, variant, rows) -> Value:
-    data = section.data
+def _split_measure(spec: FindingSpec, data, variant, rows) -> Value:
     splits = analysis.splits(data, variant.index, where=rows)
     times = data["step_time_s"]
     fits = [s for s in splits if s.feasible]
@@ -225,22 +368,37 @@ def _split_measure(spec: FindingSpec, section, variant, rows) -> Value:
             return Value(None, _nothing_fits(variant, runnable) + note)
         return Value(first.name, note)
     if spec.measure == "bathtub":
-        order = sorted(runnable, key=lambda s: s.mp)
-        t = [float(times[s.any_memory_row]) for s in order]
-        if len(t) < 3:
-            return Value(None, "fewer than three valid splits")
-        low = int(np.argmin(t))
-        return Value("yes" if 0 < low < len(t) - 1 else "no",
-                     f"memory ignored: fastest {order[low].name}; {order[0].name} takes {t[0] / t[low]:.2f}x and "
-                     f"{order[-1].name} {t[-1] / t[low]:.2f}x as long")
-    if spec.measure == "best-split" and fits:
-        return Value(min(fits, key=lambda s: times[s.row]).name, note)
+        return bathtub([(s.mp, s.name, float(times[s.any_memory_row])) for s in runnable])
+    if spec.measure == "best-split":
+        if fits:
+            return Value(min(fits, key=lambda s: times[s.row]).name, note)
+        if not runnable:
+            return Value(None, "no valid split")
+        fastest = min(runnable, key=lambda s: times[s.any_memory_row])
+        return Value(None, f"{_nothing_fits(variant, runnable)}; memory ignored the fastest is {fastest.name}" + note)
     if not runnable:
         return Value(None, "no valid split")
-    fastest = min(runnable, key=lambda s: times[s.any_memory_row])
-    if spec.measure == "best-split":
-        note = f"memory ignored: {_nothing_fits(variant, runnable)}" + note
-    return Value(fastest.name, note)
+    return Value(min(runnable, key=lambda s: times[s.any_memory_row]).name, note)
+
+
+def bathtub(curve: list, tolerance: float = BATHTUB_TOLERANCE) -> Value:
+    """'yes' when the fastest of ``curve`` [(MP, name, seconds)] is an inner split and both the smallest and the
+    largest MP take more than (1 + ``tolerance``) times as long; 'no' otherwise (a side within the tolerance is
+    flat). None with fewer than three splits."""
+    order = sorted(curve)
+    if len(order) < 3:
+        return Value(None, "fewer than three valid splits")
+    t = [c[2] for c in order]
+    low = int(np.argmin(t))
+    left, right = t[0] / t[low], t[-1] / t[low]
+    tub = 0 < low < len(t) - 1 and left > 1.0 + tolerance and right > 1.0 + tolerance
+
+    def side(i, ratio):
+        flat = " (flat: within {:.0%})".format(tolerance) if ratio <= 1.0 + tolerance and i != low else ""
+        return f"{order[i][1]} {ratio:.2f}x{flat}"
+
+    return Value("yes" if tub else "no", f"memory ignored: fastest {order[low][1]}; {side(0, left)}, "
+                                         f"{side(len(t) - 1, right)}")
 
 
 def _nothing_fits(variant, runnable) -> str:
@@ -259,7 +417,7 @@ def _paper_split_note(spec: FindingSpec, variant, splits, times) -> str:
     have = acc.state_capacity
     fit = "fits" if mine.feasible else (f"needs {mine.least_memory / GiB:.1f} GiB per device, "
                                          f"{mine.least_memory / have:.2f}x the {have / GiB:.1f} GiB it has")
-    return f"; the paper's {mine.name} {fit}, {float(times[mine.any_memory_row]):.0f} s/step memory ignored"
+    return f"; the paper's {mine.name} {fit}, {float(times[mine.any_memory_row]):.3g} s/step memory ignored"
 
 
 def _best(data, variant_index: int, rows, feasible: bool = True):
@@ -269,22 +427,19 @@ def _best(data, variant_index: int, rows, feasible: bool = True):
     return int(sel[np.argmax(data["tokens_per_second"][sel])]) if len(sel) else None
 
 
-def _speedup(spec: FindingSpec, section, variant, over, rows) -> Value:
-    data = section.data
-    base = _best(data, over.index, rows)
-    if base is None:
-        return Value(None, f"nothing fits on {over.label}")
-    row, note = _best(data, variant.index, rows), ""
-    if row is None:
-        row = _best(data, variant.index, rows, feasible=False)
-        note = "memory ignored: " + _nothing_fits(variant, [s for s in analysis.splits(data, variant.index, rows)
-                                                           if s.any_memory_row is not None])
-    if row is None:
-        return Value(None, "no valid strategy")
+def _speedup(spec: FindingSpec, data, variant, over, rows) -> Value:
+    base, row = _best(data, over.index, rows), _best(data, variant.index, rows)
     speed = data["tokens_per_second"]
+    if base is None or row is None:
+        free, free_base = _best(data, variant.index, rows, False), _best(data, over.index, rows, False)
+        empty = over.label if base is None else variant.label
+        note = f"nothing fits on {empty}"
+        if free is not None and free_base is not None:
+            note += (f"; memory ignored {_split_name(data, free)} over {_split_name(data, free_base)}: "
+                     f"{speed[free] / speed[free_base]:.2f}x")
+        return Value(None, note)
+    note = f"{_split_name(data, row)} over {_split_name(data, base)}"
     split = analysis.splits(data, variant.index, rows)
-    fitted = f"{_split_name(data, row)}" + (" (memory ignored)" if not data["feasible"][row] else "")
-    note = note or f"{fitted} over {_split_name(data, base)}"
     paper = next((s for s in split if s.name == spec.paper_split and s.any_memory_row is not None), None)
     if paper is not None and paper.name != _split_name(data, row):
         need = "" if paper.feasible else f", needs {paper.least_memory / GiB:.1f} GiB per device"
@@ -297,32 +452,80 @@ def _split_name(data, row: int) -> str:
     return f"MP{int(data['tp'][row] * data['pp'][row])}_DP{int(data['dp'][row])}"
 
 
-def _across_variants(kind: str, section, rows) -> Value:
-    """max-speedup: the best variant over the baseline; spread: the fastest variant over the slowest
-    (with memory ignored for a variant on which nothing fits)."""
-    data, study = section.data, section.study
-    speed, labels, ignored = {}, {}, []
+def _across_variants(kind: str, study, data, rows, clusters) -> Value:
+    """max-speedup: the best variant over the baseline; spread: the fastest variant over the slowest, of the
+    variants on which something fits (``clusters``: those of these clusters only; None: all)."""
+    speed, labels, empty = {}, {}, []
     for v in study.variants:
+        if clusters is not None and v.cluster.name not in clusters:
+            continue
         row = _best(data, v.index, rows)
-        if row is None and kind == "spread":
-            row = _best(data, v.index, rows, feasible=False)
-            if row is not None:
-                ignored.append(v.label)
-        if row is not None:
-            speed[v.index], labels[v.index] = float(data["tokens_per_second"][row]), v.label
+        if row is None:
+            empty.append(v.label)
+            continue
+        speed[v.index], labels[v.index] = float(data["tokens_per_second"][row]), v.label
     if kind == "max-speedup":
         base = _best(data, study.baseline, rows)
         if base is None or not speed:
             return Value(None, "nothing fits on the baseline")
         top = max(speed, key=speed.get)
         return Value(speed[top] / float(data["tokens_per_second"][base]), f"{labels[top]}")
+    note = f"; nothing fits on {', '.join(empty)}" if empty else ""
     if len(speed) < 2:
-        return Value(None, "fewer than two variants run")
+        return Value(None, "fewer than two variants on which something fits" + note)
     fast, slow = max(speed, key=speed.get), min(speed, key=speed.get)
-    note = f"{labels[fast]} over {labels[slow]}"
-    if ignored:
-        note += f"; memory ignored on {', '.join(ignored)} (nothing fits)"
-    return Value(speed[fast] / speed[slow], note)
+    return Value(speed[fast] / speed[slow], f"{labels[fast]} over {labels[slow]}" + note)
+
+
+# --- scoring --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scorecard:
+    """How many findings each reading reproduces (by reading name, in the order of ``Readings.all``)."""
+
+    scores: dict
+    best: str
+    literal: str
+    total: int
+
+    def distribution(self) -> dict:
+        """score -> how many readings have it, highest first."""
+        out = {}
+        for n in self.scores.values():
+            out[n] = out.get(n, 0) + 1
+        return dict(sorted(out.items(), reverse=True))
+
+
+def score(table: list, readings: rd.Readings = rd.NO_READINGS) -> Scorecard | None:
+    """Count each reading's reproduced findings, name the best reading (the most findings; of those, the fewest
+    answers away from the literal reading, then the first), and tell every finding the best reading and what
+    the readings that reproduce it share (``Finding.best``, ``Finding.conditions``)."""
+    if not table:
+        return None
+    every = readings.all()
+    names = [rd.reading_name(r) for r in every]
+    scores = {n: sum(1 for f in table if f.status != "not determinable"
+                     and matches(f.spec.paper, f.values[n].value, f.spec.unit)) for n in names}
+    distance = {rd.reading_name(r): (readings.distance(r) if readings.questions else 0) for r in every}
+    best = min(names, key=lambda n: (-scores[n], distance[n], names.index(n)))
+    by_name = dict(zip(names, every))
+    for f in table:
+        f.best = best
+        f.conditions = _shared(readings, [by_name[n] for n in f.reproduced_under()], len(every))
+    return Scorecard(scores=scores, best=best, literal=names[0], total=len(table))
+
+
+def _shared(readings: rd.Readings, under: list, total: int) -> str:
+    """The answers every reading in ``under`` gives where a question's answers are not all among them:
+    what reproducing the finding takes ('' when every reading does or none)."""
+    if not under or len(under) == total or not readings.questions:
+        return ""
+    parts = []
+    for i, (question, answers) in enumerate(readings.questions):
+        given = {r.answers[i].name for r in under}
+        if len(given) < len(answers):
+            parts.append(f"{question}: {' or '.join(a.name for a in answers if a.name in given)}")
+    return "; ".join(parts) if parts else "no single answer decides it"
 
 
 # --- output ---------------------------------------------------------------------------------------

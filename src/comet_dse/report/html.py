@@ -8,8 +8,8 @@ from pathlib import Path
 
 from comet_dse.version import __version__
 from comet_dse.strategy import compact_text, legend
-from comet_dse.units import format_time
-from comet_dse.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS
+from comet_dse.units import format_count, format_duration, format_energy, format_time, format_usd
+from comet_dse.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS, training_label
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
@@ -47,6 +47,10 @@ def _table(headers: list, rows: list, left: int = 1) -> str:
 
 
 def _best_table(section) -> str:
+    """Per variant its best strategy and speedup; with the study's token budget also what training the best
+    on it takes (economics.py; 'unknown' where the cluster has no price or power figure)."""
+    budget = getattr(getattr(section, "study", None), "token_budget", None)
+    training = (("time_to_train_s", format_duration), ("energy_j", format_energy), ("training_cost_usd", format_usd))
     rows = []
     for g in section.ranking["variants"]:
         b = g["best"]
@@ -54,9 +58,12 @@ def _best_table(section) -> str:
         rows.append([g["label"], g["devices"], f"{g['feasible']:,} / {g['points']:,}",
                      format_time(b["step_time_s"]) if b else "-", f"{b['tokens_per_second']:,.0f}" if b else "-",
                      f"{b['mfu'] * 100:.1f}%" if b else "-", strategy,
-                     f"{g['speedup']:.2f}x" if g["speedup"] else "-"])
+                     f"{g['speedup']:.2f}x" if g["speedup"] else "-"]
+                    + ([(shown(b[k]) if b.get(k) is not None and b[k] == b[k] else "unknown") if b else "-"
+                        for k, shown in training] if budget else []))
+    extra = [f"{training_label(k)} ({format_count(budget)} tokens)" for k, _ in training] if budget else []
     table = _table(["cluster variant", "devices", "feasible / evaluated", "best step", "tokens/s", "MFU",
-                    "best strategy", "speedup vs baseline"], rows)
+                    "best strategy", "speedup vs baseline"] + extra, rows)
     key = legend([r[6] for r in rows])
     return table + (f'<p class="legend">{html.escape(key)}</p>' if key else "")
 

@@ -12,14 +12,16 @@ from dash import ALL, Input, Output, State, dcc, html
 from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
 from comet_dse.web import figures
-from comet_dse.web.view import TOP, TOPOLOGIES, Controls, compute, controls_for
+from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
 from comet_dse.presets import preset_names
 from comet_dse.strategy import legend
-from comet_dse.units import format_bytes, format_time
-from comet_dse.vocabulary import BANDWIDTH_CONVENTION
+from comet_dse.units import (KIND_TOKENS, format_bytes, format_count, format_duration, format_energy, format_time,
+                             format_usd, parse_quantity)
+from comet_dse.vocabulary import BANDWIDTH_CONVENTION, training_label
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
 DEFAULT = Controls()
+DEFAULT_TOKENS = "1T"            # the token budget control's first value
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222; }
 header { background: #24364b; color: white; padding: 10px 18px; }
@@ -63,10 +65,14 @@ def _layout():
                                         debounce=True)),
         *_labelled("Global batch (sequences)", dcc.Input(id="global-batch", type="number", min=1, step=1,
                                                          value=DEFAULT.global_batch, debounce=True)),
+        *_labelled("Tokens to train on (k, M, G, T, P; empty: none)",
+                   dcc.Input(id="tokens", type="text", value=DEFAULT_TOKENS, debounce=True)),
         html.H3("Cluster"),
         *_labelled("Cluster (preset)", dcc.Dropdown(clusters, DEFAULT.cluster, id="cluster", clearable=False)),
         html.Div(id="resource-controls", children=_resource_controls(DEFAULT.cluster)),
         html.P(BANDWIDTH_CONVENTION, className="note"),
+        html.H3("Strategy"),
+        *_strategy_controls(),
         html.H3("Shown strategy"),
         *_labelled("Breakdown of rank", dcc.Dropdown(list(range(1, TOP + 1)), 1, id="rank", clearable=False)),
     ])
@@ -74,6 +80,7 @@ def _layout():
         html.Div(id="status", className="status"),
         html.Div(id="error", className="error", role="alert"),
         html.Div(id="best-strategy", className="best"),
+        html.Div(id="training", className="best"),
         html.Div(id="best-table"),
         html.Div(className="figs", children=[
             dcc.Graph(id=name, config=GRAPH_CONFIG) for name in ("bathtub", "memory", "breakdown", "doubling")]),
@@ -84,6 +91,22 @@ def _layout():
                             "precomputed. Hover a point for why a split does not fit.")]),
         html.Div(className="page", children=[controls, results]),
     ])
+
+
+STRATEGY_LABELS = {"dtype": "Precision", "flash_attention": "Flash attention (default: where the cluster has a rate)",
+                   "recompute": "Recomputation (default: every mode)", "zero": "ZeRO stage (default: every stage)"}
+
+
+def _strategy_controls() -> list:
+    """One dropdown per strategy control (view.STRATEGY_CONTROLS), holding its first choice; plus TP beyond
+    the scale-up domain."""
+    out = []
+    for knob, choices in STRATEGY_CONTROLS.items():
+        out += _labelled(STRATEGY_LABELS[knob], dcc.Dropdown(list(choices), choices[0], id=f"strategy-{knob}",
+                                                               clearable=False))
+    out.append(dcc.Checklist([{"label": " TP across nodes (beyond the scale-up domain)", "value": "on"}], [],
+                             id="tp-across-nodes"))
+    return out
 
 
 def _resource_controls(cluster: str) -> list:
@@ -108,29 +131,70 @@ def _callbacks(app: dash.Dash) -> None:
     @app.callback(
         [Output("status", "children"), Output("error", "children"), Output("best-strategy", "children"),
          Output("best-table", "children"), Output("bathtub", "figure"), Output("memory", "figure"),
-         Output("breakdown", "figure"), Output("doubling", "figure")],
+         Output("breakdown", "figure"), Output("doubling", "figure"), Output("training", "children")],
         [Input("model", "value"), Input("model-file", "value"), Input("cluster", "value"),
          Input("devices", "value"), Input("global-batch", "value"), Input("rank", "value"),
-         Input({"type": "resource", "key": ALL, "cluster": ALL}, "value")],
+         Input({"type": "resource", "key": ALL, "cluster": ALL}, "value"), Input("tokens", "value"),
+         *[Input(f"strategy-{knob}", "value") for knob in STRATEGY_CONTROLS], Input("tp-across-nodes", "value")],
         [State({"type": "resource", "key": ALL, "cluster": ALL}, "id")])
-    def update(model, model_file, cluster, devices, global_batch, rank, values, ids):
+    def update(model, model_file, cluster, devices, global_batch, rank, values, tokens, dtype, flash_attention,
+               recompute, zero, tp_across_nodes, ids):
         try:
-            controls = controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids)
+            strategy = {"dtype": dtype, "flash_attention": flash_attention, "recompute": recompute, "zero": zero,
+                        "tp_across_nodes": bool(tp_across_nodes)}
+            controls = controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids, tokens,
+                                     strategy)
             view = compute(controls)
         except InputError as exc:
             return (dash.no_update, f"{exc}", dash.no_update, dash.no_update, dash.no_update, dash.no_update,
-                    dash.no_update, dash.no_update)
+                    dash.no_update, dash.no_update, dash.no_update)
         return (_status(view), "", _best(view), _table(view), figures.bathtub(view), figures.memory(view),
-                figures.breakdown(view), figures.doubling(view))
+                figures.breakdown(view), figures.doubling(view), _training(view))
 
 
-def controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids) -> Controls:
-    """The page's control values as ``Controls``; resource values typed for another cluster are dropped."""
+def controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids, tokens=None,
+                  strategy: dict | None = None) -> Controls:
+    """The page's control values as ``Controls``; resource values typed for another cluster are dropped;
+    ``tokens``: the token budget as typed ('15T'; empty: none), checked as --tokens is; ``strategy``: the
+    strategy controls (view.STRATEGY_CONTROLS, and tp_across_nodes), each checked by view.strategy_space."""
     devices = BOUNDS["devices"].check_integer("devices", devices)          # the CLI's and the API's bounds:
     global_batch = BOUNDS["global_batch"].check_integer("global batch", global_batch)   # 1e30 spun a thread
     resources = {i["key"]: v for i, v in zip(ids, values) if i.get("cluster") == cluster}
+    chosen = {k: v for k, v in (strategy or {}).items() if v is not None}
     return Controls(model=(model_file or "").strip() or model, cluster=cluster, devices=devices,
-                    global_batch=global_batch, resources=resources, rank=int(rank or 1))
+                    global_batch=global_batch, resources=resources, rank=int(rank or 1), tokens=_tokens(tokens),
+                    **chosen)
+
+
+def _tokens(text) -> float | None:
+    """The token budget control: empty is none; else a count with an optional k, M, G, T or P suffix, in
+    bounds.BOUNDS['tokens'] (the row --tokens and the API check)."""
+    if text is None or not str(text).strip():
+        return None
+    return BOUNDS["tokens"].check("tokens", parse_quantity(str(text).strip(), KIND_TOKENS, "tokens"), repr(text))
+
+
+def _training(view):
+    """What training the chosen strategy on the token budget takes: time, device-hours, energy, cost
+    (economics.py; 'unknown' where the cluster has no price or power figure)."""
+    t = view.chosen.get("training")
+    if not t:
+        return ""
+
+    def shown(key, fmt):
+        value = t.get(key)
+        return fmt(value) if value is not None and value == value else "unknown"      # None or NaN: no figure
+
+    label = training_label
+    return html.Span([f"Training rank {view.chosen.get('rank') or '-'} on {format_count(t['tokens'])} tokens: ",
+                      html.Span(shown("time_to_train_s", format_duration), id="time-to-train"), f" ({label('time_to_train_s')}), ",
+                      f"{shown('device_time_s', lambda s: f'{s / 3600:,.0f}')} {label('device_time_s')}, ",
+                      f"{label('energy_j')} {shown('energy_j', format_energy)}"
+                      + (f" (leaves out {' and '.join(t['energy_excludes'])}: no figure), "
+                         if t.get("energy_excludes") and t.get("energy_j") is not None and t["energy_j"] == t["energy_j"]
+                         else ", "),
+                      f"{label('training_cost_usd')} ", html.Span(shown("training_cost_usd", format_usd), id="training-cost"),
+                      f" ({t['cost_basis']}ing; docs/economics.md)"])
 
 
 def _status(view) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
 from comet_dse.design_space.search import strategy_at
-from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies, with_cluster_defaults
 from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.overrides import apply_overrides
@@ -83,6 +83,15 @@ class Controls:
     global_batch: int = 2048
     resources: dict = field(default_factory=dict)
     rank: int = 1
+    tokens: float | None = None      # a token budget: the chosen strategy's time to train, energy and cost
+    # The strategy controls (STRATEGY_CONTROLS): which values of these knobs the search tries. "default" is a
+    # search's default (flash attention where the cluster has a fused-attention rate; every recomputation
+    # mode and ZeRO stage); a knob's value, or several joined by commas, restricts the search to them.
+    dtype: str = "bf16"
+    flash_attention: str = "default"
+    recompute: str = "default"
+    zero: str = "default"
+    tp_across_nodes: bool = False    # TP beyond the scale-up domain (design_space.space.with_cluster_defaults)
 
 
 @dataclass
@@ -95,7 +104,8 @@ class View:
     seconds: float
     top: list                   # dicts: rank, strategy, step_time_s, tokens_per_second, mfu, memory_bytes
     chosen: dict                # strategy, rank, feasible, note, step_time_s, breakdown_s, memory_bytes,
-                                # labels (time part -> its label for this strategy, vocabulary.breakdown_labels)
+                                # labels (time part -> its label for this strategy, vocabulary.breakdown_labels),
+                                # training (with a token budget: Estimate.training, economics.py; else None)
     capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
     expansion_bytes: float      # expansion tier capacity (0: none)
     splits: list                # dicts: mp, dp, fits, step_time_s, strategy, why, memory_parts (part -> bytes)
@@ -113,9 +123,40 @@ def _cluster(ref: str) -> Cluster:
     return load_cluster(ref)
 
 
+# The strategy controls: knob -> the choices the page offers (the first is the default). Precision offers the
+# dtypes and both 16-bit and fp8 at once; a cluster without a dtype's rate rejects it with its reason.
+STRATEGY_CONTROLS = {
+    "dtype": ("bf16", "fp8", "bf16,fp8", "fp16"),
+    "flash_attention": ("default", "on", "off"),
+    "recompute": ("default", "none", "selective", "full"),
+    "zero": ("default", "0", "1", "2", "3"),
+}
+
+
+def strategy_space(controls: Controls, cluster: Cluster) -> SearchSpace:
+    """The search space of the strategy controls, with the defaults a search takes on ``cluster``
+    (design_space.space.with_cluster_defaults): the explorer searches what ``comet-dse search`` would."""
+    values = {}
+    for knob, choices in STRATEGY_CONTROLS.items():
+        chosen = str(getattr(controls, knob) or choices[0]).strip()
+        if chosen not in choices:
+            raise InputError(knob.replace("_", " "), f"must be one of {', '.join(choices)}, got {chosen!r}")
+        if chosen != "default":
+            values[knob] = tuple(chosen.split(","))
+    return with_cluster_defaults(SearchSpace(values), cluster, controls.devices, bool(controls.tp_across_nodes))
+
+
 @functools.lru_cache(maxsize=8)
-def _strategies(model_ref: str, devices: int, global_batch: int):
-    return enumerate_strategies(_model(model_ref), devices, global_batch, SearchSpace())
+def _strategies(model_ref: str, devices: int, global_batch: int, knobs: tuple = (), max_tp: int | None = None):
+    """Every strategy of a space (``knobs``: its values as sorted (knob, values) pairs; ``max_tp``)."""
+    space = SearchSpace(dict(knobs), max_tp=max_tp)
+    return enumerate_strategies(_model(model_ref), devices, global_batch, space)
+
+
+def _space_key(space: SearchSpace) -> tuple:
+    """A SearchSpace's values as a hashable key for ``_strategies`` (choices by name)."""
+    return tuple(sorted((k, tuple(str(getattr(v, "value", v)) if not isinstance(v, bool) else v for v in vals))
+                        for k, vals in space.values.items()))
 
 
 def controls_for(cluster_ref: str) -> list:
@@ -198,7 +239,8 @@ def compute(controls: Controls) -> View:
     settings, expansion = overrides_for(base, controls.resources)
     cluster = apply_overrides(base, settings, expansion, where="cluster") if settings or expansion else base
     cluster.dim_sizes(controls.devices)
-    st = _strategies(controls.model, controls.devices, controls.global_batch)
+    space = strategy_space(controls, cluster)
+    st = _strategies(controls.model, controls.devices, controls.global_batch, _space_key(space), space.max_tp)
     cols = evaluate_columns(model, cluster, controls.devices, st)
     ok = np.flatnonzero(cols["feasible"])
     ranked = ok[np.argsort(cols["step_time_s"][ok], kind="stable")]
@@ -236,14 +278,15 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
         runnable = np.flatnonzero((cols["infeasible_mask"] & ~MEMORY_BIT) == 0)
         if not len(runnable):
             return {"strategy": None, "rank": None, "feasible": False, "note": "no strategy is valid",
-                    "step_time_s": None, "breakdown_s": {}, "memory_bytes": {}}
+                    "step_time_s": None, "breakdown_s": {}, "memory_bytes": {}, "training": None}
         rank, row = None, int(runnable[np.argmin(cols["memory_per_device_bytes"][runnable])])
         note = "nothing fits: the strategy that needs the least memory is shown"
-    est = estimate(model, cluster, controls.devices, strategy_at(cols, row))
+    est = estimate(model, cluster, controls.devices, strategy_at(cols, row), tokens=controls.tokens)
     return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
             "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes),
-            "labels": breakdown_labels(est.inputs["strategy"], model.tied_embeddings)}
+            "labels": breakdown_labels(est.inputs["strategy"], model.tied_embeddings),
+            "training": est.to_dict()["training"]}
 
 
 def _splits(cols: dict, cluster: Cluster) -> list:

@@ -1,0 +1,86 @@
+"""The COMET authors' simulator re-costed (comet_dse/astrasim.py) against the rebuilt simulator's own runs, split by
+split, and its rules against hand calculations."""
+import csv
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from comet_dse.astrasim import CHUNKS, block, collective, groups, iteration, roofline
+from comet_dse.presets import load_cluster, load_model
+
+MODEL = load_model("comet-transformer-1t")
+CLUSTERS = {"tpu-v4": load_cluster("tpu-v4"), "dgx-a100": load_cluster("dgx-a100-80gb")}
+ROWS = list(csv.DictReader(resources.files("comet_dse").joinpath("data", "validation", "comet_astrasim.csv")
+                           .read_text().splitlines()))
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "comet-astrasim" / "results.csv"
+LAYERNORM_COLUMNS = {"gemm": "sim_total_ms", "elementwise": "sim_layernorm_elementwise_total_ms"}
+
+
+def test_the_copy_is_the_simulators_file():
+    """The packaged CSV is ../shared/comet-astrasim/results.csv unchanged (where that folder is present)."""
+    assert len(ROWS) == 15 and {r["cluster"] for r in ROWS} == {"tpu-v4", "dgx-a100"}
+    if SHARED.exists():
+        assert list(csv.DictReader(SHARED.read_text().splitlines())) == ROWS
+
+
+@pytest.mark.parametrize("layernorm", ["gemm", "elementwise"])
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['cluster']}-MP{r['mp']}")
+def test_every_split_is_within_ten_percent_of_the_simulator(row, layernorm):
+    it = iteration(MODEL, CLUSTERS[row["cluster"]], int(row["devices"]), int(row["mp"]), 2048, layernorm)
+    simulated = float(row[LAYERNORM_COLUMNS[layernorm]]) / 1e3
+    assert it.total == pytest.approx(simulated, rel=0.10)
+    if layernorm == "gemm":          # compute is the roofline of the file's rows: the simulator's (whole ms) to 0.5 %
+        assert it.compute == pytest.approx(float(row["sim_compute_ms"]) / 1e3, rel=0.005, abs=0.5e-3)
+        assert it.layernorm == pytest.approx(float(row["sim_layernorm_gemm_ms"]) / 1e3, rel=0.005, abs=0.5e-3)
+
+
+def test_the_bottom_of_the_bathtub_moves_with_the_layernorm_rows_as_in_the_simulator():
+    """The rebuilt simulator: MP2 with the authors' Layernorm rows, MP4 element-wise (TPU v4)."""
+    tpu = [r for r in ROWS if r["cluster"] == "tpu-v4"]
+    for layernorm, column, bottom in (("gemm", "sim_total_ms", 2), ("elementwise",
+                                                                   "sim_layernorm_elementwise_total_ms", 4)):
+        assert min(tpu, key=lambda r: float(r[column]))["mp"] == str(bottom)
+        mine = {int(r["mp"]): iteration(MODEL, CLUSTERS["tpu-v4"], 4096, int(r["mp"]), 2048, layernorm).total
+                for r in tpu}
+        assert min(mine, key=mine.get) == bottom
+
+
+def test_compute_of_one_split_by_hand():
+    """TPU v4, MP128 x DP32: 131,072 tokens per replica. Q: 2 x 131072 x 24576 x 192 = 1.237e12 FLOP, 4.50 ms
+    at 275 TFLOP/s; 2 (M K + K N + M N) = 6.502e9 bytes, 5.42 ms at 1.2 TB/s: memory-bound. The Layernorm GEMM:
+    2 x 262144 x 24576^2 = 3.167e14 FLOP, 1.1515 s."""
+    tpu = CLUSTERS["tpu-v4"]
+    rows, act = block(MODEL, 128, 131072.0)
+    q = rows[0]
+    assert q.gemm == (131072.0, 24576, 192.0) and act == 131072 * 24576 * 2
+    assert roofline(q, 275e12, 1.2e12) == pytest.approx(2 * (131072 * 24576 + 24576 * 192 + 131072 * 192) / 1.2e12)
+    assert roofline(rows[-1], 275e12, 1.2e12) == pytest.approx(2 * 262144 * 24576**2 / 275e12)
+    # Two blocks: forward, input and weight gradient of all 18 rows, and the re-run forward of 16 (the block's
+    # last row, the Layernorm, starts the re-run and is not repeated):
+    per_row = [roofline(r, 275e12, 1.2e12) for r in rows]
+    by_hand = 2 * (3 * sum(per_row) + sum(per_row[:-1]))
+    assert iteration(MODEL, tpu, 4096, 128, 2048).compute == pytest.approx(by_hand)
+
+
+def test_an_all_reduce_by_hand():
+    """DGX A100, MP64 = 8 NVLink GPUs x 8 nodes: the activation all-reduce of 65,536 tokens x 24576 x 2 bytes.
+    NVLink (8, 12 x 25 GB/s, 7 us, switch: 2 hops): 2 (7/8) S / 300e9 = 18.79 ms, latency 2 x 3 x 14 us x 64.
+    InfiniBand (8 of the 512 nodes, 25 GB/s, 5 us): 2 (7/8) (S/8) / 25e9 = 28.18 ms, latency 2 x 3 x 10 us x 64.
+    The chunks stream through both: the busier one (InfiniBand, 28.18 + 3.84 ms) plus a 64th of each."""
+    dgx = CLUSTERS["dgx-a100"]
+    mp_dims, dp_dims = groups(dgx, 4096, 64)
+    assert [d.n for d in mp_dims] == [8, 8] and [d.n for d in dp_dims] == [64]
+    size = 65536 * 24576 * 2
+    nvlink, ib = 2 * 7 / 8 * size / 300e9, 2 * 7 / 8 * size / 8 / 25e9
+    hand = max(nvlink + 2 * 3 * 14e-6 * CHUNKS, ib + 2 * 3 * 10e-6 * CHUNKS) + (nvlink + ib) / CHUNKS
+    assert collective(size, mp_dims) == pytest.approx(hand)
+    assert collective(size, mp_dims, "allgather") == pytest.approx(hand / 2)
+
+
+def test_the_mp_group_splits_a_dimension_where_it_ends_inside_it():
+    """TPU v4 16x16x16: MP4 takes 4 neighbours of x; DP the other 4 of x (4 apart), y and z."""
+    mp_dims, dp_dims = groups(CLUSTERS["tpu-v4"], 4096, 4)
+    assert [d.n for d in mp_dims] == [4] and [d.n for d in dp_dims] == [4, 16, 16]
+    assert mp_dims[0].step_latency == pytest.approx((1e-6, 2e-6))               # partners 1 and 2 hops away
+    assert dp_dims[0].step_latency == pytest.approx((4e-6, 8e-6))               # 4 and 8 apart on a ring of 16
