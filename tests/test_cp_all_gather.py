@@ -41,7 +41,11 @@ def test_ring_hides_behind_long_attention_where_all_gather_cannot():
     gather = estimate(LLAMA, H100, 128, BASE)
     assert ring.breakdown_s["cp_communication"] < gather.breakdown_s["cp_communication"]
     assert gather.step_time_s > ring.step_time_s
-    assert gather.breakdown_s["compute"] == pytest.approx(ring.breakdown_s["compute"])
+    # the ring's hidden transfers hold SMs (comm_units), which slows the attention beside them
+    assert ring.breakdown_s["compute"] > gather.breakdown_s["compute"]
+    quiet = dc.replace(H100, accelerator=dc.replace(H100.accelerator, comm_units=0))
+    assert estimate(LLAMA, quiet, 128, BASE).breakdown_s["compute"] == pytest.approx(
+        estimate(LLAMA, quiet, 128, dc.replace(BASE, cp_algorithm="ring")).breakdown_s["compute"])
 
 
 def test_no_cp_no_exchange():

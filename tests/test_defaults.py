@@ -34,7 +34,7 @@ def _json(capsys, *argv) -> dict:
 # ---- fused attention -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cluster, fused", [("dgx-h100", True), ("dgx-h200", True), ("dgx-h800", True),
-                                            ("dgx-a100-80gb", False), ("tpu-v4", False), ("mi300x", False)])
+                                            ("dgx-a100-80gb", True), ("tpu-v4", False), ("mi300x", False)])
 def test_fused_attention_by_default_where_the_accelerator_lists_a_rate(cluster, fused):
     c = load_cluster(cluster)
     assert fused_attention_default(c) is fused is bool(c.accelerator.attention_efficiency)
@@ -58,6 +58,8 @@ def test_paper_setup_studies_keep_unfused_attention_and_others_take_the_default(
     study.write_text("models: [llama3-8b]\ncluster: dgx-h100\ndevices: 64\nglobal_batch: 64\n")
     assert load_study(study).space.given("flash_attention") == (True,)
     study.write_text("models: [llama3-8b]\ncluster: dgx-a100-80gb\ndevices: 64\nglobal_batch: 64\n")
+    assert load_study(study).space.given("flash_attention") == (True,)      # FlashAttention-2's A100 rate
+    study.write_text("models: [llama3-8b]\ncluster: tpu-v4\ndevices: 64\nglobal_batch: 64\n")
     assert load_study(study).space.given("flash_attention") is None
 
 

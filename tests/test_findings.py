@@ -6,7 +6,7 @@ import pytest
 from comet_dse.cli import main
 from comet_dse.errors import InputError
 from comet_dse.report.build import build_report
-from comet_dse.report.findings import TOLERANCE, matches, specs_from
+from comet_dse.report.findings import BATHTUB_TOLERANCE, TOLERANCE, bathtub, matches, specs_from
 from test_report_config import _study
 
 FINDING = """title: Mine
@@ -33,6 +33,18 @@ def test_a_ratio_is_reproduced_within_the_tolerance_and_a_split_exactly():
     assert not matches(3.0, None, "x")
 
 
+def test_a_bathtub_needs_both_ends_more_than_the_tolerance_above_an_inner_minimum():
+    """By hand: MP1 1.03x and MP64 2.6x of MP2 is flat on the left (3 % < 5 %): no tub; MP1 1.2x is one."""
+    assert BATHTUB_TOLERANCE == 0.05
+    curve = [(1, "MP1_DP64", 1.03), (2, "MP2_DP32", 1.0), (8, "MP8_DP8", 1.1), (64, "MP64_DP1", 2.6)]
+    flat = bathtub(curve)
+    assert flat.value == "no" and "MP1_DP64 1.03x (flat: within 5%)" in flat.note
+    assert bathtub([(1, "MP1_DP64", 1.2)] + curve[1:]).value == "yes"
+    assert bathtub([(1, "a", 1.0), (2, "b", 1.5), (4, "c", 2.0)]).value == "no"     # minimum at an end
+    assert bathtub([(1, "a", 1.0), (2, "b", 1.5)]).value is None                      # too few splits
+    assert bathtub([(1, "a", 1.06), (2, "b", 1.0), (4, "c", 1.06)]).value == "yes"    # 6 % > 5 % on both sides
+
+
 def test_the_table_is_measured_into_the_page_and_findings_json(tmp_path):
     folder = tmp_path / "mine"
     _study(folder, "tiny", figures="[capacity]")
@@ -40,13 +52,18 @@ def test_the_table_is_measured_into_the_page_and_findings_json(tmp_path):
     page = build_report(folder, tmp_path / "out", progress=False)
     rows = json.loads((page.parent / "findings.json").read_text())
     assert [r["unit"] for r in rows] == ["x", "split"]
+    for row in rows:
+        assert {"finding", "paper", "unit", "readings", "status", "evidence"} <= set(row)
+        assert list(row["readings"]) == ["as written"]                 # no readings block: the studies as written
     speed, fit = rows
-    assert speed["paper_setup"] == speed["modern_setup"] and speed["paper_setup"] >= 1.0
-    assert speed["reproduced"] == (abs(speed["paper_setup"] - 1.0) <= 0.3)
-    assert fit["paper_setup"] == fit["modern_setup"] and fit["paper_setup"].startswith("MP")
-    assert (fit["paper_setup"] == "MP4_DP16") == fit["reproduced"]
+    value = speed["readings"]["as written"]
+    assert value == speed["modern_setup"]["value"] and value >= 1.0
+    assert speed["status"] == ("reproduced" if abs(value - 1.0) <= 0.3 else "contradicted")
+    assert fit["readings"]["as written"].startswith("MP")
+    assert (fit["readings"]["as written"] == "MP4_DP16") == (fit["status"] == "reproduced")
     html = page.read_text()
     assert '<table class="findings">' in html and "x2 capacity: speedup" in html and "the same study twice" in html
+    assert "Score: comet-dse reproduces" in html
 
 
 @pytest.mark.parametrize("text, field", [

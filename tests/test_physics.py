@@ -1,6 +1,6 @@
 """Physics that always holds, over the whole knob space and every cluster preset (with and without an expansion
 tier): MFU and HFU in (0, 1]; no improvement of any resource slows a step (FLOP/s of every dtype or one,
-HBM, SRAM and vector rates, each network dimension's bandwidth, efficiency and latency, the expansion tier's
+HBM, SRAM and vector rates, fewer SMs held by communication kernels, the sustained tensor rate, each network dimension's bandwidth, efficiency and latency, the expansion tier's
 bandwidth, latency and capacity, HBM capacity); transfers pay for the dimensions they cross.
 
 The second hardening round's probes are regression tests below. Hypothesis draws the points; CI runs them
@@ -87,6 +87,8 @@ def improvements(cluster) -> dict:
         "hbm_capacity": _acc(cluster, hbm=dc.replace(acc.hbm, capacity=2 * acc.hbm.capacity)),
         "sram_bandwidth": _acc(cluster, sram=dc.replace(acc.sram, bandwidth=2 * acc.sram.bandwidth)),
         "vector_flops": _acc(cluster, vector_flops=2 * acc.vector_flops),
+        "comm_units": _acc(cluster, comm_units=acc.comm_units // 2),   # communication takes fewer SMs
+        "tensor_sustained": _acc(cluster, tensor_sustained={d: 1.0 for d in acc.peak_flops}),
     }
     if acc.expansion is not None:
         exp = acc.expansion

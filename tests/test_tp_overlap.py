@@ -31,12 +31,17 @@ def _tp_per_microbatch(cluster, strategy):
 
 
 def test_overlap_only_moves_time_out_of_tp_communication():
-    plain = estimate(GPT3, A100, 64, BASE)
-    overlapped = estimate(GPT3, A100, 64, dc.replace(BASE, tp_overlap=True))
+    """Where communication kernels take no SMs (comm_units 0); with them, the hidden part slows the GEMMs
+    beside it (tests/test_h100_mechanisms.py)."""
+    quiet = dc.replace(A100, accelerator=dc.replace(A100.accelerator, comm_units=0))
+    plain = estimate(GPT3, quiet, 64, BASE)
+    overlapped = estimate(GPT3, quiet, 64, dc.replace(BASE, tp_overlap=True))
     assert overlapped.breakdown_s["tp_communication"] < plain.breakdown_s["tp_communication"]
     assert overlapped.step_time_s < plain.step_time_s
     for part in ("compute", "memory", "pp_communication", "dp_communication", "optimizer"):
         assert overlapped.breakdown_s[part] == pytest.approx(plain.breakdown_s[part])
+    busy = estimate(GPT3, A100, 64, dc.replace(BASE, tp_overlap=True))
+    assert overlapped.breakdown_s["compute"] < busy.breakdown_s["compute"] < plain.step_time_s
 
 
 def test_without_tp_there_is_nothing_to_overlap():

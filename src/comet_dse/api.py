@@ -77,7 +77,18 @@ def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = No
         if devices % (tp * cp * pp):
             raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {tp * cp * pp}; give dp")
         given["dp"] = devices // (tp * cp * pp)
-    return _estimate(model, cluster, devices, Strategy(**given), tokens=token_budget(tokens))
+    return with_band(_estimate(model, cluster, devices, Strategy(**given), tokens=token_budget(tokens)), cluster)
+
+
+def with_band(result: Estimate, cluster: Cluster) -> Estimate:
+    """``result`` with its error band (errorband.band_for: the validation residuals of this accelerator and
+    precision, or "not validated")."""
+    from dataclasses import replace
+
+    from comet_dse.errorband import band_for
+
+    dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
+    return replace(result, error_band=band_for(cluster.accelerator.name, dtype))
 
 
 def token_budget(tokens) -> float | None:
@@ -134,7 +145,8 @@ class SearchResults(Tabular):
 
     def estimate(self, rank: int = 1) -> Estimate:
         """The full estimate (breakdown, memory by part) of the strategy ranked ``rank``."""
-        return _estimate(self.model, self.cluster, self.devices, self.strategy(rank), tokens=self.tokens)
+        return with_band(_estimate(self.model, self.cluster, self.devices, self.strategy(rank), tokens=self.tokens),
+                         self.cluster)
 
     @property
     def best(self) -> Estimate | None:

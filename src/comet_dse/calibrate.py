@@ -83,6 +83,8 @@ def parameters(cluster: Cluster) -> dict:
         "gemm": Parameter("gemm", 0.2, 1.0, "fraction", "16-bit GEMM main-loop efficiency (matmul_efficiency)"),
         "gemm_fp8": Parameter("gemm_fp8", 0.2, 1.0, "fraction", "fp8 GEMM main-loop efficiency"),
         "memory": Parameter("memory", 0.2, 1.0, "fraction", "achievable fraction of HBM bandwidth"),
+        "sustained": Parameter("sustained", 0.3, 1.0, "fraction",
+                               "sustained fraction of the benchmark tensor rates, every dtype (tensor_sustained)"),
         "attention": Parameter("attention", 0.25, _attention_ceiling(cluster), "x",
                                "multiplier on the fused attention kernels' efficiencies"),
         "kernel_overhead": Parameter("kernel_overhead", 0.0, 50e-6, "s", "fixed cost per kernel launch"),
@@ -116,6 +118,8 @@ def _get(cluster: Cluster, name: str):
         return acc.matmul_efficiencies().get("fp8", acc.matmul_efficiency)
     if name == "memory":
         return acc.hbm.efficiency
+    if name == "sustained":
+        return acc.sustained("bf16")
     if name == "attention":
         return 1.0
     if name == "kernel_overhead":
@@ -137,6 +141,8 @@ def _put(cluster: Cluster, name: str, value) -> Cluster:
         return dc.replace(cluster, accelerator=dc.replace(acc, matmul_efficiency_by_dtype=by_dtype))
     if name == "memory":
         return dc.replace(cluster, accelerator=dc.replace(acc, hbm=dc.replace(acc.hbm, efficiency=value)))
+    if name == "sustained":
+        return dc.replace(cluster, accelerator=dc.replace(acc, tensor_sustained={d: value for d in acc.peak_flops}))
     if name == "attention":
         from comet_dse.strategy import AttentionKernel
 
@@ -541,6 +547,8 @@ def _write(data: dict, cluster: Cluster, name: str, value: float) -> None:
         acc["matmul_efficiency"] = table
     elif name == "memory":
         acc["memory"]["hbm"]["efficiency"] = round(value, 4)
+    elif name == "sustained":
+        acc["tensor_sustained"] = round(value, 4)
     elif name == "attention":
         rates = cluster.accelerator.attention_efficiency or {
             k: (cluster.accelerator.matmul_efficiency,) * 2 for k in ("fa2", "fa3", "cudnn")}

@@ -29,6 +29,8 @@ class Estimate(Tabular):
     other than memory (``runnable`` is False): the JSON then holds null for them.
     ``training``: with a token budget (``estimate(..., tokens=)``), time to train, device time, energy and
     cost (economics.py: economics.training_of; SI units, NaN / null where an input is unknown).
+    ``error_band``: the step-time error the validation residuals give for this accelerator and precision
+    (errorband.band_for; the API and the command line add it), or None.
     """
 
     feasible: bool
@@ -49,6 +51,7 @@ class Estimate(Tabular):
     layers_per_stage: int
     inputs: dict = field(default_factory=dict)
     training: dict | None = None
+    error_band: dict | None = None    # the error to expect (errorband.band_for), where the caller adds it
 
     @property
     def runnable(self) -> bool:
@@ -95,6 +98,7 @@ class Estimate(Tabular):
             "inputs": dict(self.inputs),
             "training": (dict(self.training, **{k: None for k in TRAINING_COLUMNS}) if not timed
                          else dict(self.training)) if self.training is not None else None,
+            "error_band": dict(self.error_band) if self.error_band is not None else None,
         }
 
 

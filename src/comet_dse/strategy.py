@@ -445,6 +445,14 @@ class Strategy:
         "behind communication or prefetched across passes; on, it replaces expansion_overlap",
         label=lambda v: "expansion tier as a remote-memory roofline" if v else "expansion tier as a traffic model",
         short="xr")
+    fp8_amax_reduction: bool = knob(
+        False, "with dtype fp8: Transformer Engine's delayed scaling all-reduces the amax of every fp8 tensor over "
+        "the TP x DP x CP group, blocking, at each model chunk's forward and backward (TE 1.x reduce_amax with "
+        "NVTE_ASYNC_AMAX_REDUCTION=0, as NVIDIA's MLPerf v3.1 GPT-3: FP8_REDUCE_AMAX=True); off: none that "
+        "blocks (NVTE_DP_AMAX_REDUCE_INTERVAL=0, NVTE_ASYNC_AMAX_REDUCTION=1, or per-block scaling)",
+        layout=True, applies=lambda s: _is_fp8(s),
+        label=lambda v: "fp8 amax all-reduced per chunk" if v else "no blocking fp8 amax reduction",
+        short="amax")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",
@@ -485,6 +493,13 @@ def _plain(value):
     if isinstance(value, Zero):
         return int(value)
     return value.value if isinstance(value, Enum) else value
+
+
+def _is_fp8(s):
+    """Where the dtype is fp8 (a Strategy, or StrategyArrays holding codes)."""
+    if isinstance(s, StrategyArrays):
+        return s.uses(Dtype.FP8)
+    return s.dtype is Dtype.FP8
 
 
 def _not_fp16(s):

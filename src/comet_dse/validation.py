@@ -48,11 +48,38 @@ class Comparison:
     fits: bool | None = None
     memory_bytes: float | None = None
     capacity_bytes: float | None = None
+    hardware: str = ""        # the accelerator the run used (its preset's accelerator name)
+    framework: str = ""       # the software that ran it (FRAMEWORKS)
+    dtype: str = ""           # the training precision
 
     @property
     def error(self) -> float:
         """Relative error (predicted - measured) / measured."""
         return (self.predicted - self.measured) / self.measured
+
+
+# The software stack of each dataset's runs, as the sources state it (docs/validation.md).
+MEGATRON_2022 = "Megatron-LM 2022"
+MEGATRON_2021 = "Megatron-LM 2021"
+NEMO_MLPERF = "NeMo + Megatron-Core + Transformer Engine (MLPerf)"
+LLAMA3 = "Meta Llama 3 stack"
+
+
+def whole_runs(comparisons: list) -> list:
+    """The comparisons that are whole training steps (Table 4's per-layer times are not)."""
+    return [c for c in comparisons if c.fits is not None]
+
+
+def group_summary(comparisons: list, key: str) -> dict:
+    """Whole runs grouped by ``key`` ("hardware", "framework" or "dtype"): group -> {runs, mean_abs_error,
+    max_abs_error, mean_error, low, high} (fractions; low and high the most negative and most positive
+    signed error)."""
+    groups = {}
+    for comp in whole_runs(comparisons):
+        groups.setdefault(getattr(comp, key), []).append(comp.error)
+    return {g: {"runs": len(e), "mean_abs_error": sum(abs(x) for x in e) / len(e),
+                "max_abs_error": max(abs(x) for x in e), "mean_error": sum(e) / len(e),
+                "low": min(e), "high": max(e)} for g, e in groups.items()}
 
 
 def validation_dir() -> Path:
@@ -112,7 +139,8 @@ def table5_comparisons(cluster: Cluster, directory: Path) -> list:
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         mode = "selective+SP" if strategy.sequence_parallel else row["recompute"]
         label = f"{row['model']} {mode} {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
-        out.append(_compared(TABLE5, label, result, float(row["measured_iteration_time_s"]), cluster))
+        out.append(_compared(TABLE5, label, result, float(row["measured_iteration_time_s"]), cluster,
+                             MEGATRON_2022, strategy.dtype.value))
     return out
 
 
@@ -125,7 +153,8 @@ def table1_comparisons(cluster: Cluster, directory: Path) -> list:
         strategy = _strategy(row, grad_accumulation=GradAccumulation.SEPARATE, dp_overlap=torch_ddp)
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         label = f"{row['params_b']}B {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
-        out.append(_compared(TABLE1, label, result, float(row["derived_iteration_time_s"]), cluster))
+        out.append(_compared(TABLE1, label, result, float(row["derived_iteration_time_s"]), cluster,
+                             MEGATRON_2021, strategy.dtype.value))
     return out
 
 
@@ -140,8 +169,10 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
                             sequence_parallel=row["sequence_parallel"].lower() == "true", dtype="fp16")
         times = layer_times(model, cluster, 8, strategy)
         name = row["experiment"]
-        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, float(row["forward_ms"]) / 1e3))
-        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, float(row["backward_ms"]) / 1e3))
+        where = {"hardware": cluster.accelerator.name, "framework": MEGATRON_2022, "dtype": "fp16"}
+        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, float(row["forward_ms"]) / 1e3, **where))
+        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, float(row["backward_ms"]) / 1e3,
+                              **where))
     return out
 
 
@@ -152,7 +183,10 @@ def h100_strategy(row: dict) -> Strategy:
     communication overlap, fused attention (Transformer Engine: cuDNN's
     kernel), gradient reduction overlapped, and
     pipeline send/recv overlapped (overlap_p2p_comm: True in the submission's
-    conf/custom.yaml, mlcommons/training_results_v3.1).
+    conf/custom.yaml, mlcommons/training_results_v3.1), and fp8 amaxes
+    all-reduced per model chunk (config_fp8.sh: FP8_REDUCE_AMAX=True; Transformer
+    Engine 1.x reduces them blocking unless NVTE_ASYNC_AMAX_REDUCTION=1, which the
+    v3.1 configs do not set).
     Llama 3 (Dubey et al. 2024, Sec. 3.3.2): ZeRO 2 over DP, parameters not
     resharded, K/V all-gathered for CP, flash attention (FlashAttention-2: the
     paper names no kernel; FA3 postdates the run), and the embedding and
@@ -163,7 +197,7 @@ def h100_strategy(row: dict) -> Strategy:
     return _strategy(
         row, tp_overlap="tp-comm-overlap" in extra, cp_algorithm="all-gather" if "all-gather" in extra else "ring",
         pp_overlap=mlperf, pipeline_split="balanced" if mlperf else "embedding-loss",
-        attention_kernel="cudnn" if mlperf else "fa2",
+        attention_kernel="cudnn" if mlperf else "fa2", fp8_amax_reduction=mlperf and row["dtype"] == "fp8",
     )
 
 
@@ -186,15 +220,19 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
             peak = cluster.accelerator.flops(strategy.dtype.value)
             reported = model_flops(model, strategy.global_batch, causal=False)
             measured = reported / (int(row["gpus"]) * peak * float(row["measured"]))
-        out.append(_compared(H100, row["id"], result, measured, cluster))
+        out.append(_compared(H100, row["id"], result, measured, cluster,
+                             NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3, strategy.dtype.value))
     return out
 
 
-def _compared(dataset: str, label: str, result, measured: float, cluster: Cluster) -> Comparison:
-    """A whole run's Comparison: its step time, whether it fits and its memory per device (reserve included)."""
+def _compared(dataset: str, label: str, result, measured: float, cluster: Cluster, framework: str = "",
+              dtype: str = "") -> Comparison:
+    """A whole run's Comparison: its step time, whether it fits and its memory per device (reserve included),
+    the accelerator, the software stack and the precision it ran with."""
     return Comparison(dataset, label, result.step_time_s, measured, fits="memory" not in result.broken_rules,
                       memory_bytes=float(result.memory_per_device_bytes),
-                      capacity_bytes=float(cluster.accelerator.state_capacity))
+                      capacity_bytes=float(cluster.accelerator.state_capacity),
+                      hardware=cluster.accelerator.name, framework=framework, dtype=dtype)
 
 
 def recall(comparisons: list) -> dict:

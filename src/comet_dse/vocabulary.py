@@ -283,3 +283,12 @@ TRAINING_QUANTITY = {q.key: q for q in TRAINING}
 def training_label(key: str) -> str:
     """The label of a training quantity (the key itself for one the vocabulary does not know)."""
     return TRAINING_QUANTITY[key].label if key in TRAINING_QUANTITY else key
+
+
+# The error band of an estimate (errorband.py; docs/validation.md, "Error band"): the range of the signed
+# step-time errors, (predicted - measured) / measured, of the published runs on the same accelerator in the
+# same precision; "not validated" where none backs it. Terminal text, JSON key and the explorer use these.
+ERROR_BAND_LABEL = "Error band"
+ERROR_BAND_KEY = "error_band"
+ERROR_BAND_MEANING = ("signed step-time error (predicted - measured) / measured of the published runs on the same "
+                      "accelerator in the same precision (16-bit or fp8); 'not validated' where none backs it")

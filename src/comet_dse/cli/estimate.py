@@ -27,7 +27,10 @@ def run(args) -> int:
 
     model, cluster = load_inputs(args)
     cluster.dim_sizes(args.devices)
-    result = estimate(model, cluster, args.devices, strategy_from(args, args.devices), tokens=args.tokens)
+    from comet_dse.api import with_band
+
+    result = with_band(estimate(model, cluster, args.devices, strategy_from(args, args.devices), tokens=args.tokens),
+                       cluster)
     reasons = dict(zip(result.broken_rules, result.reasons))   # the two lists run in rule order
     for code, field in SPLIT_RULES.items():
         if code in reasons:

@@ -8,7 +8,7 @@ from comet_dse.estimate import Estimate
 from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
 from comet_dse.text import printable, render_table
 from comet_dse.units import format_bytes, format_count, format_duration, format_energy, format_time, format_usd
-from comet_dse.vocabulary import breakdown_labels, legend_line, memory_label, resource, training_label
+from comet_dse.vocabulary import ERROR_BAND_LABEL, breakdown_labels, legend_line, memory_label, resource, training_label
 
 
 def render_dry_run(study, points: list, limit: int | None) -> str:
@@ -61,6 +61,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         return printable("\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est)))
     lines += [
         f"Step time        {format_time(est.step_time_s)}",
+        *([f"{ERROR_BAND_LABEL:17s}{est.error_band['text']}"] if est.error_band else []),
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
         f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
         "",

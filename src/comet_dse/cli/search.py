@@ -33,8 +33,10 @@ def run(args) -> int:
         write_atomically(to_arrow(result.columns), Path(args.output))
     best = None
     if result.feasible:
-        best = estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
-                        tokens=args.tokens)
+        from comet_dse.api import with_band
+
+        best = with_band(estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
+                                  tokens=args.tokens), cluster)
     per_dtype = best_by(result, "dtype")
     if args.json:
         top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]

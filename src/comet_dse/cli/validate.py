@@ -21,8 +21,9 @@ def run(args) -> int:
 
     from comet_dse.presets import load_cluster
     from comet_dse.text import render_table
-    from comet_dse.validation import all_comparisons, memory_comparisons, memory_summary, recall, summary, \
-        validation_dir
+    from comet_dse.errorband import bands_of
+    from comet_dse.validation import all_comparisons, group_summary, memory_comparisons, memory_summary, recall, \
+        summary, validation_dir
 
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
@@ -44,6 +45,8 @@ def run(args) -> int:
     except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
         raise InputError("data", f"memory.csv holds a value that is not valid: {exc}") from None
     fits = recall(comparisons)
+    groups = {key: group_summary(comparisons, key) for key in ("hardware", "framework")}
+    bands = bands_of(comparisons)
     if args.json:
         print(jsonout.dumps({
             "data": str(directory),
@@ -51,6 +54,8 @@ def run(args) -> int:
                       "error": c.error, "fits": c.fits, "memory_per_device_bytes": c.memory_bytes,
                       "capacity_bytes": c.capacity_bytes} for c in comparisons],
             "summary": stats,
+            "groups": groups,
+            "error_bands": bands,
             "feasibility_recall": fits,
             "memory": {"rows": [{"label": c.label, "predicted_bytes": c.predicted, "measured_bytes": c.measured,
                                  "measures": c.measures, "error": c.error, "source": c.source} for c in memory],
@@ -65,6 +70,17 @@ def run(args) -> int:
     rows = [[k.removesuffix(".csv"), v["rows"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%"]
             for k, v in stats.items()]
     print(render_table(["dataset", "rows", "mean |error|", "max |error|"], rows))
+    for key, title in (("hardware", "hardware"), ("framework", "framework")):
+        rows = [[g, v["runs"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%",
+                 f"{v['mean_error'] * 100:+.1f}%", f"{v['low'] * 100:+.1f}% .. {v['high'] * 100:+.1f}%"]
+                for g, v in groups[key].items()]
+        print(f"\nWhole runs by {title}\n")
+        print(render_table([title, "runs", "mean |error|", "max |error|", "mean error", "range"], rows, left=(0,)))
+    print("\nError bands (what estimate, search, whatif, the API and the explorer report; packaged copy: "
+          "errorband.py)\n")
+    rows = [[b["hardware"], b["precision"], b["runs"], f"{b['low'] * 100:+.1f}% .. {b['high'] * 100:+.1f}%",
+             b["frameworks"]] for b in bands]
+    print(render_table(["hardware", "precision", "runs", "error range", "frameworks"], rows, left=(0, 1, 4)))
     print(f"\nFeasibility recall: {fits['judged_to_fit']} of {fits['runs']} published runs judged to fit "
           f"(with each preset's reserved memory)" + (f"; not: {', '.join(fits['missed'])}" if fits["missed"] else ""))
     print("\nPeak memory per device, predicted vs measured (memory.csv)\n")

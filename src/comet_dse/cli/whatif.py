@@ -11,7 +11,7 @@ from comet_dse.cli.options import add_search_inputs, add_tokens_option, load_inp
 from comet_dse.errors import InputError
 from comet_dse.strategy import legend
 from comet_dse.units import format_bytes, format_time
-from comet_dse.vocabulary import BANDWIDTH_CONVENTION, resource as described
+from comet_dse.vocabulary import BANDWIDTH_CONVENTION, ERROR_BAND_LABEL, resource as described
 from comet_dse.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
 
 
@@ -67,13 +67,24 @@ def run(args) -> int:
     if args.figure:
         written.write_file(args.figure, lambda tmp: figure(result, tmp, Path(args.figure).suffix[1:].lower()),
                            "--figure", _file_inputs(args))
+    band = _band(cluster, result)
     if args.json:
-        print(jsonout.dumps(result.to_dict(), indent=2))
+        print(jsonout.dumps({**result.to_dict(), "error_band": band}, indent=2))
     else:
         print(render(result))
+        if band:
+            print(f"\n{ERROR_BAND_LABEL} of the baseline: {band['text']}")
         if args.figure:
             print(f"\nWrote {args.figure}")
     return 0
+
+
+def _band(cluster, result: WhatIf) -> dict | None:
+    """The error band (errorband.band_for) of the baseline's best strategy, None when nothing fits."""
+    from comet_dse.errorband import band_for
+
+    strategy = result.baseline.strategy
+    return band_for(cluster.accelerator.name, strategy.get("dtype", "bf16")) if strategy else None
 
 
 def render(result: WhatIf) -> str:

@@ -25,7 +25,9 @@ class Device:
     the vector units; overhead: seconds per kernel; peak16, matmul_eff16:
     16-bit matrix FLOP/s and its GEMM efficiency (what kernels outside fp8 run
     at in fp8 training: attention, LM head); attn_fwd, attn_bwd: long-sequence fraction of peak16 the fused
-    attention kernel sustains in forward and backward.
+    attention kernel sustains in forward and backward; sustained, sustained16: the fraction of those
+    benchmark rates the tensor units hold for minutes at the power limit (the step's dtype, 16-bit);
+    comm_share: the share of the compute units a communication kernel holds while it runs.
     """
 
     peak: object
@@ -44,12 +46,15 @@ class Device:
     matmul_eff16: object = None
     attn_fwd: object = None
     attn_bwd: object = None
+    sustained: object = 1.0
+    sustained16: object = 1.0
+    comm_share: object = 0.0
 
     def sixteen_bit(self) -> "Device":
         """The same device with the 16-bit peak as its matrix rate (GEMMs that fp8 training leaves in bf16)."""
         from dataclasses import replace
 
-        return replace(self, peak=self.peak16, matmul_eff=self.matmul_eff16)
+        return replace(self, peak=self.peak16, matmul_eff=self.matmul_eff16, sustained=self.sustained16)
 
 
 @dataclass(frozen=True)
@@ -113,15 +118,25 @@ def quantisation_efficiency(batch, m, n, dev: Device):
     return np.where(big_tiles >= dev.units, big, small)
 
 
-def pipeline_efficiency(k, dev: Device):
-    """Main-loop share of a tile's time: kt / (kt + c) with kt = ceil(k / tile_k).
+TILE_K_BYTES_OF = 2.0   # the preset's matmul_tile k counts 16-bit elements (docs/hardware.md)
+
+
+def pipeline_efficiency(k, dev: Device, bytes_per_el=TILE_K_BYTES_OF):
+    """Main-loop share of a tile's time: kt / (kt + c) with kt = ceil(k e / (2 tile_k)).
 
     Each output tile runs kt main-loop iterations plus about c iterations'
     worth of work that does not overlap them: filling the multi-stage copy
     pipeline (prologue) and converting and storing the accumulators
     (epilogue). Short reductions (attention scores, k = head dim) pay most.
+    A main-loop iteration stages the same bytes of A and B whatever the
+    element width (128 B of k on Hopper's TMA tiles), so 1-byte (fp8) inputs
+    take 2 tile_k elements of k per iteration and have half the iterations of
+    a 16-bit GEMM of the same k, at the same time each (twice the FLOPs at
+    twice the rate): CUTLASS's SM90 fp8 GEMM uses a k tile of 128
+    (examples/54_hopper_fp8_warp_specialized_gemm, TileShape 64x128x128)
+    where its 16-bit GEMMs use 64.
     """
-    kt = np.ceil(k / dev.tile_k)
+    kt = np.ceil(k * bytes_per_el / (TILE_K_BYTES_OF * dev.tile_k))
     return kt / (kt + dev.pipeline_overhead)
 
 
@@ -141,10 +156,11 @@ def gemm_hbm_bytes(batch, m, n, k, bytes_in, bytes_out, sram_cap):
     return batch * (bytes_in * (a_reads + b_reads) + bytes_out * m * n)
 
 
-def matmul_rate(batch, m, n, k, dev: Device):
-    """Achievable FLOP/s of a batch x (m x n) output reduced over k:
-    peak * matmul_eff * quantisation_efficiency * pipeline_efficiency."""
-    return dev.peak * dev.matmul_eff * quantisation_efficiency(batch, m, n, dev) * pipeline_efficiency(k, dev)
+def matmul_rate(batch, m, n, k, dev: Device, bytes_per_el=TILE_K_BYTES_OF):
+    """Achievable FLOP/s of a batch x (m x n) output reduced over k with inputs of ``bytes_per_el``:
+    peak * matmul_eff * sustained * quantisation_efficiency * pipeline_efficiency."""
+    return (dev.peak * dev.matmul_eff * dev.sustained * quantisation_efficiency(batch, m, n, dev)
+            * pipeline_efficiency(k, dev, bytes_per_el))
 
 
 ATTENTION_BLOCK = 128   # query and key block of FlashAttention-2/3 and cuDNN for head dim <= 128 (Dao 2023; Shah et al. 2024)
@@ -153,7 +169,7 @@ ATTENTION_BLOCK = 128   # query and key block of FlashAttention-2/3 and cuDNN fo
 def attention_rate(batch, s_q, s_k, d, efficiency, dev: Device, causal: bool = True):
     """FLOP/s of a fused (flash) attention kernel over batch x (s_q queries, s_k keys) at head dim d.
 
-        rate = peak16 * efficiency * quantisation_efficiency(batch, s_q, d) * loop * mask
+        rate = peak16 * efficiency * sustained16 * quantisation_efficiency(batch, s_q, d) * loop * mask
         loop = k / (k + c)      k = key blocks a query block visits (n, or (n + 1)/2 when causal),
                                 n = ceil(s_k / 128), c = the device's non-overlapped iterations per tile
         mask = n / (n + 1)      causal only: the diagonal blocks are computed whole and half used
@@ -168,7 +184,7 @@ def attention_rate(batch, s_q, s_k, d, efficiency, dev: Device, causal: bool = T
     visits = (n + 1.0) / 2.0 if causal else n
     loop = visits / (visits + dev.pipeline_overhead)
     mask = n / (n + 1.0) if causal else 1.0
-    return dev.peak16 * efficiency * quantisation_efficiency(batch, s_q, d, dev) * loop * mask
+    return dev.peak16 * efficiency * dev.sustained16 * quantisation_efficiency(batch, s_q, d, dev) * loop * mask
 
 
 def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:
@@ -178,7 +194,7 @@ def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:
     achievable HBM bandwidth.
     """
     flops = 2.0 * batch * m * n * k
-    rate = matmul_rate(batch, m, n, k, dev)
+    rate = matmul_rate(batch, m, n, k, dev, bytes_per_el)
     moved = gemm_hbm_bytes(batch, m, n, k, bytes_per_el, bytes_per_el, dev.sram_cap)
     return roofline(flops, rate, moved, dev.hbm_bw, dev.overhead)
 

@@ -92,21 +92,50 @@ class LayerCost:
     tp_messages_backward: object = 2.0  # TP all-reduces in backward (Transformer.tp_operators)
 
 
-def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1):
+def fp8_of(shape: LayerShape):
+    """1.0 where the GEMM inputs are fp8 (1 byte), else 0.0."""
+    return np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
+
+
+# Transformer Engine's fp8 passes (delayed scaling, TE 1.x; docs/model.md, "The fp8 recipe's own kernels"):
+# the fp8 GEMMs on Hopper take both operands K-major, so the weight-gradient GEMM needs the input and the
+# output gradient transposed. Bytes per element:
+FP8_CAST_TRANSPOSE = 4.0   # fp8_cast_transpose(_bgrad)_fused: read the 16-bit tensor (2), write fp8 and its
+                           # transpose (1 + 1); the bias gradient is reduced in the same pass
+FP8_TRANSPOSE = 2.0        # fp8_transpose of an input a fused kernel already wrote in fp8: read 1, write 1
+
+
+def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, fused_input=False, fused_grad=False):
     """Forward GEMM and backward (input-gradient + weight-gradient) GEMMs of one linear layer.
 
-    In fp8 training (GEMM inputs of 1 byte) each GEMM's 16-bit operands are
-    cast first: the activation in forward and the output gradient in backward
-    (read 2 bytes, write 1 byte per element, plus an amax reduction), as
-    Transformer Engine does; the fp8 weight copy is made once per step.
+    In fp8 training (GEMM inputs of 1 byte) Transformer Engine casts each
+    GEMM's 16-bit operands to fp8 and transposes them for the weight-gradient
+    GEMM, in one pass per tensor where no other kernel does it:
+    - the input: ``fp8_cast_transpose_fused`` in forward (read 2, write 1 + 1
+      bytes per element), or, when the kernel producing it writes fp8 itself
+      (``fused_input``: a LayerNorm fused into the layer, LayerNormLinear and
+      LayerNormMLP, or the MLP activation, TE's fused activation-cast), only
+      ``fp8_transpose`` of that fp8 output in backward (read 1, write 1);
+    - the output gradient in backward: ``fp8_cast_transpose_bgrad_fused``
+      (read 2, write 1 + 1, the bias gradient reduced in the same pass), or
+      nothing when the activation's backward writes it in fp8 and transposed
+      (``fused_grad``: TE's dgelu/dswiglu-cast-transpose for the MLP's up
+      projection).
+    The weights are cast once per step (cost/layout.py: fp8 weight cast);
+    the amax all-reduce per model chunk is a strategy knob (cost/step.py).
+    Source: TransformerEngine transformer_engine/pytorch/module/{linear,
+    layernorm_linear,layernorm_mlp}.py (TE 1.x) and its cpp_extensions
+    (cast_transpose, fp8_transpose, dgelu_cast_transpose_bgrad).
     """
     fwd = gemm_time(batch, tokens, n_out, n_in, shape.gemm_e, dev)
     dgrad = gemm_time(batch, tokens, n_in, n_out, shape.gemm_e, dev)
     wgrad = gemm_time(batch, n_in, n_out, tokens, shape.gemm_e, dev)
-    fp8 = np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
-    cast_f = elementwise_time(batch * tokens * n_in, 3.0, 2, dev).scale(fp8)
-    cast_b = elementwise_time(batch * tokens * n_out, 3.0, 2, dev).scale(fp8)
-    return fwd + cast_f, dgrad + wgrad + cast_b
+    fp8 = fp8_of(shape)
+    inputs = batch * tokens * n_in
+    cast_f = elementwise_time(inputs, FP8_CAST_TRANSPOSE, 2, dev).scale(fp8 * (not fused_input))
+    transpose_b = elementwise_time(inputs, FP8_TRANSPOSE, 0, dev).scale(fp8 * fused_input)
+    cast_b = elementwise_time(batch * tokens * n_out, FP8_CAST_TRANSPOSE, 2, dev).scale(fp8 * (not fused_grad))
+    return fwd + cast_f, dgrad + wgrad + cast_b + transpose_b
 
 
 def _bias_grad(rows, n_out, shape: LayerShape, dev: Device, batch=1) -> KernelTime:
@@ -292,9 +321,9 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
         share = att.tp_share(proj, t)
         n_in = proj.n_in * share if proj.shard == "in" else proj.n_in
         n_out = proj.n_out * share if proj.shard == "out" else proj.n_out
-        f, b = _linear(tok, n_in, n_out, shape, dev)
+        f, b = _linear(tok, n_in, n_out, shape, dev, fused_input=proj.shard == "out")
         rows = _bias_rows(model.projection_bias(proj), shape, proj.shard)
-        fwd, bwd = fwd + f, bwd + b + _bias_grad(rows, n_out, shape, dev)
+        fwd, bwd = fwd + f, bwd + b + _bias_grad(rows, n_out, shape, dev).scale(1.0 - fp8_of(shape))
         if proj.shard in ("in", "out"):
             tp_f, tp_b = tp_f + f.total, tp_b + b.total
         if proj.shard == "in" or proj.n_in != h:
@@ -312,26 +341,31 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
     return block, core_f, core_saved, kv_bytes
 
 
-def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1, routed=False) -> _Block:
+def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1, routed=False,
+         fused=True) -> _Block:
     """A (possibly batched, one per local expert) feed-forward block on ``tokens`` rows each; FFN split over t.
 
     Up (gate and up for SwiGLU), activation, down. Saved: the activation's
     input(s) and the down projection's input. Biases of routed experts are
     added to their own ``tokens`` rows; a dense block's as ``_bias_rows`` says.
     Up and down are TP-adjacent GEMMs, except for routed experts, which sit
-    behind the expert all-to-all instead.
+    behind the expert all-to-all instead. ``fused``: in fp8, the block is
+    Transformer Engine's LayerNormMLP (the norm, the activation and its
+    backward write fp8 themselves, ``_linear``); experts (TE GroupedLinear
+    after the token permutation) cast their inputs and gradients separately.
     """
     h, t, e = model.hidden, shape.t, shape.e
     up_cols = (2 * ffn if model.mlp.gated else ffn) / t
     up_rows, down_rows = _bias_rows(model.mlp_biased, shape, "out"), _bias_rows(model.mlp_biased, shape, "in")
     if routed:
         up_rows = down_rows = tokens if model.mlp_biased else 0.0
-    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts)
+    up_f, up_b = _linear(tokens, h, up_cols, shape, dev, batch=experts, fused_input=fused, fused_grad=fused)
     act_flops = {MLPKind.SWIGLU: FLOPS_SWIGLU, MLPKind.GEGLU: FLOPS_GEGLU}.get(model.mlp.kind, FLOPS_GELU)
     act_in = 2 if model.mlp.gated else 1
     act_f, act_b = _pointwise(experts * tokens * ffn / t, (act_in + 1) * e, (2 * act_in + 1) * e, act_flops, dev)
-    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts)
-    biases = _bias_grad(up_rows, up_cols, shape, dev, experts) + _bias_grad(down_rows, h, shape, dev, experts)
+    down_f, down_b = _linear(tokens, ffn / t, h, shape, dev, batch=experts, fused_input=fused)
+    biases = (_bias_grad(up_rows, up_cols, shape, dev, experts)
+              + _bias_grad(down_rows, h, shape, dev, experts)).scale(1.0 - fp8_of(shape))
     saved = experts * tokens * ffn / t * (e * act_in + shape.gemm_e)   # activation input; down projection's input
     adjacent = 0.0 if routed else 1.0
     return _Block(up_f + act_f + down_f, up_b + act_b + down_b + biases, saved,
@@ -354,11 +388,11 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     gate_f, gate_b = _pointwise(tok * moe.experts, e + FP32, 2 * FP32, FLOPS_SOFTMAX, dev)
     local = moe.experts / shape.ep
     rows = tok * moe.top_k * shape.imbalance
-    routed = _ffn(rows / local, moe.ffn, model, shape, dev, experts=local, routed=True)
+    routed = _ffn(rows / local, moe.ffn, model, shape, dev, experts=local, routed=True, fused=False)
     block = _Block(router_f + gate_f + routed.forward, router_b + gate_b + routed.backward,
                    routed.saved + rows * h * e + tok * moe.experts * FP32)
     if moe.shared_ffn:
-        shared = _ffn(tok, moe.shared_ffn, model, shape, dev)
+        shared = _ffn(tok, moe.shared_ffn, model, shape, dev, fused=False)
         block = _Block(block.forward + shared.forward, block.backward + shared.backward, block.saved + shared.saved,
                        shared.tp_gemm_forward, shared.tp_gemm_backward)
     return block, tok / t * moe.top_k * shape.imbalance * h * e

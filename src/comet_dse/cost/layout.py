@@ -20,6 +20,7 @@ import numpy as np
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import memory_pass_time
 from comet_dse.cost.distinct import once_per_distinct
+from comet_dse.cost.layer import FP32
 from comet_dse.cost.memory import grad_bytes, model_state_bytes
 from comet_dse.cost.microbatch import context_of
 from comet_dse.cost.params import (
@@ -45,6 +46,26 @@ def optimizer_step_bytes(dtype_is_fp16, sixteen_bit_grads=False):
     the zeroing touch 2-byte gradients: 42 - 3 x 2 = 36.
     """
     return np.where(dtype_is_fp16, 54.0, np.where(sixteen_bit_grads, 36.0, 42.0))
+
+
+GRAD_NORM_BYTES = FP32   # the squared gradient norm of one device's shard: one fp32 value
+
+
+def step_scalar_reductions(st: StrategyArrays, ctx, is_fp16):
+    """The step's scalar all-reduces before the optimizer may update [s] (latency-bound).
+
+    Gradient clipping (Megatron-LM ``clip_grad_norm_fp32``): every device sums the squares of the gradients
+    it holds (the read is in ``optimizer_step_bytes``) and all-reduces that one fp32 value over the devices
+    holding different gradients: the TP and PP ranks, and with ZeRO >= 1 (each DP x CP rank holds a shard)
+    the DP and CP ranks too. fp16 adds the loss scaler's found-inf check, one more scalar all-reduce over the
+    same group (Megatron-LM ``MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan``):
+        T = (1 + [fp16]) AR(4 B, tp x pp (x dp x cp with ZeRO >= 1))
+    """
+    spans = ctx.spans
+    sharded = st.zero >= Zero.OPTIMIZER
+    shard = [np.where(sharded, d * c, 1.0) for d, c in zip(spans["dp"], spans["cp"])]
+    group = _joint(_joint(spans["tp"], spans["pp"]), shard)
+    return np.where(is_fp16, 2.0, 1.0) * coll.all_reduce_time(GRAD_NORM_BYTES, ctx.dims, group)
 
 
 def separate_accumulation_bytes(grad_el_bytes):
@@ -95,7 +116,9 @@ class Layout:
       "gradients", "optimizer") and its "n_dense" and "n_moe" layers;
     accumulate: one separate fp32 gradient accumulation pass [s];
     optimizer: the optimizer step [s];
-    dp: the data-parallel collectives (DataParallelComm).
+    dp: the data-parallel collectives (DataParallelComm);
+    weight_cast: fp8 training's cast of the stage's weights, once per step [s];
+    amax: fp8_amax_reduction's blocking all-reduces of one micro-batch on one stage [s].
     """
 
     strides: dict
@@ -106,6 +129,8 @@ class Layout:
     accumulate: object
     optimizer: object
     dp: DataParallelComm
+    weight_cast: object = 0.0
+    amax: object = 0.0
 
 
 def layout_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, context=None) -> Layout:
@@ -129,14 +154,48 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
     sharded = st.zero >= Zero.OPTIMIZER
     shards = (_shard_size(st, ctx, "dp"), _shard_size(st, ctx, "edp"))
     opt_params = params.shared / np.where(sharded, shards[0], 1) + params.expert / np.where(sharded, shards[1], 1)
-    optimizer = memory_pass_time(opt_params * optimizer_step_bytes(is_fp16, sixteen_grads), ctx.dev).total
+    optimizer = (memory_pass_time(opt_params * optimizer_step_bytes(is_fp16, sixteen_grads), ctx.dev).total
+                 + step_scalar_reductions(st, ctx, is_fp16))
     stage_layers = stage_layer_counts(model.layers, st.pp, slots)[2]
+    is_fp8 = st.uses(Dtype.FP8)
+    weight_cast = np.where(is_fp8, memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total, 0.0)
     return Layout(
         strides={"tp": ctx.strides["tp"], "dp": ctx.strides["dp"]}, pp_spans=ctx.spans["pp"],
         mixes=stage_mixes(model, st.pp, slots), stage_layers=stage_layers,
         memory=_state_bytes(model, st, candidates, gbytes, shards), accumulate=accumulate, optimizer=optimizer,
         dp=_data_parallel_comm(model, st, ctx, params, gbytes, np.maximum(stage_layers, 1.0)),
+        weight_cast=weight_cast, amax=_amax_reduction(model, st, ctx, stage_layers, is_fp8),
     )
+
+
+# fp8 training casts each 16-bit weight to fp8 and its transpose once per step, on the first micro-batch
+# (Transformer Engine's is_first_microbatch weight cache, which Megatron-LM and NeMo pass): read 2, write
+# 1 + 1 bytes per parameter (TE fp8_cast_transpose_fused).
+FP8_WEIGHT_CAST_BYTES = 4.0
+# Delayed-scaling metadata per fp8 GEMM (Transformer Engine FP8TensorMeta): forward keeps an amax for its
+# input, weight and output, backward for the output gradient and the input gradient; fp32 each.
+AMAX_FORWARD, AMAX_BACKWARD = 3, 2
+
+
+def _amax_reduction(model: Transformer, st: StrategyArrays, ctx, stage_layers, is_fp8):
+    """Seconds per micro-batch on one stage of fp8_amax_reduction's blocking all-reduces [s].
+
+    Transformer Engine 1.x reduces the amaxes of all fp8 tensors of an fp8_autocast region at its exit
+    (forward) and at the end of its backward, one all-reduce (MAX) each, over the amax reduction group
+    (Megatron-Core: the TP x DP x CP ranks), synchronously unless NVTE_ASYNC_AMAX_REDUCTION=1. Megatron and
+    NeMo wrap each model chunk's forward in its own region, so each micro-batch runs 2 v of them per stage:
+        T = v (AR(4 x 3 G L_c) + AR(4 x 2 G L_c)),   L_c = layers of the stage / v
+    G: fp8 GEMMs per layer (the attention projections and the MLP's two: TE LayerNormMLP fuses gate and up).
+    They are latency-bound (a few KB on up to thousands of ranks).
+    """
+    if not np.any(st.fp8_amax_reduction & is_fp8):
+        return 0.0
+    gemms = len(model.attention.projections(model.hidden)) + 2
+    per_chunk = gemms * np.maximum(stage_layers, 1.0) / st.interleave
+    group = _joint(_joint(ctx.spans["tp"], ctx.spans["dp"]), ctx.spans["cp"])
+    t = (coll.all_reduce_time(FP32 * AMAX_FORWARD * per_chunk, ctx.dims, group)
+         + coll.all_reduce_time(FP32 * AMAX_BACKWARD * per_chunk, ctx.dims, group))
+    return np.where(st.fp8_amax_reduction & is_fp8, st.interleave * t, 0.0)
 
 
 def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes, shards) -> list:

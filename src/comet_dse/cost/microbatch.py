@@ -44,6 +44,7 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
     bf16 = peaks.get("bf16", peaks.get("fp16", np.nan))
     sixteen = st.dtype_table({"bf16": bf16, "fp16": peaks.get("fp16", bf16), "fp8": bf16})
     attn_fwd, attn_bwd = attention_efficiencies(cluster, st)
+    sustained = st.dtype_table({d: acc.sustained(d) for d in peaks})
     return Device(
         peak=st.dtype_table(acc.peak_flops), matmul_eff=st.dtype_table(acc.matmul_efficiencies()),
         matmul_eff16=acc.matmul_efficiency, units=acc.compute_units,
@@ -52,6 +53,8 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
         peak16=sixteen, attn_fwd=attn_fwd, attn_bwd=attn_bwd,
+        sustained=sustained, sustained16=acc.sustained("bf16" if "bf16" in peaks else "fp16"),
+        comm_share=acc.comm_units / acc.compute_units,
     )
 
 
@@ -149,12 +152,43 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
                                                       np.where(ring_hides, ring - cp_fwd, 0.0)), ep_pass)
     ep_bwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.backward.total, tp_back - tp_bwd,
                                                       np.where(ring_hides, 2.0 * ring - cp_bwd, 0.0)), ep_pass)
-    rec = KernelTime(np.where(full, layer.forward.math, np.where(selective, layer.attention_core.math, 0.0)),
+    # the compute beside each hidden transfer runs on the units the communication kernels leave free
+    u = ctx.dev.comm_share
+    slow_f = contention(u, TP_OVERLAP_SM_SHARE * (tp_pass - tp_fwd) + np.where(ring_hides, ring - cp_fwd, 0.0)
+                        + (ep_pass - ep_fwd))
+    slow_b = contention(u, TP_OVERLAP_SM_SHARE * (tp_back - tp_bwd) + np.where(ring_hides, 2.0 * ring - cp_bwd, 0.0)
+                        + (ep_pass - ep_bwd))
+    forward = KernelTime(layer.forward.math + slow_f, layer.forward.memory)
+    backward = KernelTime(layer.backward.math + slow_b, layer.backward.memory)
+    rec = KernelTime(np.where(full, forward.math, np.where(selective, layer.attention_core.math, 0.0)),
                      np.where(full, layer.forward.memory, np.where(selective, layer.attention_core.memory, 0.0)))
     again = np.where(full, 1.0, 0.0)
     bwd_comm = again * (tp_fwd + ep_fwd + cp_fwd) + tp_bwd + ep_bwd + cp_bwd
-    return work(layer.forward, layer.backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd,
+    return work(forward, backward, rec, tp=(1.0 + again) * tp_fwd + tp_bwd,
                 ep=(1.0 + again) * ep_fwd + ep_bwd, cp=cp_fwd * (1.0 + again) + cp_bwd, bwd_comm=bwd_comm), layer
+
+
+# Of the TP collectives Transformer Engine overlaps with GEMMs (userbuffers, --tp-comm-overlap), the
+# all-gathers run as ring exchanges on the copy engines and take no SMs, the reduce-scatters (and the
+# bulk overlaps of backward) as SM kernels: TE comm_gemm_overlap (use_ce for ring_exchange), NVIDIA's
+# MLPerf v3.1 GPT-3 conf/tp_overlap/h100tp4pp8mbs1.yaml (ring_exchange for qkv_fprop, fc1_fprop,
+# proj_dgrad, fc2_dgrad; pipeline or bulk with 2-24 SMs for the others). With sequence parallelism each
+# pass has as many all-gathers as reduce-scatters, so half the hidden TP transfer time holds SMs.
+TP_OVERLAP_SM_SHARE = 0.5
+
+
+def contention(share, hidden):
+    """Compute time lost to communication kernels that run beside it [s].
+
+    A transfer of ``hidden`` seconds hidden behind compute holds a share u of the compute units
+    (Accelerator.comm_units / compute_units: NCCL runs one thread block per channel, each on its own SM;
+    DeepSeek-V3, arXiv:2412.19437 Sec. 3.2.2, gives 20 of an H800's 132 SMs to its all-to-alls), so the
+    compute beside it runs at 1 - u for that long. For compute W and a transfer c <= W hidden behind it:
+        T = max(c, W + u c),   i.e. u c added to the compute
+    (W + u c >= c whenever c <= W, which ``hidden`` guarantees). Monotone: more bandwidth shrinks c, more
+    compute units shrink u, faster compute shrinks W + u c - c (1 - u) min(c, W) never grows T.
+    """
+    return share * hidden
 
 
 def layer_phase_times(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:

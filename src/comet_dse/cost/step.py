@@ -23,7 +23,8 @@ from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
 from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes
 from comet_dse.cost.params import embedding_slots
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, deduplicated, network_dims, prefixed, work_total,
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated, network_dims, prefixed,
+    work_total,
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -106,13 +107,21 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     fwd, bwd = _forward_total(stage), _backward_total(stage)
 
     whole = st.uses(PipelineEngine.DEEPSPEED)   # every TP rank sends the whole activation, nothing to gather
-    p2p = _pipeline_p2p(st, network_dims(cluster, devices), lay.pp_spans, fwd, bwd,
-                        np.where(whole, 0.0, terms["regather"]), b * s / st.cp * h * e / np.where(whole, 1.0, st.tp))
+    p2p, p2p_hidden = _pipeline_p2p(st, network_dims(cluster, devices), lay.pp_spans, fwd, bwd,
+                                    np.where(whole, 0.0, terms["regather"]),
+                                    b * s / st.cp * h * e / np.where(whole, 1.0, st.tp))
+    # send/recv kernels beside the next chunk's compute slow it (cost/microbatch.py: contention)
+    u = cluster.accelerator.comm_units / cluster.accelerator.compute_units
+    stage["fwd_math"] = stage["fwd_math"] + contention(u, p2p_hidden[0])
+    stage["bwd_math"] = stage["bwd_math"] + contention(u, p2p_hidden[1])
 
     stage_mb = work_total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    dp_exposed = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
+    dp_exposed, dp_hidden = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
+    # fp8 amax all-reduces: every micro-batch of every stage, on the critical path like the stage's work
+    dp_exposed = dp_exposed + (m + (p - 1) / v) * lay.amax
+    dp_slowdown = contention(u, dp_hidden)
     optimizer = lay.optimizer
 
     memory, act_per_mb = _memory(model, st, terms, lay, m, cluster)
@@ -125,8 +134,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
                                       stage["bwd_math"] + stage["rec_math"]))
 
     breakdown = {
-        "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]),
-        "memory": m * (stage["fwd_mem"] + stage["bwd_mem"] + stage["rec_mem"]),
+        "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]) + dp_slowdown,
+        "memory": m * (stage["fwd_mem"] + stage["bwd_mem"] + stage["rec_mem"]) + lay.weight_cast,
         "tp_communication": m * stage["tp"],
         "cp_communication": m * stage["cp"],
         "ep_communication": m * stage["ep"],
@@ -178,12 +187,16 @@ def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, reg
     the next chunk computes: exposed = v (max(0, t_sr - T_f/v) + max(0, t_sr
     - T_b/v)) + 2 v t_regather, T_f and T_b the stage's forward and backward
     time per micro-batch (Narayanan et al. 2021, Sec. 2.2; docs/model.md).
+    Returns (exposed, (hidden in forward, hidden in backward)): the seconds of
+    transfer that ran beside forward and backward compute, v min(t_sr, T/v) each.
     """
     v = st.interleave
     send = coll.send_recv_time(nbytes, dims, pp_spans)
-    hidden = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
-    overlapped = st.pp_overlap & (v > 1)
-    return np.where(st.pp > 1, np.where(overlapped, hidden, 2.0 * v * send) + 2.0 * v * regather, 0.0)
+    exposed = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
+    overlapped = st.pp_overlap & (v > 1) & (st.pp > 1)
+    hidden = (np.where(overlapped, v * np.minimum(send, fwd / v), 0.0),
+              np.where(overlapped, v * np.minimum(send, bwd / v), 0.0))
+    return np.where(st.pp > 1, np.where(overlapped, exposed, 2.0 * v * send) + 2.0 * v * regather, 0.0), hidden
 
 
 def _prefetched(per_unit, window, units):
@@ -191,6 +204,11 @@ def _prefetched(per_unit, window, units):
     behind one unit's share of ``window`` seconds of compute (prefetch depth 1; the first, or last, has
     nothing to hide behind): per_unit + (u - 1) max(0, per_unit - window / u)."""
     return per_unit + (units - 1.0) * np.maximum(per_unit - window / units, 0.0)
+
+
+def _prefetched_hidden(per_unit, window, units):
+    """The seconds of ``_prefetched``'s collectives that ran beside compute: (u - 1) min(per_unit, window / u)."""
+    return (units - 1.0) * np.minimum(per_unit, window / units)
 
 
 def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units) -> tuple:
@@ -218,13 +236,16 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units) -
     T_f, T_b: the stage's forward and backward (+ recomputation, whose
     forward reuses the weights backward gathers) time per micro-batch,
     including exposed in-layer communication (it uses other links).
+    The third value: the seconds of gathers and reduce-scatters that ran beside
+    compute per micro-batch (``_prefetched_hidden``).
     Sources: Rajbhandari et al. 2020 (ZeRO, Sec. 7); Zhao et al. 2023
     (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2-3.3, 4.1); docs/model.md.
     """
     queue = np.where(st.reshard_after_forward, dp.unit_gather, 0.0) + dp.unit_reduce
     backward = _prefetched(queue, bwd, units)
     across = _prefetched(queue + dp.unit_across, bwd, units) - backward
-    return _prefetched(dp.unit_gather, fwd, units) + backward, across
+    hidden = _prefetched_hidden(dp.unit_gather, fwd, units) + _prefetched_hidden(queue, bwd, units)
+    return _prefetched(dp.unit_gather, fwd, units) + backward, across, hidden
 
 
 def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units):
@@ -249,26 +270,34 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     and its hybrid all-reduces queue behind each unit's reduce-scatter. So does
     grad_buffer layer below ZeRO 3 (``_layer_by_layer``). The tied-embedding
     gradient sync is always exposed.
+    Returns (exposed, hidden): hidden is the seconds of these collectives that
+    ran beside compute (0 without overlap), which the step charges as compute
+    slowed by the communication kernels (cost/microbatch.py: contention).
     """
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
-    hidden = (np.maximum(dp.reduce - bwd * chunk_steps, 0.0)
+    window = bwd * chunk_steps
+    hidden = (np.maximum(dp.reduce - window, 0.0)
               + np.maximum(dp.gather - fwd * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, dp.reduce + dp.gather)
-    window = bwd * chunk_steps
-    zero3 = zero3_across = 0.0
+    beside = np.minimum(dp.reduce, window) + np.minimum(dp.gather, fwd * chunk_steps)
+    beside = beside + np.minimum(dp.across, np.maximum(window - dp.reduce, 0.0))
+    zero3 = zero3_across = zero3_beside = 0.0
     if np.any(st.zero >= Zero.PARAMETERS):
-        per_microbatch, zero3_across = _sharded_layers(st, fwd, bwd, dp, units)
+        per_microbatch, zero3_across, zero3_hidden = _sharded_layers(st, fwd, bwd, dp, units)
         zero3 = m * per_microbatch
+        zero3_beside = m * zero3_hidden
     across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
                                                       np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0), 0.0)),
                               dp.across)
     if np.any(st.uses(GradBuffer.LAYER)):
-        layered = _layer_by_layer(st, fwd, bwd, dp, m, units, chunk_steps)
+        layered, layered_beside = _layer_by_layer(st, fwd, bwd, dp, m, units, chunk_steps)
         step_level = np.where(st.uses(GradBuffer.LAYER), layered, step_level)
+        beside = np.where(st.uses(GradBuffer.LAYER), layered_beside, beside)
         across_exposed = np.where(st.uses(GradBuffer.LAYER) & (st.zero < Zero.PARAMETERS), 0.0, across_exposed)
-    exposed = np.where(st.dp * st.cp > 1, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed,
-                       0.0)
-    return exposed + dp.emb_sync
+    spread = st.dp * st.cp > 1
+    exposed = np.where(spread, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed, 0.0)
+    beside = np.where(spread & st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_beside, beside), 0.0)
+    return exposed + dp.emb_sync, beside
 
 
 def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units, chunk_steps):
@@ -283,12 +312,13 @@ def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units
     next forward as the bucketed one does (``_data_parallel``):
         exposed = m B(t, T_b) + max(0, t_ag - T_f c),   t = t_ar if m = 1 else t_rs
     (c: the chunk steps of the window); without it, m u t + t_ag. Hybrid sharding's all-reduce across
-    nodes is not modelled here.
+    nodes is not modelled here. Second value: the seconds of them that ran beside compute.
     """
     unit = np.where(m > 1, dp.layer_reduce, dp.layer_allreduce)
     gather = np.where(st.zero >= Zero.OPTIMIZER, dp.gather, np.where(m > 1, dp.weights_gather, 0.0))
     hidden = m * _prefetched(unit, bwd, units) + np.maximum(gather - fwd * chunk_steps, 0.0)
-    return np.where(st.dp_overlap, hidden, m * units * unit + gather)
+    beside = m * _prefetched_hidden(unit, bwd, units) + np.minimum(gather, fwd * chunk_steps)
+    return np.where(st.dp_overlap, hidden, m * units * unit + gather), beside
 
 
 def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):

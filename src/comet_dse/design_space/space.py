@@ -122,7 +122,7 @@ def scale_up_domain(cluster: Cluster, devices: int) -> int:
 
 def fused_attention_default(cluster: Cluster) -> bool:
     """Whether a search runs fused (flash) attention when not told: where the accelerator lists a measured
-    rate for a fused kernel (``Accelerator.attention_efficiency``: the Hopper presets). Elsewhere the kernel's
+    rate for a fused kernel (``Accelerator.attention_efficiency``: the Hopper and A100 presets). Elsewhere the kernel's
     rate would be a guess at the GEMM rate, so the default stays the unfused attention."""
     return bool(cluster.accelerator.attention_efficiency)
 

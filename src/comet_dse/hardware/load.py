@@ -83,6 +83,8 @@ def accelerator_from(fields: Fields) -> Accelerator:
         vector_flops=fields.quantity("vector_flops", KIND_FLOPS, bound="vector_flops"),
         kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, bound="latency"),
         attention_efficiency=_attention_efficiency(fields),
+        comm_units=_comm_units(fields),
+        tensor_sustained=_tensor_sustained(fields, peak_flops),
     )
     memory.reject_unknown(("source",))
     fields.reject_unknown(("source",))
@@ -103,6 +105,28 @@ def _matmul_efficiency(fields: Fields, peak_flops: dict) -> tuple:
     if missing:
         raise InputError(per.name(missing[0]), f"has no peak_flops entry; the device has {', '.join(sorted(peak_flops))}")
     return sixteen, out
+
+
+def _comm_units(fields: Fields) -> int:
+    """`comm_units: 16`: compute units a communication kernel holds, 0 (the default) to compute_units."""
+    units = fields.integer("compute_units")
+    return fields.integer("comm_units", 0, minimum=0, maximum=units)
+
+
+def _tensor_sustained(fields: Fields, peak_flops: dict) -> dict:
+    """`tensor_sustained: 0.9` (every dtype) or `{bf16: 0.9, fp8: 0.85}` -> {dtype: fraction}; {} when absent."""
+    if not fields.has("tensor_sustained"):
+        return {}
+    if not isinstance(fields.raw("tensor_sustained"), dict):
+        value = fields.fraction("tensor_sustained")
+        return {dtype: value for dtype in peak_flops}
+    per = fields.sub("tensor_sustained")
+    out = {dtype: per.fraction(dtype) for dtype in DTYPES if per.has(dtype)}
+    per.reject_unknown(("source",))
+    missing = sorted(set(out) - set(peak_flops))
+    if missing:
+        raise InputError(per.name(missing[0]), f"has no peak_flops entry; the device has {', '.join(sorted(peak_flops))}")
+    return out
 
 
 def _attention_efficiency(fields: Fields) -> dict:

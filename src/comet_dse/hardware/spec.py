@@ -75,6 +75,12 @@ class Accelerator:
       of the 16-bit peak its long-sequence main loop sustains (published kernel
       benchmarks; cost/compute.py: attention_rate). Empty: every kernel runs at
       matmul_efficiency.
+    comm_units: compute units a collective-communication kernel occupies while it runs (NCCL: one thread
+      block per channel, each on its own SM); compute that runs beside hidden communication gets the rest
+      (cost/microbatch.py: comm_share). 0: communication takes none (copy engines, or no figure).
+    tensor_sustained: dtype -> the fraction of its benchmark rate (matmul_efficiency, attention_efficiency,
+      short bursts) a device holds when its tensor units run for minutes at the power limit, as in training;
+      1.0 where no public measurement separates the two (docs/hardware.md, "Sustained tensor rate").
     """
 
     name: str
@@ -90,6 +96,12 @@ class Accelerator:
     kernel_overhead: float = 0.0
     attention_efficiency: dict = field(default_factory=dict)
     matmul_efficiency_by_dtype: dict = field(default_factory=dict)
+    comm_units: int = 0
+    tensor_sustained: dict = field(default_factory=dict)
+
+    def sustained(self, dtype: str) -> float:
+        """The sustained fraction of the benchmark tensor rate for ``dtype`` (1.0 where the preset gives none)."""
+        return self.tensor_sustained.get(dtype, self.tensor_sustained.get("bf16", 1.0))
 
     def matmul_efficiencies(self) -> dict:
         """dtype -> GEMM main-loop efficiency: the per-dtype figure where the preset gives one, else matmul_efficiency."""

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from comet_dse.design_space.table import RULES
@@ -19,13 +20,23 @@ COLUMNS = ("variant", "devices", "feasible", "infeasible_mask", "step_time_s", "
            "global_batch", "expansion_overlap", *(f"time_{p}_s" for p in PARTS))
 
 
-def load(path: Path) -> dict:
-    """The columns the report uses, as numpy arrays (coded columns as strings)."""
-    table = pq.read_table(path, columns=list(COLUMNS))
+def load(path: Path, extra: tuple = ()) -> dict:
+    """The columns the report uses, as numpy arrays (coded columns as strings); ``extra``: more strategy
+    columns (a report's readings select rows by them), a choice by its names."""
+    names = list(dict.fromkeys((*COLUMNS, *extra)))
+    table = pq.read_table(path, columns=names)
     out = {}
-    for name in COLUMNS:
+    for name in names:
         col = table.column(name)
-        out[name] = np.asarray(col.to_pylist(), dtype=object) if name == "recompute" else col.to_numpy()
+        if name == "recompute":
+            out[name] = np.asarray(col.to_pylist(), dtype=object)
+        elif pa.types.is_dictionary(col.type):
+            whole = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+            words = np.asarray(whole.dictionary.to_pylist(), dtype=object)
+            out[name] = words[whole.indices.to_numpy(zero_copy_only=False)] if len(words) else np.asarray(
+                [], dtype=object)
+        else:
+            out[name] = col.to_numpy()
     return out
 
 

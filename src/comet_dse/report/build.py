@@ -9,6 +9,7 @@ are removed.
 """
 from __future__ import annotations
 
+import dataclasses as dc
 import os
 import shutil
 import time
@@ -23,7 +24,9 @@ from comet_dse.design_space.engine import run_study
 from comet_dse.design_space.study import DOUBLED_RESOURCES, Study, load_study
 from comet_dse.loading import Fields, read_yaml
 from comet_dse.report import analysis, figures, findings
+from comet_dse.report import readings as rd
 from comet_dse.report.html import write_html
+from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.vocabulary import resource
 from comet_dse.written import stale_temps, temp_path
 
@@ -54,8 +57,26 @@ def load_folder(study_dir: Path, max_points: int | None = None) -> tuple:
     text = load_report_text(study_dir)
     studies = [load_study(p, max_points) for p in paths]
     _check_clashes(studies)
-    findings.check(text.findings, studies)
+    rd.check(text.readings, studies)
+    findings.check(text.findings, studies, text.readings)
     return text, studies
+
+
+def reading_runs(text: "ReportText", studies: list, max_points: int | None = None) -> dict:
+    """run label -> [Study]: the studies a report's readings run again with their overrides (seq_len,
+    global_batch; report/readings.py), named ``<study>@<answers>``, before anything runs."""
+    by_name = {s.name: s for s in studies}
+    out = {}
+    for label, overrides in text.readings.runs().items():
+        if label:
+            out[label] = [load_study(_path_of(by_name[name]), max_points,
+                                     overrides={**overrides, "name": f"{name}@{label}"})
+                          for name in text.readings.studies]
+    return out
+
+
+def _path_of(study: Study) -> Path:
+    return Path(study.files[0])
 
 
 def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool = True,
@@ -67,6 +88,7 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
     """
     study_dir, output = Path(study_dir), Path(os.path.abspath(output))
     text, studies = load_folder(study_dir, max_points)   # every input error surfaces before anything is written
+    reruns = reading_runs(text, studies, max_points)
     inputs = [study_dir, *(f for s in studies for f in s.files)]
     written.check_folder(output, MARKER, "report", inputs=inputs)   # every refusal before anything is written
     started = time.perf_counter()
@@ -79,21 +101,35 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             raise InputError("output", f"cannot write in {output.parent}: {exc.strerror}") from None
         (tmp / MARKER).write_text("{}")      # a report being written: stale-temporary cleaning may remove it
         (tmp / "figures").mkdir()
-        for study in studies:
+        for study in [*studies, *(s for again in reruns.values() for s in again)]:
             if announce is not None:
                 announce(study)
+        extra = KNOB_COLUMNS if text.readings.questions else ()
         sections = []
         for study in studies:
             result = tmp / "data" / f"{study.file_stem}.parquet"
             ranking = run_study(study, result, workers=workers, progress=progress)
-            section = Section(study, analysis.load(result), ranking)
+            sections.append(Section(study, analysis.load(result, extra if text.readings.applies(study.name) else ()),
+                                    ranking))
+        runs = {}
+        for label, again in reruns.items():
+            for study in again:
+                result = tmp / "data" / f"{study.file_stem}.parquet"
+                ranking = run_study(study, result, workers=workers, progress=progress)
+                runs.setdefault(label, {})[study.name.split("@", 1)[0]] = Section(study, analysis.load(result, extra),
+                                                                                  ranking)
+        table = findings.evaluate(text.findings, sections, text.readings, runs)
+        card = findings.score(table, text.readings)
+        drawn = _figure_reading(text.readings, card)
+        for i, section in enumerate(sections):
+            if drawn is not None and text.readings.applies(section.study.name):
+                source = runs.get(drawn.run_label, {}).get(section.study.name, section) if drawn.run_label else section
+                sections[i] = section = under(source, drawn, text.readings)
             _draw(section, tmp / "figures")
-            sections.append(section)
-        table = findings.evaluate(text.findings, sections)
         if table:
             (tmp / FINDINGS_FILE).write_text(jsonout.dumps([f.to_dict() for f in table], indent=2) + "\n")
         write_html(tmp / "report.html", sections, seconds=time.perf_counter() - started, title=text.title,
-                   introduction=text.introduction, findings=table)
+                   introduction=text.introduction, findings=table, scorecard=card, readings=text.readings)
         written.seal(tmp, MARKER, "report")
         _replace(tmp, output, inputs)
     finally:
@@ -110,6 +146,7 @@ class ReportText:
     title: str
     introduction: str = ""
     findings: tuple = ()
+    readings: rd.Readings = rd.NO_READINGS
 
 
 def load_report_text(study_dir: Path) -> ReportText:
@@ -120,9 +157,65 @@ def load_report_text(study_dir: Path) -> ReportText:
         return ReportText(default)
     f = Fields(read_yaml(path, "report"), "report")
     text = ReportText(title=f.text("title", default) or default, introduction=f.text("introduction", ""),
-                      findings=tuple(findings.specs_from(f.raw("findings"))) if f.has("findings") else ())
+                      findings=tuple(findings.specs_from(f.raw("findings"))) if f.has("findings") else (),
+                      readings=rd.from_yaml(f.raw("readings")) if f.has("readings") else rd.NO_READINGS)
     f.reject_unknown()
     return text
+
+
+KNOB_COLUMNS = tuple(k.name for k in KNOBS if k.search != GIVEN)   # a read study's strategy columns, all loaded
+
+
+def _figure_reading(readings: rd.Readings, card) -> rd.Reading | None:
+    """The reading the read studies' figures are drawn under: the best one (findings.score), costed with
+    comet-dse's model (the simulator gives totals only, not where the time goes). None without readings."""
+    if not readings.questions or card is None:
+        return None
+    best = next(r for r in readings.all() if rd.reading_name(r) == card.best)
+    first = {q: answers[0] for q, answers in readings.questions}
+    return rd.Reading(tuple(a if a.cost == "comet-dse" else first[a.question] for a in best.answers))
+
+
+def under(section: Section, reading: rd.Reading, readings: rd.Readings) -> Section:
+    """``section`` as ``reading`` reads it: the clusters findings name (as it reads them), the rows it selects, the
+    best strategy of each variant among them; the study's name says which reading."""
+    study, data = section.study, section.data
+    keep = {reading.cluster(c) for c in rd.roles(study, readings)}
+    variants = [v for v in study.variants if v.cluster.name in keep]
+    rows = rd.mask(data, study, reading) & np.isin(data["variant"], [v.index for v in variants])
+    data = {k: v[rows] for k, v in data.items()}
+    old = study.variants[study.baseline]
+    wanted = {**old.labels, **({"cluster": reading.cluster(old.labels["cluster"])} if "cluster" in old.labels else {})}
+    baseline = next((i for i, v in enumerate(variants) if v.labels == wanted), 0)
+    name = study.name.split("@", 1)[0]
+    shown = dc.replace(study, name=name, variants=variants, baseline=baseline,
+                       description=f"{study.description} (reading: {reading.name})")
+    return Section(shown, data, _ranking(data, shown), section.figures, section.findings)
+
+
+def _ranking(data: dict, study: Study) -> dict:
+    """The ranking of a section's rows (as run_study's summary has it, for the best-strategy table): per variant
+    and device count its fastest strategy that fits and its speedup over the baseline's."""
+    groups = []
+    for v in study.variants:
+        for n in sorted({int(x) for x in data["devices"][data["variant"] == v.index]}):
+            sel = (data["variant"] == v.index) & (data["devices"] == n)
+            ok = np.flatnonzero(sel & data["feasible"])
+            best = None
+            if len(ok):
+                row = int(ok[np.argmin(data["step_time_s"][ok])])
+                best = {k: _plain(data[k][row]) for k in (*KNOB_COLUMNS, "step_time_s", "tokens_per_second", "mfu")
+                        if k in data}
+            groups.append({"variant": v.index, "label": v.label, "devices": n, "feasible": int(len(ok)),
+                           "points": int(np.count_nonzero(sel)), "best": best})
+    base = next((g for g in groups if g["variant"] == study.variants[study.baseline].index and g["best"]), None)
+    for g in groups:
+        g["speedup"] = (base["best"]["step_time_s"] / g["best"]["step_time_s"]) if base and g["best"] else None
+    return {"variants": groups, "baseline": study.variants[study.baseline].label, "points": len(data["variant"])}
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
 
 
 def _check_clashes(studies: list) -> None:
@@ -205,21 +298,24 @@ def _parallelism_splits(section: Section, out: Path) -> None:
     section.figures.append(figures.rq1_feasibility(section.data, variants, out, f"{stem}-feasibility"))
     curves, hollow = _bathtubs(section)
     if curves or hollow:
+        tol = findings.BATHTUB_TOLERANCE
         section.figures.append(figures.lines(
-            curves, "model-parallel degree MP = TP x PP", "step time / fastest split that fits",
+            curves, "model-parallel degree MP = TP x PP", "step time / fastest split",
             "Bathtub curves over MP x DP", f"{stem}-bathtub",
-            "Step time of the fastest strategy of each split, normalised per cluster to its fastest split that "
-            "fits (filled markers). Open markers: splits that do not fit in memory, at the step time of their "
-            "fastest strategy with memory ignored, as the COMET paper plots every split and marks the memory "
-            "wall (normalised to the fastest of them where no split fits). Both axes logarithmic.", out,
-            log2_x=True, log2_y=True, hollow=hollow))
+            "Step time of the fastest strategy of each split, normalised per cluster to its fastest split with "
+            "memory ignored, as the COMET paper plots every split and marks the memory wall: filled markers fit, "
+            "open ones do not (drawn at the step time of their fastest strategy with memory ignored). Grey band: "
+            f"within {tol:.0%} of the fastest, the bathtub measure's tolerance (comet-dse's validated error; a dip "
+            "smaller than that is flat, docs/case-studies.md). Both axes logarithmic.", out,
+            log2_x=True, log2_y=True, hollow=hollow, band=(1.0, 1.0 + tol, f"within {tol:.0%}: flat")))
     for v in variants:
         section.findings.append(_split_finding(section, v))
     _cluster_comparison(section, out)
 
 
 def _bathtubs(section: Section) -> tuple:
-    """(fitting curves, memory-ignored points): label -> (MP values, step time / the variant's fastest fit)."""
+    """(fitting curves, memory-ignored points): label -> (MP values, step time / the variant's fastest split with
+    memory ignored, the bathtub measure's reference: findings.bathtub)."""
     curves, hollow = {}, {}
     for v in section.study.variants:
         rows = analysis.splits(section.data, v.index)
@@ -227,9 +323,7 @@ def _bathtubs(section: Section) -> tuple:
         over = [sp for sp in rows if not sp.feasible and sp.any_memory_row is not None]
         label = v.values.get("cluster", v.label)
         times = section.data["step_time_s"]
-        ref = min((float(times[sp.row]) for sp in ok), default=None)
-        if ref is None:
-            ref = min((float(times[sp.any_memory_row]) for sp in over), default=1.0)
+        ref = min((float(times[sp.any_memory_row]) for sp in rows if sp.any_memory_row is not None), default=1.0)
         if ok:
             curves[label] = ([sp.mp for sp in ok], [float(times[sp.row]) / ref for sp in ok])
         hollow[label] = ([sp.mp for sp in over], [float(times[sp.any_memory_row]) / ref for sp in over])

@@ -154,11 +154,15 @@ def speedup_bars(groups: dict, title: str, ylabel: str, name: str, caption: str,
 
 
 def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption: str, out: Path,
-          log2_x: bool = False, integer_y: bool = False, log2_y: bool = False, hollow: dict | None = None) -> Figure:
+          log2_x: bool = False, integer_y: bool = False, log2_y: bool = False, hollow: dict | None = None,
+          band: tuple | None = None) -> Figure:
     """series: label -> (x values, y values). ``hollow``: label -> (x, y) points drawn as open markers
-    in the colour of that series (e.g. splits that do not fit in memory)."""
+    in the colour of that series (e.g. splits that do not fit in memory). ``band``: (low, high, label), a
+    shaded band of y values (e.g. within the bathtub tolerance of the fastest)."""
     many = len(series) > 4                    # then the legend goes beside the plot, not over the lines
     fig, ax = plt.subplots(figsize=(9.0 if many else 7.0, 3.0))
+    if band is not None:
+        ax.axhspan(band[0], band[1], color="#DDDDDD", alpha=0.7, label=band[2], zorder=0)
     for label, (x, y) in series.items():
         line, = ax.plot(x, y, marker="o", label=label)
         if hollow and hollow.get(label) and len(hollow[label][0]):

@@ -115,8 +115,8 @@ class Finding:
         known = [v for v in values if v is not None]
         missing = len(values) - len(known)
         if self.spec.unit == "x" and known:
-            low, high = min(map(float, known)), max(map(float, known))
-            text = f"{low:.2f}x" if abs(high - low) < 5e-3 else f"{low:.2f}x to {high:.2f}x"
+            low, high = text_of(min(map(float, known)), "x"), text_of(max(map(float, known)), "x")
+            text = low if low == high else f"{low} to {high}"
         else:
             counts = {}
             for v in known:
@@ -511,27 +511,42 @@ def score(table: list, readings: rd.Readings = rd.NO_READINGS) -> Scorecard | No
     by_name = dict(zip(names, every))
     for f in table:
         f.best = best
-        f.conditions = _shared(readings, [by_name[n] for n in f.reproduced_under()], len(every))
+        under = set(f.reproduced_under())
+        f.conditions = _shared(readings, [by_name[n] for n in names if n in under],
+                               [by_name[n] for n in names if n not in under])
     return Scorecard(scores=scores, best=best, literal=names[0], total=len(table))
 
 
-def _shared(readings: rd.Readings, under: list, total: int) -> str:
-    """The answers every reading in ``under`` gives where a question's answers are not all among them:
-    what reproducing the finding takes ('' when every reading does or none)."""
-    if not under or len(under) == total or not readings.questions:
+def _shared(readings: rd.Readings, under: list, others: list) -> str:
+    """What reproducing a finding takes: the answers every reading in ``under`` (those that reproduce it) gives
+    where a question's answers are not all among them; where no single answer decides, the answers every one
+    of ``others`` gives ('except ...'). '' when every reading reproduces it or none does."""
+    if not under or not others or not readings.questions:
         return ""
-    parts = []
-    for i, (question, answers) in enumerate(readings.questions):
-        given = {r.answers[i].name for r in under}
-        if len(given) < len(answers):
-            parts.append(f"{question}: {' or '.join(a.name for a in answers if a.name in given)}")
-    return "; ".join(parts) if parts else "no single answer decides it"
+
+    def narrowed(group: list) -> list:
+        parts = []
+        for i, (question, answers) in enumerate(readings.questions):
+            given = {r.answers[i].name for r in group}
+            if len(given) < len(answers):
+                parts.append(f"{question}: {' or '.join(a.name for a in answers if a.name in given)}")
+        return parts
+
+    parts = narrowed(under)
+    if parts:
+        return "; ".join(parts)
+    parts = narrowed(others)
+    return f"all but the readings with {' and '.join(parts)}" if parts else "no single answer decides it"
 
 
 # --- output ---------------------------------------------------------------------------------------
 
 def text(value, unit: str) -> str:
-    """A value as the table writes it: a split, yes/no, or a ratio '3.08x' ('-' when there is none)."""
+    """A value as the table writes it: a split, yes/no, or a ratio '3.08x' ('-' when there is none); a ratio as
+    findings.json holds it (``_plain``), so that the table and the JSON read the same."""
     if value is None:
         return "-"
-    return f"{float(value):.2f}x" if unit == "x" else str(value)
+    return f"{float(_plain(float(value))):.2f}x" if unit == "x" else str(value)
+
+
+text_of = text    # the name Finding.span uses (its local ``text`` is a string)

@@ -20,6 +20,7 @@ table{border-collapse:collapse;font-size:.85em;margin:.8em 0}th,td{border:1px so
 text-align:right}th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:.8em;
 overflow-x:auto;font-size:.8em}details{margin:.4em 0}ul.findings li{margin:.2em 0}
 table.findings td{vertical-align:top}table.findings small{color:#555}p.legend{font-size:.85em;color:#555}
+div.pair{display:grid;grid-template-columns:1fr 1fr;gap:1em}p.score{font-size:1.05em}
 """
 # Sets the page title to "figures-ok:N" once every figure has decoded (read by the browser test).
 CHECK = """
@@ -77,6 +78,26 @@ def _vocabulary() -> str:
             f"<p>{html.escape(BANDWIDTH_CONVENTION)}</p></details>")
 
 
+def _figure(fig, fig_dir: Path) -> str:
+    return (f"<figure>{_img(fig_dir / (fig.name + '.png'))}<figcaption><b>{html.escape(fig.title)}.</b> "
+            f"{html.escape(fig.caption)}</figcaption></figure>")
+
+
+def _counterpart(section, by_name: dict):
+    """The section of today's strategies for the same question as a study of the paper's setup (``paper-X`` and
+    ``X``), or None."""
+    name = section.study.name
+    return by_name.get(name[len("paper-"):]) if name.startswith("paper-") else None
+
+
+def _twin(fig, section, today):
+    """Of ``today``'s figures, the one of the same kind as ``fig`` (the same file suffix), or None."""
+    if today is None:
+        return None
+    suffix = fig.name[len(section.study.file_stem):]
+    return next((f for f in today.figures if f.name[len(today.study.file_stem):] == suffix), None)
+
+
 def _preset_text(kind: str, name: str) -> str | None:
     path = resources.files("comet_dse").joinpath("presets", kind, f"{name}.yaml")
     return path.read_text(encoding="utf-8") if path.is_file() else None
@@ -96,38 +117,100 @@ def _assumptions(sections: list) -> str:
     return "\n".join(parts)
 
 
-def _findings_table(table: list) -> str:
-    """The COMET paper's findings beside comet-dse's in both setups (report/findings.py), with why they differ."""
-    from comet_dse.report.findings import TOLERANCE, text
+def _cell(value, unit: str) -> str:
+    from comet_dse.report.findings import text
+
+    return html.escape(text(value.value, unit)) + (f"<br><small>{html.escape(value.note)}</small>" if value.note
+                                                   else "")
+
+
+def _scorecard(table: list, card, readings) -> str:
+    """The score in one sentence: the best reading's, the literal reading's, and how many readings reach each
+    score; then the best reading's full scorecard and every reading's score (report/findings.py: score)."""
+    from comet_dse.report.findings import matches, text
+
+    n = card.total
+    decidable = sum(1 for f in table if f.status != "not determinable")
+    best, literal = card.scores[card.best], card.scores[card.literal]
+    hits = [f.spec.finding for f in table if f.status != "not determinable"
+            and matches(f.spec.paper, f.values[card.best].value, f.spec.unit)]
+    spread = "; ".join(f"{k} of {n} under {c} reading{'s' if c > 1 else ''}" for k, c in card.distribution().items())
+    if len(card.scores) > 1:
+        sentence = (f"Score: comet-dse reproduces {best} of the paper's {n} findings under its best reading "
+                    f"({card.best}) and {literal} under the literal one ({card.literal}); over all "
+                    f"{len(card.scores)} readings: {spread}. {n - decidable} of the {n} are not determinable from "
+                    f"public information.")
+    else:
+        sentence = (f"Score: comet-dse reproduces {best} of the paper's {n} findings; {n - decidable} are not "
+                    f"determinable from public information.")
+    def verdict(f) -> str:
+        if f.status == "not determinable":
+            return "not determinable"
+        return "reproduced" if f.spec.finding in hits else "not reproduced"
+
+    rows = "".join(f'<tr><td class="l">{html.escape(f.spec.finding)}</td><td class="l">'
+                   f"{html.escape(text(f.spec.paper, f.spec.unit))}</td><td class=\"l\">"
+                   f"{_cell(f.values[card.best], f.spec.unit)}</td><td class=\"l\">{verdict(f)}</td></tr>"
+                   for f in table)
+    card_table = (f"<table class=\"scorecard\"><tr><th class=\"l\">finding</th><th class=\"l\">paper</th>"
+                  f"<th class=\"l\">best reading ({html.escape(card.best)})</th><th class=\"l\">verdict</th></tr>"
+                  f"{rows}</table>")
+    parts = [f'<p class="score"><b>{html.escape(sentence)}</b> Reproduced under the best reading: '
+             f"{html.escape('; '.join(hits) or 'none')}.</p>", card_table]
+    if readings.questions:
+        qrows = "".join(f"<tr><td class=\"l\">{html.escape(q)}</td><td class=\"l\"><b>{html.escape(a.name)}</b>"
+                        f"{' (literal)' if i == 0 else ''}</td><td class=\"l\">{html.escape(a.assumes)}</td>"
+                        f"<td class=\"l\">{html.escape(a.evidence)}</td></tr>"
+                        for q, answers in readings.questions for i, a in enumerate(answers))
+        parts.append(f"<details><summary>The readings: {len(readings.questions)} questions the public material "
+                     f"leaves open, every combination of their answers a reading ({len(card.scores)})</summary>"
+                     f'<table class="readings"><tr><th class="l">question</th><th class="l">answer</th>'
+                     f'<th class="l">assumes</th><th class="l">evidence</th></tr>{qrows}</table></details>')
+        head = "".join(f"<th>{i + 1}</th>" for i in range(n))
+        body = "".join(f"<tr><td class=\"l\">{html.escape(name)}</td><td>{score}</td>" + "".join(
+            f"<td>{'&#10003;' if f.status != 'not determinable' and matches(f.spec.paper, f.values[name].value, f.spec.unit) else ''}</td>"
+            for f in table) + "</tr>" for name, score in sorted(card.scores.items(), key=lambda kv: -kv[1]))
+        parts.append(f"<details><summary>Every reading's score (columns: the findings in the table's order)"
+                     f"</summary><table><tr><th class=\"l\">reading</th><th>score</th>{head}</tr>{body}</table>"
+                     f"</details>")
+    return "".join(parts)
+
+
+def _findings_table(table: list, card=None, readings=None) -> str:
+    """The COMET paper's findings beside comet-dse's: under the literal and the best reading of the paper's
+    setup, the span over every reading and the status, and with today's strategies (report/findings.py)."""
+    from comet_dse.report.findings import BATHTUB_TOLERANCE, TOLERANCE, text
 
     rows = []
     for f in table:
         unit = f.spec.unit
-        verdict = ("reproduced" if f.reproduced else "not reproduced")
-        cells = [html.escape(f.spec.finding), html.escape(text(f.spec.paper, unit))]
-        for value, mark in ((f.paper_setup, f" <b>({verdict})</b>"), (f.modern_setup, "")):
-            note = f'<br><small>{html.escape(value.note)}</small>' if value.note else ""
-            cells.append(f"{html.escape(text(value.value, unit))}{mark}{note}")
-        cells.append(html.escape(f.spec.why))
+        cells = [html.escape(f.spec.finding), html.escape(text(f.spec.paper, unit)), _cell(f.paper_setup, unit),
+                 _cell(f.values[f.best], unit), html.escape(f.span()), f"<b>{html.escape(f.status)}</b>",
+                 _cell(f.modern_setup, unit), html.escape(f.evidence())]
         rows.append("<tr>" + "".join(f'<td class="l">{c}</td>' for c in cells) + "</tr>")
+    several = card is not None and len(card.scores) > 1
     head = "".join(f'<th class="l">{html.escape(h)}</th>' for h in (
-        "COMET finding", "paper", "comet-dse, the paper's assumptions", "comet-dse, today's strategies",
-        "why they differ"))
-    return (f"<h2>The COMET paper's findings, reproduced</h2><p>Each finding of Kadiyala et al. (arXiv:2211.16648) "
-            f"beside comet-dse with the paper's assumptions (pure model parallelism, its workload's shape, "
-            f"16-bit gradients, checkpointed activations) and with today's strategies (TP x PP, ZeRO, "
+        "COMET finding", "paper", f"literal reading{f' ({card.literal})' if several else ''}",
+        f"best reading{f' ({card.best})' if several else ''}", "over every reading", "status",
+        "today's strategies", "evidence"))
+    score = _scorecard(table, card, readings) if card is not None else ""
+    return (f"<h2>The COMET paper's findings, reproduced</h2>{score}<p>Each finding of Kadiyala et al. "
+            f"(arXiv:2211.16648) beside comet-dse with the paper's setup under every public reading of it (its "
+            f"workload's shape, pure model parallelism, 16-bit gradients, checkpointed activations, and one answer "
+            f"to each open question; docs/case-studies.md, \"Readings\") and with today's strategies (TP x PP, ZeRO, "
             f"recomputation). A split counts as reproduced when it is the same, a ratio when it is within "
-            f"{TOLERANCE:.0%} of the paper's. The same table is in <code>findings.json</code>; "
-            f"docs/case-studies.md explains each row.</p>"
+            f"{TOLERANCE:.0%} of the paper's; a dip of less than {BATHTUB_TOLERANCE:.0%} is flat. The same table, "
+            f"with every reading's value, is in <code>findings.json</code>.</p>"
             f'<table class="findings"><tr>{head}</tr>{"".join(rows)}</table>')
 
 
 def write_html(path: Path, sections: list, seconds: float, title: str, introduction: str = "",
-               findings: list = ()) -> None:
+               findings: list = (), scorecard=None, readings=None) -> None:
     """Write the report; figures are read from ``path.parent / 'figures'``.
 
     ``title`` heads the page; ``introduction`` (plain text) follows the generated summary;
-    ``findings`` (report/findings.py: Finding) make the findings table, before the studies.
+    ``findings`` (report/findings.py: Finding) make the findings table, before the studies, with the score
+    (``scorecard``, findings.score) and the ``readings`` they were measured under (report/readings.py).
     """
     fig_dir = path.parent / "figures"
     intro = f" {html.escape(introduction)}" if introduction else ""
@@ -136,16 +219,24 @@ def write_html(path: Path, sections: list, seconds: float, title: str, introduct
             f"generated in {seconds:.0f} s. Figures are also in <code>figures/</code> (PNG and SVG), one row per "
             f"design point in <code>data/</code> (Parquet).{intro}</p>"]
     if findings:
-        body.append(_findings_table(findings))
+        body.append(_findings_table(findings, scorecard, readings))
     body.append(_vocabulary())
+    by_name = {s.study.name: s for s in sections}
     for s in sections:
         body.append(f"<h2>{html.escape(s.study.name)}: {html.escape(s.study.description)}</h2>")
         body.append(f"<p>Baseline: {html.escape(s.ranking['baseline'])}.</p>")
         if s.findings:
             body.append('<ul class="findings">' + "".join(f"<li>{html.escape(f)}</li>" for f in s.findings) + "</ul>")
+        today = _counterpart(s, by_name)
+        if today is not None:
+            body.append(f"<p>Each figure of the paper's setup (left) beside the same question with today's "
+                        f"strategies (right, study {html.escape(today.study.name)}).</p>")
         for fig in s.figures:
-            body.append(f"<figure>{_img(fig_dir / (fig.name + '.png'))}<figcaption><b>{html.escape(fig.title)}.</b> "
-                        f"{html.escape(fig.caption)}</figcaption></figure>")
+            twin = _twin(fig, s, today)
+            if twin is None:
+                body.append(_figure(fig, fig_dir))
+            else:
+                body.append(f'<div class="pair">{_figure(fig, fig_dir)}{_figure(twin, fig_dir)}</div>')
         body.append(_best_table(s))
     body.append("<h2>Assumptions</h2>")
     body.append(_assumptions(sections))

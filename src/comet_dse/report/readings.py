@@ -227,11 +227,14 @@ def check(readings: Readings, studies: list) -> None:
                         raise InputError(where, f"reads {other} for {literal}, which study {study.name} does not "
                                          "run; add it to its clusters")
                 for cluster, count in a.devices:
-                    counts = {n for v in study.variants if v.cluster.name in (cluster, *dict(a.clusters).values())
-                              for n in v.devices}
-                    if counts and count not in counts and any(c == cluster for c in clusters):
-                        raise InputError(where, f"selects {count} devices of {cluster}; study {study.name} runs "
-                                         f"{', '.join(map(str, sorted(counts)))}")
+                    if cluster not in clusters:
+                        continue
+                    readable = {cluster} | {o for _, ans in readings.questions for b in ans
+                                            for lit, o in b.clusters if lit == cluster}
+                    for v in study.variants:
+                        if v.cluster.name in readable and count not in v.devices:
+                            raise InputError(where, f"selects {count} devices of {v.cluster.name}; study "
+                                             f"{study.name} runs {', '.join(map(str, v.devices))}")
 
 
 def roles(study, readings: Readings) -> list:
@@ -246,8 +249,9 @@ def roles(study, readings: Readings) -> list:
 def mask(data: dict, study, reading: Reading) -> np.ndarray:
     """The rows of a study's results that ``reading`` selects (its strategy values, MP grids and device counts)."""
     rows = np.ones(len(data["variant"]), dtype=bool)
+    tierless = all(v.cluster.accelerator.expansion is None for v in study.variants)
     for knob, value in reading.strategy.items():
-        if knob in data:
+        if knob in data and not (knob in TIER_KNOBS and tierless):     # a tier knob cannot matter without a tier
             rows &= data[knob] == value
     mp = data["tp"] * data["pp"]
     by_cluster = {}

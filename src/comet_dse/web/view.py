@@ -18,6 +18,7 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
+from comet_dse.errorband import band_for
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies, with_cluster_defaults
 from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
@@ -105,7 +106,8 @@ class View:
     top: list                   # dicts: rank, strategy, step_time_s, tokens_per_second, mfu, memory_bytes
     chosen: dict                # strategy, rank, feasible, note, step_time_s, breakdown_s, memory_bytes,
                                 # labels (time part -> its label for this strategy, vocabulary.breakdown_labels),
-                                # training (with a token budget: Estimate.training, economics.py; else None)
+                                # training (with a token budget: Estimate.training, economics.py; else None),
+                                # error_band (errorband.band_for's text for its accelerator and precision)
     capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
     expansion_bytes: float      # expansion tier capacity (0: none)
     splits: list                # dicts: mp, dp, fits, step_time_s, strategy, why, memory_parts (part -> bytes)
@@ -282,7 +284,9 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
         rank, row = None, int(runnable[np.argmin(cols["memory_per_device_bytes"][runnable])])
         note = "nothing fits: the strategy that needs the least memory is shown"
     est = estimate(model, cluster, controls.devices, strategy_at(cols, row), tokens=controls.tokens)
+    band = band_for(cluster.accelerator.name, est.inputs["strategy"].get("dtype", "bf16"))
     return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
+            "error_band": band["text"],
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
             "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes),
             "labels": breakdown_labels(est.inputs["strategy"], model.tied_embeddings),

@@ -1,0 +1,97 @@
+"""The error to expect from an estimate, from the validation residuals (docs/validation.md, "Error band").
+
+An estimate is as good as the published runs that back it. The band of an estimate is the range of
+the signed step-time errors, (predicted - measured) / measured, of the whole published runs on the same
+accelerator in the same precision class (16-bit: fp16 and bf16, which the model costs alike; or fp8):
+"validated -15 % .. +2 % on 7 NVIDIA H100 SXM5 80GB fp8 runs (NeMo + Megatron-Core + Transformer
+Engine (MLPerf))". Where no published run backs the accelerator and precision (an MI300X, a TPU, fp8 on
+an A100), the estimate is "not validated".
+
+The residuals are the ones ``comet-dse validate`` prints, kept in the packaged error_bands.csv so that
+an estimate does not re-run the validation; tests/validation/test_error_band.py recomputes them and
+fails when the file is stale (``python -m comet_dse.errorband`` prints the current file).
+"""
+from __future__ import annotations
+
+import csv
+import io
+from functools import lru_cache
+from importlib import resources
+
+BANDS_FILE = "error_bands.csv"
+COLUMNS = ("hardware", "precision", "runs", "low", "high", "mean_abs_error", "frameworks")
+
+
+def precision_class(dtype: str) -> str:
+    """'16-bit' for fp16 and bf16 (the model costs them alike, but for fp16's loss scaling), else the dtype."""
+    return "16-bit" if dtype in ("fp16", "bf16") else dtype
+
+
+def bands_of(comparisons: list) -> list:
+    """One band per (accelerator, precision class) of the whole runs among ``comparisons``
+    (validation.Comparison): {hardware, precision, runs, low, high, mean_abs_error, frameworks}."""
+    groups = {}
+    for comp in comparisons:
+        if comp.fits is None or not comp.hardware:
+            continue
+        groups.setdefault((comp.hardware, precision_class(comp.dtype)), []).append(comp)
+    out = []
+    for (hardware, precision), comps in sorted(groups.items()):
+        errors = [c.error for c in comps]
+        out.append({"hardware": hardware, "precision": precision, "runs": len(comps),
+                    "low": min(errors), "high": max(errors),
+                    "mean_abs_error": sum(abs(e) for e in errors) / len(errors),
+                    "frameworks": "; ".join(sorted({c.framework for c in comps}))})
+    return out
+
+
+def bands_csv(bands: list) -> str:
+    """The bands as the text of error_bands.csv (errors as fractions, 6 decimals)."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for b in bands:
+        writer.writerow([b["hardware"], b["precision"], b["runs"], f"{b['low']:.6f}", f"{b['high']:.6f}",
+                         f"{b['mean_abs_error']:.6f}", b["frameworks"]])
+    return text.getvalue()
+
+
+@lru_cache(maxsize=1)
+def packaged_bands() -> tuple:
+    """The bands shipped with the package (data/error_bands.csv)."""
+    path = resources.files("comet_dse").joinpath("data", BANDS_FILE)
+    rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+    return tuple({"hardware": r["hardware"], "precision": r["precision"], "runs": int(r["runs"]),
+                  "low": float(r["low"]), "high": float(r["high"]),
+                  "mean_abs_error": float(r["mean_abs_error"]), "frameworks": r["frameworks"]} for r in rows)
+
+
+def band_for(accelerator: str, dtype: str, bands=None) -> dict:
+    """The error band of an estimate on ``accelerator`` (its name, Accelerator.name) in ``dtype``:
+    {validated, hardware, precision, runs, low, high, mean_abs_error, frameworks, text}; ``validated`` False
+    (and the numbers None) where no published run backs them. ``bands``: default the packaged ones."""
+    precision = precision_class(dtype)
+    for band in bands if bands is not None else packaged_bands():
+        if band["hardware"] == accelerator and band["precision"] == precision:
+            return {"validated": True, **band, "text": band_text(band)}
+    return {"validated": False, "hardware": accelerator, "precision": precision, "runs": 0, "low": None,
+            "high": None, "mean_abs_error": None, "frameworks": "",
+            "text": f"not validated: no published {precision} run on {accelerator} backs this estimate"}
+
+
+def band_text(band: dict) -> str:
+    """'validated -15 % .. +2 % on 7 NVIDIA H100 SXM5 80GB fp8 runs (NeMo ...)': the signed error range."""
+    return (f"validated {band['low'] * 100:+.0f} % .. {band['high'] * 100:+.0f} % (predicted vs measured step "
+            f"time) on {band['runs']} {band['hardware']} {band['precision']} runs ({band['frameworks']})")
+
+
+def current_bands() -> list:
+    """The bands of the validation as the model predicts it now (runs ``validation.all_comparisons``)."""
+    from comet_dse.presets import load_cluster
+    from comet_dse.validation import all_comparisons
+
+    return bands_of(all_comparisons(load_cluster("dgx-a100-80gb")))
+
+
+if __name__ == "__main__":      # python -m comet_dse.errorband > src/comet_dse/data/error_bands.csv
+    print(bands_csv(current_bands()), end="")
