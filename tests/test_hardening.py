@@ -6,7 +6,6 @@ installed ``comet-dse`` so that signals and exit statuses are the real ones.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from comet_dse.design_space.space import SearchSpace, count_strategies, enumerat
 from comet_dse.design_space.study import load_study
 from comet_dse.presets import load_model, preset_data
 from cli_run import run
+from hang import no_hang
 
 # megatron-22b on 64 A100s, the study of issue 11's case 1, kept to a few hundred points.
 BASE = {
@@ -59,27 +59,6 @@ def write_study(path: Path, **changes) -> Path:
 
 def files_under(root: Path) -> set:
     return {p.relative_to(root) for p in root.rglob("*")}
-
-
-@contextlib.contextmanager
-def no_hang(seconds: int = 120):
-    """Fail the test, instead of hanging it, if the block runs past ``seconds`` (SIGALRM; where there is
-    none, the block just runs). A bound for a hang, far above the normal time on a loaded machine: the
-    tests assert no speed (docs/reliability.md), they assert that the work is bounded before it starts."""
-    if not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def expired(signum, frame):
-        pytest.fail(f"still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # --- 1. study axes get the cluster file's validation -----------------------------------------

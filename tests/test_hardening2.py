@@ -35,6 +35,7 @@ from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.errors import InputError
 from comet_dse.presets import load_cluster, load_model, preset_data
 from cli_run import run
+from hang import no_hang
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = {"name": "hardening2", "models": ["megatron-22b"], "cluster": "dgx-a100-80gb", "devices": [64],
@@ -54,26 +55,6 @@ def one_line_error(result, *needles, status: int = 2) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
-
-
-@contextlib.contextmanager
-def no_hang(seconds: int = 120):
-    """Fail the test instead of hanging it if the block runs past ``seconds`` (SIGALRM): a bound for a hang,
-    far above the normal time on a loaded machine, never a speed assertion."""
-    if not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def expired(signum, frame):
-        pytest.fail(f"still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def write_study(path: Path, **changes) -> Path:

@@ -153,11 +153,17 @@ def test_whatif_figure_replaces_its_own_figure(tmp_path, capsys):
     assert written.owns_file(figure)
 
 
-def test_report_leaves_a_folder_that_only_looks_like_a_report(tmp_path, capsys):
-    """report --output site deleted site/data/survey.csv: site/ held a report.html and a data/ folder."""
-    studies = tmp_path / "studies"
+def study_folder(root: Path) -> Path:
+    """A folder with one tiny study (one model, two strategies, one figure)."""
+    studies = root / "studies"
     studies.mkdir()
     (studies / "s.yaml").write_text(STUDY)
+    return studies
+
+
+def test_report_leaves_a_folder_that_only_looks_like_a_report(tmp_path, capsys):
+    """report --output site deleted site/data/survey.csv: site/ held a report.html and a data/ folder."""
+    studies = study_folder(tmp_path)
     site = tmp_path / "site"
     (site / "data").mkdir(parents=True)
     (site / "report.html").write_text("<html>my page</html>")
@@ -168,9 +174,7 @@ def test_report_leaves_a_folder_that_only_looks_like_a_report(tmp_path, capsys):
 
 
 def test_report_replaces_its_own_report_but_not_once_a_file_is_added(tmp_path, capsys):
-    studies = tmp_path / "studies"
-    studies.mkdir()
-    (studies / "s.yaml").write_text(STUDY)
+    studies = study_folder(tmp_path)
     out = tmp_path / "out"
     assert run(capsys, "report", studies, "--output", out, "--no-progress")[0] == 0
     assert run(capsys, "report", studies, "--output", out, "--no-progress")[0] == 0

@@ -85,10 +85,10 @@ def with_band(result: Estimate, cluster: Cluster) -> Estimate:
     precision, or "not validated")."""
     from dataclasses import replace
 
-    from comet_dse.errorband import band_for
+    from comet_dse.errorband import band_of_cluster
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
-    return replace(result, error_band=band_for(cluster.accelerator.name, dtype))
+    return replace(result, error_band=band_of_cluster(cluster, dtype))
 
 
 def token_budget(tokens) -> float | None:

@@ -79,6 +79,25 @@ def band_for(accelerator: str, dtype: str, bands=None) -> dict:
             "text": f"not validated: no published {precision} run on {accelerator} backs this estimate"}
 
 
+def band_of_cluster(cluster, dtype: str) -> dict:
+    """The error band of an estimate on ``cluster`` in ``dtype``: for a calibrated cluster (``comet-dse
+    calibrate``: its ``calibration`` block) the fit's own cross-validated error on the runs it was fitted to,
+    for a preset the validation's (``band_for``)."""
+    cal = cluster.calibration
+    if not cal:
+        return band_for(cluster.accelerator.name, dtype)
+    held = cal.get("error_cross_validated") or cal.get("error_in_sample") or {}
+    kind = "cross-validated" if cal.get("error_cross_validated") else "in-sample"
+    mean, worst = held.get("mean_abs_error"), held.get("max_abs_error")
+    text = (f"calibrated to {cal.get('runs')} runs ({cal.get('runs_file')}): {kind} mean |error| "
+            f"{mean * 100:.1f} %, max {worst * 100:.1f} %" if mean is not None and worst is not None
+            else f"calibrated to {cal.get('runs')} runs ({cal.get('runs_file')}); no error recorded")
+    return {"validated": mean is not None, "hardware": cluster.accelerator.name,
+            "precision": precision_class(dtype), "runs": cal.get("runs", 0),
+            "low": -worst if worst is not None else None, "high": worst, "mean_abs_error": mean,
+            "frameworks": f"calibrated to {cal.get('runs_file')}", "text": text}
+
+
 def band_text(band: dict) -> str:
     """'validated -15 % .. +2 % on 7 NVIDIA H100 SXM5 80GB fp8 runs (NeMo ...)': the signed error range."""
     return (f"validated {band['low'] * 100:+.0f} % .. {band['high'] * 100:+.0f} % (predicted vs measured step "

@@ -81,10 +81,10 @@ def run(args) -> int:
 
 def _band(cluster, result: WhatIf) -> dict | None:
     """The error band (errorband.band_for) of the baseline's best strategy, None when nothing fits."""
-    from comet_dse.errorband import band_for
+    from comet_dse.errorband import band_of_cluster
 
     strategy = result.baseline.strategy
-    return band_for(cluster.accelerator.name, strategy.get("dtype", "bf16")) if strategy else None
+    return band_of_cluster(cluster, strategy.get("dtype", "bf16")) if strategy else None
 
 
 def render(result: WhatIf) -> str:

@@ -166,10 +166,14 @@ def _scorecard(table: list, card, readings) -> str:
                      f"leaves open, every combination of their answers a reading ({len(card.scores)})</summary>"
                      f'<table class="readings"><tr><th class="l">question</th><th class="l">answer</th>'
                      f'<th class="l">assumes</th><th class="l">evidence</th></tr>{qrows}</table></details>')
+        def mark(f, name: str) -> str:
+            hit = f.status != "not determinable" and matches(f.spec.paper, f.values[name].value, f.spec.unit)
+            return "&#10003;" if hit else ""
+
         head = "".join(f"<th>{i + 1}</th>" for i in range(n))
-        body = "".join(f"<tr><td class=\"l\">{html.escape(name)}</td><td>{score}</td>" + "".join(
-            f"<td>{'&#10003;' if f.status != 'not determinable' and matches(f.spec.paper, f.values[name].value, f.spec.unit) else ''}</td>"
-            for f in table) + "</tr>" for name, score in sorted(card.scores.items(), key=lambda kv: -kv[1]))
+        body = "".join(f"<tr><td class=\"l\">{html.escape(name)}</td><td>{score}</td>"
+                       + "".join(f"<td>{mark(f, name)}</td>" for f in table) + "</tr>"
+                       for name, score in sorted(card.scores.items(), key=lambda kv: -kv[1]))
         parts.append(f"<details><summary>Every reading's score (columns: the findings in the table's order)"
                      f"</summary><table><tr><th class=\"l\">reading</th><th>score</th>{head}</tr>{body}</table>"
                      f"</details>")

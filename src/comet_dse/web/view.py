@@ -18,7 +18,7 @@ import numpy as np
 
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
-from comet_dse.errorband import band_for
+from comet_dse.errorband import band_of_cluster
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies, with_cluster_defaults
 from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
@@ -284,7 +284,7 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
         rank, row = None, int(runnable[np.argmin(cols["memory_per_device_bytes"][runnable])])
         note = "nothing fits: the strategy that needs the least memory is shown"
     est = estimate(model, cluster, controls.devices, strategy_at(cols, row), tokens=controls.tokens)
-    band = band_for(cluster.accelerator.name, est.inputs["strategy"].get("dtype", "bf16"))
+    band = band_of_cluster(cluster, est.inputs["strategy"].get("dtype", "bf16"))
     return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
             "error_band": band["text"],
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
