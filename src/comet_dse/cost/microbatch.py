@@ -185,8 +185,9 @@ def contention(share, hidden):
     DeepSeek-V3, arXiv:2412.19437 Sec. 3.2.2, gives 20 of an H800's 132 SMs to its all-to-alls), so the
     compute beside it runs at 1 - u for that long. For compute W and a transfer c <= W hidden behind it:
         T = max(c, W + u c),   i.e. u c added to the compute
-    (W + u c >= c whenever c <= W, which ``hidden`` guarantees). Monotone: more bandwidth shrinks c, more
-    compute units shrink u, faster compute shrinks W + u c - c (1 - u) min(c, W) never grows T.
+    (W + u c >= c whenever c <= W, which ``hidden`` guarantees). Monotone: the pass takes
+    W + c - (1 - u) h with h = min(c, W) the hidden seconds, which never grows when c shrinks (more
+    bandwidth), W shrinks (faster compute; dh/dW <= 1) or u shrinks (more compute units).
     """
     return share * hidden
 

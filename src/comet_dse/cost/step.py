@@ -107,18 +107,19 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     fwd, bwd = _forward_total(stage), _backward_total(stage)
 
     whole = st.uses(PipelineEngine.DEEPSPEED)   # every TP rank sends the whole activation, nothing to gather
+    # communication kernels beside compute slow it (cost/microbatch.py: contention); none where they take no units
+    u = cluster.accelerator.comm_units / cluster.accelerator.compute_units
     p2p, p2p_hidden = _pipeline_p2p(st, network_dims(cluster, devices), lay.pp_spans, fwd, bwd,
                                     np.where(whole, 0.0, terms["regather"]),
-                                    b * s / st.cp * h * e / np.where(whole, 1.0, st.tp))
-    # send/recv kernels beside the next chunk's compute slow it (cost/microbatch.py: contention)
-    u = cluster.accelerator.comm_units / cluster.accelerator.compute_units
-    stage["fwd_math"] = stage["fwd_math"] + contention(u, p2p_hidden[0])
-    stage["bwd_math"] = stage["bwd_math"] + contention(u, p2p_hidden[1])
+                                    b * s / st.cp * h * e / np.where(whole, 1.0, st.tp), hidden_too=u > 0)
+    if u > 0:        # send/recv beside the next chunk's compute
+        stage["fwd_math"] = stage["fwd_math"] + contention(u, p2p_hidden[0])
+        stage["bwd_math"] = stage["bwd_math"] + contention(u, p2p_hidden[1])
 
     stage_mb = work_total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    dp_exposed, dp_hidden = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0))
+    dp_exposed, dp_hidden = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0), u > 0)
     # fp8 amax all-reduces: every micro-batch of every stage, on the critical path like the stage's work
     dp_exposed = dp_exposed + (m + (p - 1) / v) * lay.amax
     dp_slowdown = contention(u, dp_hidden)
@@ -174,7 +175,7 @@ def _backward_total(stage: dict):
     return stage["bwd_math"] + stage["bwd_mem"] + stage["rec_math"] + stage["rec_mem"] + stage[BACKWARD_COMM]
 
 
-def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, regather, nbytes):
+def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, regather, nbytes, hidden_too=True):
     """Exposed pipeline send/recv per micro-batch [s].
 
     A micro-batch crosses v chunk boundaries in forward and v in backward:
@@ -188,14 +189,15 @@ def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, reg
     - T_b/v)) + 2 v t_regather, T_f and T_b the stage's forward and backward
     time per micro-batch (Narayanan et al. 2021, Sec. 2.2; docs/model.md).
     Returns (exposed, (hidden in forward, hidden in backward)): the seconds of
-    transfer that ran beside forward and backward compute, v min(t_sr, T/v) each.
+    transfer that ran beside forward and backward compute, v min(t_sr, T/v) each
+    ((0, 0) unless ``hidden_too``).
     """
     v = st.interleave
     send = coll.send_recv_time(nbytes, dims, pp_spans)
     exposed = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
     overlapped = st.pp_overlap & (v > 1) & (st.pp > 1)
-    hidden = (np.where(overlapped, v * np.minimum(send, fwd / v), 0.0),
-              np.where(overlapped, v * np.minimum(send, bwd / v), 0.0))
+    hidden = ((np.where(overlapped, v * np.minimum(send, fwd / v), 0.0),
+               np.where(overlapped, v * np.minimum(send, bwd / v), 0.0)) if hidden_too else (0.0, 0.0))
     return np.where(st.pp > 1, np.where(overlapped, exposed, 2.0 * v * send) + 2.0 * v * regather, 0.0), hidden
 
 
@@ -248,7 +250,7 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units) -
     return _prefetched(dp.unit_gather, fwd, units) + backward, across, hidden
 
 
-def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units):
+def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units, hidden_too=True):
     """Exposed data-parallel communication per step [s].
 
     The collectives (cost/layout.py, DataParallelComm): the gradient reduction
@@ -271,16 +273,19 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
     grad_buffer layer below ZeRO 3 (``_layer_by_layer``). The tied-embedding
     gradient sync is always exposed.
     Returns (exposed, hidden): hidden is the seconds of these collectives that
-    ran beside compute (0 without overlap), which the step charges as compute
-    slowed by the communication kernels (cost/microbatch.py: contention).
+    ran beside compute (0 without overlap, or unless ``hidden_too``), which the
+    step charges as compute slowed by the communication kernels
+    (cost/microbatch.py: contention).
     """
     chunk_steps = ((st.interleave - 1) * st.pp + 1) / st.interleave
     window = bwd * chunk_steps
     hidden = (np.maximum(dp.reduce - window, 0.0)
               + np.maximum(dp.gather - fwd * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, dp.reduce + dp.gather)
-    beside = np.minimum(dp.reduce, window) + np.minimum(dp.gather, fwd * chunk_steps)
-    beside = beside + np.minimum(dp.across, np.maximum(window - dp.reduce, 0.0))
+    beside = 0.0
+    if hidden_too:
+        beside = (np.minimum(dp.reduce, window) + np.minimum(dp.gather, fwd * chunk_steps)
+                  + np.minimum(dp.across, np.maximum(window - dp.reduce, 0.0)))
     zero3 = zero3_across = zero3_beside = 0.0
     if np.any(st.zero >= Zero.PARAMETERS):
         per_microbatch, zero3_across, zero3_hidden = _sharded_layers(st, fwd, bwd, dp, units)
@@ -296,7 +301,8 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units)
         across_exposed = np.where(st.uses(GradBuffer.LAYER) & (st.zero < Zero.PARAMETERS), 0.0, across_exposed)
     spread = st.dp * st.cp > 1
     exposed = np.where(spread, np.where(st.zero >= Zero.PARAMETERS, zero3, step_level) + across_exposed, 0.0)
-    beside = np.where(spread & st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_beside, beside), 0.0)
+    if hidden_too:
+        beside = np.where(spread & st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_beside, beside), 0.0)
     return exposed + dp.emb_sync, beside
 
 
