@@ -68,8 +68,12 @@ def test_pure_mp_has_no_pipeline():
 
 
 def test_sixteen_bit_gradients_take_two_bytes_and_halve_the_gradient_reduction():
-    mixed = estimate(COMET, TPU, 4096, dc.replace(PAPER, grad_precision="mixed", tp=8, dp=512))
-    sixteen = estimate(COMET, TPU, 4096, dc.replace(PAPER, tp=8, dp=512))
+    """The optimizer pass reads and writes 36 instead of 42 bytes per parameter. The step's scalar all-reduce
+    (the gradient norm, latency-bound) is the same for both: with zero link latency it is a few 4-byte
+    transfers, below the comparison's tolerance."""
+    tpu = dc.replace(TPU, network=tuple(dc.replace(d, latency=0.0) for d in TPU.network))
+    mixed = estimate(COMET, tpu, 4096, dc.replace(PAPER, grad_precision="mixed", tp=8, dp=512))
+    sixteen = estimate(COMET, tpu, 4096, dc.replace(PAPER, tp=8, dp=512))
     assert sixteen.memory_bytes["gradients"] == pytest.approx(mixed.memory_bytes["gradients"] / 2, rel=1e-9)
     assert sixteen.memory_bytes["weights"] == mixed.memory_bytes["weights"]
     assert sixteen.breakdown_s["optimizer"] == pytest.approx(mixed.breakdown_s["optimizer"] * 36 / 42, rel=1e-4)

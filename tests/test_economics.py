@@ -334,3 +334,24 @@ def test_the_explorer_takes_a_token_budget_and_shows_time_and_cost():
     assert "time-to-train" in shown and "training-cost" in shown and "days" in shown and "$" in shown
     assert math.isclose(view.chosen["training"]["time_to_train_s"], 1e12 / view.top[0]["tokens_per_second"],
                         rel_tol=1e-9)
+
+
+def test_the_explorer_places_each_design_it_evaluates_on_a_price_front():
+    """As it is and HBM capacity doubled (the one resource of dgx-h100 with a per-unit price): the doubled
+    design costs devices x 80 GiB x the price per GiB more; designs without a per-unit price are not placed."""
+    pytest.importorskip("dash")
+    from comet_dse.web import figures
+    from comet_dse.web.app import controls_from
+    from comet_dse.web.view import compute, designs
+
+    cluster = load_cluster("dgx-h100")
+    view = compute(controls_from("llama3-70b", "", "dgx-h100", 256, 512, 1, [], []))
+    points = {d["label"]: d for d in designs(view)}
+    per_gib = cluster.economics.unit_price["hbm_capacity"] * 2**30          # USD per GiB
+    assert set(points) == {"as it is", "HBM capacity x2"}
+    assert math.isclose(points["as it is"]["value"], 256 * cluster.device_price_usd, rel_tol=1e-12)
+    assert math.isclose(points["HBM capacity x2"]["value"] - points["as it is"]["value"], 256 * 80 * per_gib,
+                        rel_tol=1e-9)
+    assert points["as it is"]["on_front"]                  # nothing is cheaper
+    figure = figures.designs(view)
+    assert len(figure["data"][0]["x"]) == 2 and "annotations" not in figure["layout"]

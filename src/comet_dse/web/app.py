@@ -83,7 +83,8 @@ def _layout():
         html.Div(id="training", className="best"),
         html.Div(id="best-table"),
         html.Div(className="figs", children=[
-            dcc.Graph(id=name, config=GRAPH_CONFIG) for name in ("bathtub", "memory", "breakdown", "doubling")]),
+            dcc.Graph(id=name, config=GRAPH_CONFIG)
+            for name in ("bathtub", "memory", "breakdown", "doubling", "designs")]),
     ])
     return html.Div([
         html.Header([html.H1("comet-dse explore"),
@@ -131,7 +132,8 @@ def _callbacks(app: dash.Dash) -> None:
     @app.callback(
         [Output("status", "children"), Output("error", "children"), Output("best-strategy", "children"),
          Output("best-table", "children"), Output("bathtub", "figure"), Output("memory", "figure"),
-         Output("breakdown", "figure"), Output("doubling", "figure"), Output("training", "children")],
+         Output("breakdown", "figure"), Output("doubling", "figure"), Output("training", "children"),
+         Output("designs", "figure")],
         [Input("model", "value"), Input("model-file", "value"), Input("cluster", "value"),
          Input("devices", "value"), Input("global-batch", "value"), Input("rank", "value"),
          Input({"type": "resource", "key": ALL, "cluster": ALL}, "value"), Input("tokens", "value"),
@@ -146,10 +148,9 @@ def _callbacks(app: dash.Dash) -> None:
                                      strategy)
             view = compute(controls)
         except InputError as exc:
-            return (dash.no_update, f"{exc}", dash.no_update, dash.no_update, dash.no_update, dash.no_update,
-                    dash.no_update, dash.no_update, dash.no_update)
+            return (dash.no_update, f"{exc}", *[dash.no_update] * 8)
         return (_status(view), "", _best(view), _table(view), figures.bathtub(view), figures.memory(view),
-                figures.breakdown(view), figures.doubling(view), _training(view))
+                figures.breakdown(view), figures.doubling(view), _training(view), figures.designs(view))
 
 
 def controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids, tokens=None,

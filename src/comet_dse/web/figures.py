@@ -7,7 +7,7 @@ resources' names and colours come from comet_dse.vocabulary.
 from __future__ import annotations
 
 from comet_dse.vocabulary import MEMORY_PARTS, TIME_PART, memory_label, resource, time_label
-from comet_dse.web.view import GiB, View
+from comet_dse.web.view import GiB, View, designs as cluster_designs
 
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12}
 
@@ -113,3 +113,28 @@ def doubling(view: View) -> dict:
         yaxis={"autorange": "reversed", "automargin": True}, showlegend=False,
         shapes=[{"type": "line", "x0": 1, "x1": 1, "yref": "paper", "y0": 0, "y1": 1,
                  "line": {"color": "black", "width": 1}}])}
+
+
+def designs(view: View) -> dict:
+    """Step time against the cluster's purchase price for each design the page evaluates (as it is and each
+    resource doubled where a per-unit price says what it adds), the Pareto front as a line."""
+    points = cluster_designs(view, "price_usd")
+    front = sorted((d for d in points if d["on_front"]), key=lambda d: d["value"])
+    data = [{"type": "scatter", "mode": "markers+text", "name": "design",
+             "x": [d["value"] / 1e6 for d in points], "y": [d["step_time_s"] for d in points],
+             "text": [d["label"] for d in points], "textposition": "top center",
+             "marker": {"color": ["#C44E52" if d["on_front"] else "#8C8C8C" for d in points], "size": 9},
+             "hovertemplate": "%{text}: %{y:.3g} s per step, $%{x:.3g}M<extra></extra>"},
+            {"type": "scatter", "mode": "lines", "name": "Pareto front", "x": [d["value"] / 1e6 for d in front],
+             "y": [d["step_time_s"] for d in front], "line": {"color": "#C44E52", "dash": "dot"},
+             "hoverinfo": "skip"}]
+    note = ("" if points else "no purchase price for this cluster (economics.device price): no design to place")
+    if points and len(points) == 1:
+        note = "no resource has a per-unit price (economics.unit_price): only the cluster as it is can be placed"
+    layout = _layout("Step time against cluster price: the designs evaluated",
+                     xaxis={"title": {"text": "cluster purchase price (million USD)"}},
+                     yaxis={"title": {"text": "step time (s)"}}, showlegend=False)
+    if note:
+        layout["annotations"] = [{"text": note, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
+                                  "showarrow": False}]
+    return {"data": data, "layout": layout}

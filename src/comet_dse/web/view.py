@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from comet_dse import economics
 from comet_dse.errors import InputError
 from comet_dse.estimate import estimate
 from comet_dse.errorband import band_of_cluster
@@ -111,8 +112,10 @@ class View:
     capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
     expansion_bytes: float      # expansion tier capacity (0: none)
     splits: list                # dicts: mp, dp, fits, step_time_s, strategy, why, memory_parts (part -> bytes)
-    doubling: list              # dicts: resource, speedup, note
+    doubling: list              # dicts: resource, speedup, step_time_s, note, added_usd, added_w
     excluded: dict = field(default_factory=dict)   # rule text -> strategies it excluded
+    price_usd: float = math.nan     # the cluster's purchase price as it is (economics.rates; NaN: unknown)
+    power_w: float = math.nan       # its rated power at the wall (NaN: unknown)
 
 
 @functools.lru_cache(maxsize=16)
@@ -253,7 +256,8 @@ def compute(controls: Controls) -> View:
         capacity_bytes=cluster.accelerator.state_capacity,
         expansion_bytes=cluster.accelerator.expansion.capacity if cluster.accelerator.expansion else 0.0,
         splits=_splits(cols, cluster), doubling=_doubling(model, cluster, controls.devices, st, cols, ranked),
-        excluded={RULE_TEXT[k]: v for k, v in reason_counts(cols["infeasible_mask"][~cols["feasible"]]).items()})
+        excluded={RULE_TEXT[k]: v for k, v in reason_counts(cols["infeasible_mask"][~cols["feasible"]]).items()},
+        **_price_and_power(cluster, controls.devices))
     view.seconds = time.perf_counter() - started
     return view
 
@@ -339,5 +343,34 @@ def _doubling(model, cluster: Cluster, devices: int, st, cols: dict, ranked: np.
     for resource in default_resources(cluster):
         cell = scaled_best(model, cluster, devices, candidates(st, cols, resource), baseline, resource, 2.0)
         note = cell.note or ("fits only with it doubled" if cell.speedup is None and cell.step_time_s else "")
-        out.append({"resource": resource, "speedup": cell.speedup, "step_time_s": cell.step_time_s, "note": note})
+        out.append({"resource": resource, "speedup": cell.speedup, "step_time_s": cell.step_time_s, "note": note,
+                    "added_usd": cell.added_usd, "added_w": cell.added_w})
+    return out
+
+
+def _price_and_power(cluster: Cluster, devices: int) -> dict:
+    """The cluster's purchase price [USD] and rated power at the wall [W] as it is (economics.rates; NaN where
+    the preset has no figure)."""
+    rates = economics.rates(cluster, devices)
+    return {"price_usd": float(rates.cluster_price_usd), "power_w": float(rates.rated_power_w)}
+
+
+def designs(view: View, measure: str = "price_usd") -> list:
+    """The cluster designs the page evaluates (as it is, and each resource doubled) that fit and whose
+    ``measure`` (price_usd or power_w) is known: dicts label, step_time_s, value, on_front. A doubled design's
+    value is the cluster's plus what the resource's per-unit price or power adds; without a per-unit figure
+    for it, its value is unknown and the design is left out. on_front: no other design is both cheaper (or
+    as cheap) and faster (the Pareto front of step time against ``measure``)."""
+    added = "added_usd" if measure == "price_usd" else "added_w"
+    base = getattr(view, measure)
+    out = []
+    if math.isfinite(base) and view.top:
+        out.append({"label": "as it is", "step_time_s": view.top[0]["step_time_s"], "value": base})
+    for row in view.doubling:
+        if math.isfinite(base) and row["step_time_s"] and row[added] is not None:
+            out.append({"label": f"{described(row['resource']).label} x2", "step_time_s": row["step_time_s"],
+                        "value": base + row[added]})
+    for d in out:
+        d["on_front"] = not any(o is not d and o["value"] <= d["value"] and o["step_time_s"] < d["step_time_s"]
+                                for o in out)
     return out
