@@ -3,6 +3,7 @@ scale-up domain, bf16 with fp8 on request, and a memory verdict that keeps the c
 (docs/design-space.md, "Defaults"; docs/hardware.md, "Reserved memory")."""
 from __future__ import annotations
 
+import dataclasses as dc
 import json
 import re
 from pathlib import Path
@@ -12,11 +13,12 @@ import pytest
 
 from comet_dse.design_space.search import search
 from comet_dse.design_space.space import (
-    SearchSpace, enumerate_strategies, fused_attention_default, scale_up_domain, with_cluster_defaults,
+    SearchSpace, enumerate_strategies, scale_up_domain, with_cluster_defaults, with_study_defaults,
 )
 from comet_dse.design_space.study import load_study
 from comet_dse.errors import InputError
 from comet_dse.presets import load_cluster, load_model
+from comet_dse.strategy import KNOB
 from comet_dse.whatif import smallest_capacity
 from cli_run import run
 
@@ -37,10 +39,25 @@ def _json(capsys, *argv) -> dict:
                                             ("dgx-a100-80gb", True), ("tpu-v4", False), ("mi300x", False)])
 def test_fused_attention_by_default_where_the_accelerator_lists_a_rate(cluster, fused):
     c = load_cluster(cluster)
-    assert fused_attention_default(c) is fused is bool(c.accelerator.attention_efficiency)
+    assert fused is bool(c.accelerator.attention_efficiency)
+    assert KNOB["flash_attention"].cluster_default([c.accelerator]) == ((True,) if fused else None)
     space = with_cluster_defaults(SearchSpace(), c, 64)
     assert space.given("flash_attention") == ((True,) if fused else None)
     assert with_cluster_defaults(SearchSpace.of(flash_attention=False), c, 64).given("flash_attention") == (False,)
+
+
+def test_the_default_kernel_is_one_every_accelerator_lists():
+    """An accelerator that lists only cuDNN's rate runs cudnn by default; two that share no kernel get no
+    flash attention by default (its rate would be a guess on one of them)."""
+    h100 = load_cluster("dgx-h100")
+    only = {"cudnn": h100.accelerator.attention_efficiency["cudnn"]}
+    cudnn = dc.replace(h100, accelerator=dc.replace(h100.accelerator, attention_efficiency=only))
+    space = with_cluster_defaults(SearchSpace(), cudnn, 64)
+    assert space.given("flash_attention") == (True,) and [k.value for k in space.given("attention_kernel")] == ["cudnn"]
+    fa2 = {"fa2": h100.accelerator.attention_efficiency["fa2"]}
+    other = dc.replace(h100, accelerator=dc.replace(h100.accelerator, attention_efficiency=fa2))
+    assert "flash_attention" not in with_study_defaults(SearchSpace(), [cudnn, other]).values
+    assert with_study_defaults(SearchSpace(), [h100, other]).given("flash_attention") == (True,)
 
 
 def test_search_default_and_flash_attention_off(capsys):
@@ -153,10 +170,10 @@ def test_explorer_strategy_controls():
     h100 = load_cluster("dgx-h100")
     space = strategy_space(Controls(model="llama3-70b", cluster="dgx-h100", devices=1024, global_batch=1024), h100)
     assert space.given("flash_attention") == (True,) and space.max_tp == 8 and space.given("dtype") == ("bf16",)
-    space = strategy_space(Controls(cluster="dgx-h100", devices=1024, flash_attention="off", dtype="bf16,fp8",
-                                    recompute="full", zero="1", tp_across_nodes=True), h100)
+    chosen = (("dtype", "bf16,fp8"), ("flash_attention", "off"), ("recompute", "full"), ("zero", "1"))
+    space = strategy_space(Controls(cluster="dgx-h100", devices=1024, strategy=chosen, tp_across_nodes=True), h100)
     assert space.given("flash_attention") == (False,) and space.max_tp is None
     assert [d.value for d in space.given("dtype")] == ["bf16", "fp8"]
     assert [r.value for r in space.given("recompute")] == ["full"] and [int(z) for z in space.given("zero")] == [1]
     with pytest.raises(InputError, match="recompute"):
-        strategy_space(Controls(cluster="dgx-h100", devices=1024, recompute="sometimes"), h100)
+        strategy_space(Controls(cluster="dgx-h100", devices=1024, strategy=(("recompute", "sometimes"),)), h100)

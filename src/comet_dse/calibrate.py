@@ -5,7 +5,7 @@ A runs file is a CSV, one measured run per row (docs/calibration.md):
 relative to the CSV) or the architecture columns of the validation files
 (``model_style`` gpt or llama, ``layers``, ``hidden``, ``heads``, ``ffn``,
 ``vocab``, ``seq_len``, ...); ``gpus``; any strategy knob as a column named
-like the knob (``tp``, ``pp``, ``recompute``, ``flash_attention``, ...);
+like the knob (``tp``, ``pp``, ``recompute``, ``zero``, ...);
 ``metric`` (``iter_s``, ``tokens_per_s`` or ``mfu``) and ``measured``.
 
 The fit moves named parameters of the cluster (``PARAMETERS``), each inside

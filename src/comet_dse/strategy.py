@@ -210,6 +210,9 @@ class Knob:
     short: the column heading of search tables and the compact sweep text.
     low, high: bounds of a number.
     default_text: how help texts state the default, when not the value itself.
+    cluster_default: the values a search tries when it names none, where they depend on the hardware: a
+      function of the accelerators of the clusters searched that returns a tuple, or None for ``search``
+      (design_space.space.with_cluster_defaults applies it).
     """
 
     name: str
@@ -227,6 +230,7 @@ class Knob:
     low: float | None
     high: float | None
     default_text: str | None
+    cluster_default: Callable | None
 
     @property
     def flag(self) -> str:
@@ -325,7 +329,7 @@ def knob(default, help: str, *, search=None, microbatch: bool = False, layout: b
          applies: Callable | None = None,
          label: Callable | None = None, shown: str = CHANGED, line: int = 3, short: str = "",
          low: float | None = None, high: float | None = None, kind: type | None = None,
-         default_text: str | None = None):
+         default_text: str | None = None, cluster_default: Callable | None = None):
     """A Strategy field declared as a knob (see Knob). ``search`` defaults to the default alone; an integer
     knob's ``high`` defaults to the bound of every count (bounds.BOUNDS["integer"])."""
     if (kind or type(default)) is int and high is None:
@@ -334,11 +338,29 @@ def knob(default, help: str, *, search=None, microbatch: bool = False, layout: b
         kind=kind or type(default), default=default, help=help,
         search=(default,) if search is None else search, microbatch=microbatch, layout=layout,
         applies=applies,
-        label=label, shown=shown, line=line, short=short, low=low, high=high, default_text=default_text)})
+        label=label, shown=shown, line=line, short=short, low=low, high=high, default_text=default_text,
+        cluster_default=cluster_default)})
 
 
 def _on_off(text: str) -> Callable:
     return lambda value: f"{text} {'on' if value else 'off'}"
+
+
+def _shared_kernels(accelerators) -> list:
+    """Fused attention kernels every accelerator lists a measured rate for (``attention_efficiency``), in the
+    first one's order. Searches run flash attention by default only where there is one: elsewhere the
+    kernel's rate would be a guess at the GEMM rate (docs/design-space.md, "Defaults")."""
+    if not accelerators:
+        return []
+    return [k for k in accelerators[0].attention_efficiency
+            if all(k in a.attention_efficiency for a in accelerators)]
+
+
+def _listed_kernel(accelerators):
+    """The kernel a search runs when none is named: the knob's default (fa2) where every accelerator lists
+    it, else the first kernel they all list (None: the default)."""
+    shared = _shared_kernels(accelerators)
+    return None if not shared or AttentionKernel.FA2.value in shared else (shared[0],)
 
 
 def _degree(name: str, help: str, microbatch: bool, shown: str = ALWAYS, default_text: str | None = None):
@@ -377,11 +399,13 @@ class Strategy:
     dtype: Dtype = knob(Dtype.BF16, "training precision", microbatch=True, layout=True, label=lambda v: v.value,
                         shown=ALWAYS, line=2, short="dtype")
     flash_attention: bool = knob(False, "fused attention that never stores the s x s scores", microbatch=True,
-                                 label=lambda v: "flash attention" if v else "no flash attention", short="flash")
+                                 label=lambda v: "flash attention" if v else "no flash attention", short="flash",
+                                 cluster_default=lambda accs: (True,) if _shared_kernels(accs) else None)
     attention_kernel: AttentionKernel = knob(
         AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3 or cudnn "
         "(its rates from the accelerator's attention_efficiency)", microbatch=True,
-        applies=lambda s: s.flash_attention, label=lambda v: f"{v.value} kernel", short="kernel")
+        applies=lambda s: s.flash_attention, label=lambda v: f"{v.value} kernel", short="kernel",
+        cluster_default=lambda accs: _listed_kernel(accs))
     tp_overlap: bool = knob(False, "pipeline each TP collective in chunks with the GEMM next to it "
                             "(Megatron-Core --tp-comm-overlap)", microbatch=True, applies=lambda s: s.tp > 1,
                             label=lambda v: "TP comm pipelined with GEMMs" if v else "TP comm not pipelined",

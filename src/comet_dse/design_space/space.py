@@ -120,30 +120,31 @@ def scale_up_domain(cluster: Cluster, devices: int) -> int:
     return int(cluster.dim_sizes(devices)[0])
 
 
-def fused_attention_default(cluster: Cluster) -> bool:
-    """Whether a search runs fused (flash) attention when not told: where the accelerator lists a measured
-    rate for a fused kernel (``Accelerator.attention_efficiency``: the Hopper and A100 presets). Elsewhere the kernel's
-    rate would be a guess at the GEMM rate, so the default stays the unfused attention."""
-    return bool(cluster.accelerator.attention_efficiency)
+def _knob_defaults(values: dict, clusters: list) -> dict:
+    """``values`` with, for every knob it does not name that declares a ``cluster_default``, what that default
+    gives for the accelerators of ``clusters`` (strategy.py: flash attention on where every accelerator lists
+    a fused-kernel rate, and a kernel they all list)."""
+    accelerators = [c.accelerator for c in clusters]
+    out = dict(values)
+    for knob in KNOBS:
+        if knob.cluster_default is not None and knob.name not in out:
+            chosen = knob.cluster_default(accelerators)
+            if chosen is not None:
+                out[knob.name] = chosen
+    return out
 
 
 def with_cluster_defaults(space: SearchSpace, cluster: Cluster, devices: int,
                           tp_across_nodes: bool = False) -> SearchSpace:
     """``space`` with the defaults of a search that depend on the cluster (docs/design-space.md, "Defaults"):
 
-    - flash attention on where ``fused_attention_default`` says so, unless the space names flash_attention
-      (``--flash-attention off`` keeps it off); the kernel is the knob's default (fa2) when the accelerator
-      lists it, else the first it lists;
+    - each knob the space does not name takes its declared cluster default (``_knob_defaults``: flash
+      attention on where the accelerator lists a fused-kernel rate; ``--flash-attention off`` keeps it off);
     - TP no larger than the scale-up domain (``scale_up_domain``), unless the space names tp values (an
       explicit list beyond it is tried as given), an MP constraint (MP = TP x PP), pure model parallelism, or
       ``tp_across_nodes``.
     """
-    values = dict(space.values)
-    rates = cluster.accelerator.attention_efficiency
-    if "flash_attention" not in values and fused_attention_default(cluster):
-        values["flash_attention"] = (True,)
-        if "attention_kernel" not in values and KNOB["attention_kernel"].default.value not in rates:
-            values["attention_kernel"] = (next(iter(rates)),)
+    values = _knob_defaults(space.values, [cluster])
     pure = values.get("model_parallel") is not None and any(str(v) == "pure-mp" for v in values["model_parallel"])
     asked = tp_across_nodes or "tp" in values or space.mp is not None or pure
     max_tp = None if asked else scale_up_domain(cluster, devices)
@@ -151,23 +152,10 @@ def with_cluster_defaults(space: SearchSpace, cluster: Cluster, devices: int,
 
 
 def with_study_defaults(space: SearchSpace, clusters: list) -> SearchSpace:
-    """A study's ``strategy:`` space with flash attention on when the block does not name flash_attention and
-    every base cluster lists a fused-attention rate (``fused_attention_default``) for a kernel they share (the
-    knob's default fa2 when they all list it). The scale-up rule of searches is not applied: a study searches
-    what its file says (studies/README.md)."""
-    if "flash_attention" in space.values or not all(fused_attention_default(c) for c in clusters):
-        return space
-    values = dict(space.values)
-    if "attention_kernel" not in values:
-        shared = [k for k in clusters[0].accelerator.attention_efficiency
-                  if all(k in c.accelerator.attention_efficiency for c in clusters)]
-        if not shared:
-            return space
-        default = KNOB["attention_kernel"].default.value
-        if default not in shared:
-            values["attention_kernel"] = (shared[0],)
-    values["flash_attention"] = (True,)
-    return dataclasses.replace(space, values=values)
+    """A study's ``strategy:`` space with the knobs' cluster defaults for every base cluster at once
+    (``_knob_defaults``: flash attention only where all of them list a kernel they share). The scale-up rule
+    of searches is not applied: a study searches what its file says (studies/README.md)."""
+    return dataclasses.replace(space, values=_knob_defaults(space.values, clusters))
 
 
 def _degrees(items, where: str) -> tuple | None:

@@ -94,17 +94,12 @@ def _layout():
     ])
 
 
-STRATEGY_LABELS = {"dtype": "Precision", "flash_attention": "Flash attention (default: where the cluster has a rate)",
-                   "recompute": "Recomputation (default: every mode)", "zero": "ZeRO stage (default: every stage)"}
-
-
 def _strategy_controls() -> list:
     """One dropdown per strategy control (view.STRATEGY_CONTROLS), holding its first choice; plus TP beyond
     the scale-up domain."""
     out = []
-    for knob, choices in STRATEGY_CONTROLS.items():
-        out += _labelled(STRATEGY_LABELS[knob], dcc.Dropdown(list(choices), choices[0], id=f"strategy-{knob}",
-                                                               clearable=False))
+    for knob, (label, choices) in STRATEGY_CONTROLS.items():
+        out += _labelled(label, dcc.Dropdown(list(choices), choices[0], id=f"strategy-{knob}", clearable=False))
     out.append(dcc.Checklist([{"label": " TP across nodes (beyond the scale-up domain)", "value": "on"}], [],
                              id="tp-across-nodes"))
     return out
@@ -139,11 +134,10 @@ def _callbacks(app: dash.Dash) -> None:
          Input({"type": "resource", "key": ALL, "cluster": ALL}, "value"), Input("tokens", "value"),
          *[Input(f"strategy-{knob}", "value") for knob in STRATEGY_CONTROLS], Input("tp-across-nodes", "value")],
         [State({"type": "resource", "key": ALL, "cluster": ALL}, "id")])
-    def update(model, model_file, cluster, devices, global_batch, rank, values, tokens, dtype, flash_attention,
-               recompute, zero, tp_across_nodes, ids):
+    def update(model, model_file, cluster, devices, global_batch, rank, values, tokens, *rest):
+        *choices, tp_across_nodes, ids = rest                   # one value per STRATEGY_CONTROLS knob, in order
         try:
-            strategy = {"dtype": dtype, "flash_attention": flash_attention, "recompute": recompute, "zero": zero,
-                        "tp_across_nodes": bool(tp_across_nodes)}
+            strategy = {**dict(zip(STRATEGY_CONTROLS, choices)), "tp_across_nodes": bool(tp_across_nodes)}
             controls = controls_from(model, model_file, cluster, devices, global_batch, rank, values, ids, tokens,
                                      strategy)
             view = compute(controls)
@@ -161,10 +155,12 @@ def controls_from(model, model_file, cluster, devices, global_batch, rank, value
     devices = BOUNDS["devices"].check_integer("devices", devices)          # the CLI's and the API's bounds:
     global_batch = BOUNDS["global_batch"].check_integer("global batch", global_batch)   # 1e30 spun a thread
     resources = {i["key"]: v for i, v in zip(ids, values) if i.get("cluster") == cluster}
-    chosen = {k: v for k, v in (strategy or {}).items() if v is not None}
+    strategy = dict(strategy or {})
+    across = bool(strategy.pop("tp_across_nodes", False))
+    chosen = tuple(sorted((k, v) for k, v in strategy.items() if v is not None))
     return Controls(model=(model_file or "").strip() or model, cluster=cluster, devices=devices,
                     global_batch=global_batch, resources=resources, rank=int(rank or 1), tokens=_tokens(tokens),
-                    **chosen)
+                    strategy=chosen, tp_across_nodes=across)
 
 
 def _tokens(text) -> float | None:

@@ -86,13 +86,11 @@ class Controls:
     resources: dict = field(default_factory=dict)
     rank: int = 1
     tokens: float | None = None      # a token budget: the chosen strategy's time to train, energy and cost
-    # The strategy controls (STRATEGY_CONTROLS): which values of these knobs the search tries. "default" is a
-    # search's default (flash attention where the cluster has a fused-attention rate; every recomputation
-    # mode and ZeRO stage); a knob's value, or several joined by commas, restricts the search to them.
-    dtype: str = "bf16"
-    flash_attention: str = "default"
-    recompute: str = "default"
-    zero: str = "default"
+    # The strategy controls (STRATEGY_CONTROLS) as (knob, choice) pairs: which values of these knobs the
+    # search tries. A knob left out takes its first choice; "default" is a search's default (flash attention
+    # where the cluster has a fused-attention rate; every recomputation mode and ZeRO stage); a knob's value,
+    # or several joined by commas, restricts the search to them.
+    strategy: tuple = ()
     tp_across_nodes: bool = False    # TP beyond the scale-up domain (design_space.space.with_cluster_defaults)
 
 
@@ -128,22 +126,23 @@ def _cluster(ref: str) -> Cluster:
     return load_cluster(ref)
 
 
-# The strategy controls: knob -> the choices the page offers (the first is the default). Precision offers the
+# The strategy controls: knob -> (its caption, the choices the page offers; the first is the default). The
+# knobs are declared in strategy.py; this names only which of them the page offers. Precision offers the
 # dtypes and both 16-bit and fp8 at once; a cluster without a dtype's rate rejects it with its reason.
 STRATEGY_CONTROLS = {
-    "dtype": ("bf16", "fp8", "bf16,fp8", "fp16"),
-    "flash_attention": ("default", "on", "off"),
-    "recompute": ("default", "none", "selective", "full"),
-    "zero": ("default", "0", "1", "2", "3"),
+    "dtype": ("Precision", ("bf16", "fp8", "bf16,fp8", "fp16")),
+    "flash_attention": ("Flash attention (default: where the cluster has a rate)", ("default", "on", "off")),
+    "recompute": ("Recomputation (default: every mode)", ("default", "none", "selective", "full")),
+    "zero": ("ZeRO stage (default: every stage)", ("default", "0", "1", "2", "3")),
 }
 
 
 def strategy_space(controls: Controls, cluster: Cluster) -> SearchSpace:
     """The search space of the strategy controls, with the defaults a search takes on ``cluster``
     (design_space.space.with_cluster_defaults): the explorer searches what ``comet-dse search`` would."""
-    values = {}
-    for knob, choices in STRATEGY_CONTROLS.items():
-        chosen = str(getattr(controls, knob) or choices[0]).strip()
+    values, given = {}, dict(controls.strategy)
+    for knob, (_, choices) in STRATEGY_CONTROLS.items():
+        chosen = str(given.get(knob) or choices[0]).strip()
         if chosen not in choices:
             raise InputError(knob.replace("_", " "), f"must be one of {', '.join(choices)}, got {chosen!r}")
         if chosen != "default":
