@@ -300,10 +300,7 @@ class RunSet:
         self.groups = [(self.runs[rows[0]].model, devices, np.array(rows),
                         StrategyArrays.of([self.runs[i].strategy for i in rows]))
                        for (_, devices), rows in keys.items()]
-        # per run: the measured step time [s] (iter_s, tokens/s), or for an MFU 1 / (devices x peak x MFU),
-        # which times the model FLOPs of a step is the step time it stands for
-        self.fixed = np.array([_fixed_time(r) for r in self.runs])
-        self.per_flop = np.array([_per_flop(r, cluster) for r in self.runs])
+        self.measured = np.array([measured_time(r, cluster) for r in self.runs])     # [s] per run
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -326,25 +323,23 @@ class RunSet:
             with ungrouped(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 step = evaluate(model, variant, devices, st.take(np.repeat(np.arange(len(rows)), k)))
             predicted = np.asarray(step.step_time, dtype=float).reshape(len(rows), k)
-            flops = np.broadcast_to(step.model_flops, (len(rows) * k,)).reshape(len(rows), k)
-            measured = np.where(np.isnan(self.fixed[rows])[:, None], flops * self.per_flop[rows][:, None],
-                                self.fixed[rows][:, None])
-            out[rows] = predicted / measured - 1.0
+            out[rows] = predicted / self.measured[rows][:, None] - 1.0
         return out
 
 
-def _fixed_time(run: Run) -> float:
+def measured_time(run: Run, cluster: Cluster) -> float:
+    """The step time a run's measurement stands for [s]: iter_s as it is; tokens/s as global batch x sequence
+    / tokens/s; an MFU as model FLOPs / (devices x peak(dtype) x MFU), with the FLOPs counted as published
+    MFU figures count them (every score: cost.step.model_flops(..., causal=False)), as ``comet-dse validate``
+    converts its MFU rows. None of these depends on a fitted parameter."""
+    from comet_dse.cost.step import model_flops
+
     if run.metric == "iter_s":
         return run.measured
     if run.metric == "tokens_per_s":
         return run.strategy.global_batch * run.model.seq_len / run.measured
-    return math.nan                                  # an MFU: the time follows from the model FLOPs
-
-
-def _per_flop(run: Run, cluster: Cluster) -> float:
-    if run.metric != "mfu":
-        return math.nan
-    return 1.0 / (run.devices * cluster.accelerator.flops(run.strategy.dtype.value) * run.measured)
+    peak = cluster.accelerator.flops(run.strategy.dtype.value)
+    return model_flops(run.model, run.strategy.global_batch, causal=False) / (run.devices * peak * run.measured)
 
 
 def step_errors(run: Run, cluster: Cluster, fitted: list, values: np.ndarray) -> np.ndarray:
@@ -352,8 +347,7 @@ def step_errors(run: Run, cluster: Cluster, fitted: list, values: np.ndarray) ->
 
     The cluster takes each fitted parameter as an array over the K points, and
     the strategy is repeated K times: one call of the batched cost model.
-    Measured tokens/s and MFU are turned into step times (MFU with the
-    model's own FLOP count, as validation does).
+    Measured tokens/s and MFU are turned into step times (``measured_time``).
     """
     return RunSet([run], cluster).errors(fitted, values)[0]
 
