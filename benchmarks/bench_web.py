@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench_web.py [--repeat 7]
 
 The view the page computes on every change of a control, for GPT-3 175B on 1,024
-H100s (dgx-h100), global batch 1,536: about 40 K strategies searched, the best
+H100s (dgx-h100), global batch 1,536: about 40 K strategies searched (TP across nodes allowed: the explorer's checkbox), the best
 ones listed, the splits, the chosen strategy's estimate and eight doublings, at
 three HBM capacities (80, 64 and 48 GiB, as when the HBM box is changed). The
 reference, measured in the same process just before each view, is one batched
@@ -27,11 +27,11 @@ import sys
 import time
 
 from comet_dse.allocator import keep_freed_memory
-from comet_dse.design_space.space import SearchSpace, enumerate_strategies
+from comet_dse.design_space.space import enumerate_strategies
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model
-from comet_dse.web.view import Controls, compute, overrides_for
+from comet_dse.web.view import Controls, compute, overrides_for, strategy_space
 
 MODEL, CLUSTER, DEVICES, BATCH = "gpt3-175b", "dgx-h100", 1024, 1536
 CAPACITIES_GIB = (80, 64, 48)
@@ -52,10 +52,10 @@ def main() -> int:
         parser.error("--repeat must be at least 1")
     keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
 
-    base = Controls(model=MODEL, cluster=CLUSTER, devices=DEVICES, global_batch=BATCH)
+    base = Controls(model=MODEL, cluster=CLUSTER, devices=DEVICES, global_batch=BATCH, tp_across_nodes=True)
     first, view = timed(lambda: compute(base))
     model, cluster = load_model(MODEL), load_cluster(CLUSTER)
-    st = enumerate_strategies(model, DEVICES, BATCH, SearchSpace())
+    st = enumerate_strategies(model, DEVICES, BATCH, strategy_space(base, cluster))     # what the view searches
     assert view.evaluated == len(st), (view.evaluated, len(st))
     cases = []
     for gib in CAPACITIES_GIB:
