@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 try:
@@ -315,13 +316,13 @@ class PartStore:
             if fmt == "dataset":
                 write_dataset(self.parts, [self.name(i) for i in range(total)], self.output)
             else:
-                target, name = output_parent(self.output)
-                if not self.url:
-                    remove_stale_temps(self.output)
                 writer = _join_parts if fmt == "parquet" else _csv_parts
-                target.write_with(name, lambda handle: writer(self.parts, total, handle))
-                if not self.url:
-                    written.record_file(self.output)
+                if self.url:
+                    target, name = output_parent(self.output)
+                    target.write_with(name, lambda handle: writer(self.parts, total, handle))
+                else:          # the output rule, checked again just before the rename (written.write_file)
+                    remove_stale_temps(self.output)
+                    written.write_file(self.output, lambda tmp: _into_local(tmp, lambda h: writer(self.parts, total, h)))
         except OSError as exc:
             raise InputError("output", f"cannot write {self.output}: {exc.strerror or exc}") from None
         self.parts.remove_all()
@@ -331,6 +332,13 @@ class PartStore:
         if self.lock is not None:
             self.lock.close()
             self.lock = None
+
+
+def _into_local(path, write) -> None:
+    """Run ``write(handle)`` on a pyarrow output stream of the local file ``path`` (the handle type the
+    part writers take, local or remote)."""
+    with pafs.LocalFileSystem().open_output_stream(str(path)) as handle:
+        write(handle)
 
 
 def _join_parts(parts: Folder, total: int, handle) -> None:
