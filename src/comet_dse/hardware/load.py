@@ -16,18 +16,7 @@ from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, Ne
 from comet_dse.loading import Fields
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
 
-# The highest plausible values (bounds.BOUNDS), by the names other modules import.
-MAX_FLOPS = BOUNDS["peak_flops"].high
-MAX_SRAM = BOUNDS["sram_capacity"].high
-MAX_HBM = BOUNDS["hbm_capacity"].high
-MAX_EXPANSION = BOUNDS["expansion_capacity"].high
-MAX_MEM_BW = BOUNDS["memory_bandwidth"].high
-MAX_LINK_BW = BOUNDS["link_bandwidth"].high
-MAX_LATENCY = BOUNDS["latency"].high
-MAX_TILE = BOUNDS["matmul_tile"].high
-MAX_PRICE_USD = BOUNDS["device_price_usd"].high
-MAX_POWER_W = BOUNDS["device_power_w"].high
-MAX_OVERHEAD = BOUNDS["overhead"].high
+MAX_TILE = BOUNDS["matmul_tile"].high     # the largest tile side a cluster file may give
 # Which row of bounds.BOUNDS a tier's capacity is checked against.
 TIER_CAPACITY = {"sram": "sram_capacity", "hbm": "hbm_capacity", "expansion": "expansion_capacity"}
 

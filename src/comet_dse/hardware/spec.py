@@ -14,7 +14,6 @@ from comet_dse.errors import InputError
 from comet_dse.hardware.economics import Economics
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-MAX_DEVICES = BOUNDS["devices"].high   # devices in one job: about 10x beyond the largest cluster built by 2026
 
 
 class Topology(str, Enum):
