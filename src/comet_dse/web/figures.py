@@ -118,7 +118,7 @@ def doubling(view: View) -> dict:
 def designs(view: View) -> dict:
     """Step time against the cluster's purchase price for each design the page evaluates (as it is and each
     resource doubled where a per-unit price says what it adds), the Pareto front as a line."""
-    points = cluster_designs(view, "price_usd")
+    points = cluster_designs(view)
     front = sorted((d for d in points if d["on_front"]), key=lambda d: d["value"])
     data = [{"type": "scatter", "mode": "markers+text", "name": "design",
              "x": [d["value"] / 1e6 for d in points], "y": [d["step_time_s"] for d in points],

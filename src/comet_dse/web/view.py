@@ -110,10 +110,9 @@ class View:
     capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
     expansion_bytes: float      # expansion tier capacity (0: none)
     splits: list                # dicts: mp, dp, fits, step_time_s, strategy, why, memory_parts (part -> bytes)
-    doubling: list              # dicts: resource, speedup, step_time_s, note, added_usd, added_w
+    doubling: list              # dicts: resource, speedup, step_time_s, note, added_usd
     excluded: dict = field(default_factory=dict)   # rule text -> strategies it excluded
     price_usd: float = math.nan     # the cluster's purchase price as it is (economics.rates; NaN: unknown)
-    power_w: float = math.nan       # its rated power at the wall (NaN: unknown)
 
 
 @functools.lru_cache(maxsize=16)
@@ -256,7 +255,7 @@ def compute(controls: Controls) -> View:
         expansion_bytes=cluster.accelerator.expansion.capacity if cluster.accelerator.expansion else 0.0,
         splits=_splits(cols, cluster), doubling=_doubling(model, cluster, controls.devices, st, cols, ranked),
         excluded={RULE_TEXT[k]: v for k, v in reason_counts(cols["infeasible_mask"][~cols["feasible"]]).items()},
-        **_price_and_power(cluster, controls.devices))
+        price_usd=float(economics.rates(cluster, controls.devices).cluster_price_usd))
     view.seconds = time.perf_counter() - started
     return view
 
@@ -343,32 +342,24 @@ def _doubling(model, cluster: Cluster, devices: int, st, cols: dict, ranked: np.
         cell = scaled_best(model, cluster, devices, candidates(st, cols, resource), baseline, resource, 2.0)
         note = cell.note or ("fits only with it doubled" if cell.speedup is None and cell.step_time_s else "")
         out.append({"resource": resource, "speedup": cell.speedup, "step_time_s": cell.step_time_s, "note": note,
-                    "added_usd": cell.added_usd, "added_w": cell.added_w})
+                    "added_usd": cell.added_usd})
     return out
 
 
-def _price_and_power(cluster: Cluster, devices: int) -> dict:
-    """The cluster's purchase price [USD] and rated power at the wall [W] as it is (economics.rates; NaN where
-    the preset has no figure)."""
-    rates = economics.rates(cluster, devices)
-    return {"price_usd": float(rates.cluster_price_usd), "power_w": float(rates.rated_power_w)}
-
-
-def designs(view: View, measure: str = "price_usd") -> list:
-    """The cluster designs the page evaluates (as it is, and each resource doubled) that fit and whose
-    ``measure`` (price_usd or power_w) is known: dicts label, step_time_s, value, on_front. A doubled design's
-    value is the cluster's plus what the resource's per-unit price or power adds; without a per-unit figure
-    for it, its value is unknown and the design is left out. on_front: no other design is both cheaper (or
-    as cheap) and faster (the Pareto front of step time against ``measure``)."""
-    added = "added_usd" if measure == "price_usd" else "added_w"
-    base = getattr(view, measure)
+def designs(view: View) -> list:
+    """The cluster designs the page evaluates (as it is, and each resource doubled) that fit and whose purchase
+    price is known: dicts label, step_time_s, value (USD), on_front. A doubled design's price is the cluster's
+    plus what the resource's per-unit price adds; without a per-unit price for it, its price is unknown and
+    the design is left out. on_front: no other design is both as cheap or cheaper and faster (the Pareto
+    front of step time against price)."""
+    base = view.price_usd
     out = []
     if math.isfinite(base) and view.top:
         out.append({"label": "as it is", "step_time_s": view.top[0]["step_time_s"], "value": base})
     for row in view.doubling:
-        if math.isfinite(base) and row["step_time_s"] and row[added] is not None:
+        if math.isfinite(base) and row["step_time_s"] and row["added_usd"] is not None:
             out.append({"label": f"{described(row['resource']).label} x2", "step_time_s": row["step_time_s"],
-                        "value": base + row[added]})
+                        "value": base + row["added_usd"]})
     for d in out:
         d["on_front"] = not any(o is not d and o["value"] <= d["value"] and o["step_time_s"] < d["step_time_s"]
                                 for o in out)
