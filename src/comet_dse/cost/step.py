@@ -363,11 +363,16 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     best, best_total, best_act = None, None, None
     slot = embedding_slots(st)
     last = len(lay.memory) - 1
+    layer_grads = st.uses(GradBuffer.LAYER)
+    any_layer_grads = bool(np.any(layer_grads))
     for index, (states, (_, _, with_emb, with_head)) in enumerate(zip(lay.memory, lay.mixes)):
         n_dense, n_moe = states["n_dense"], states["n_moe"]
         # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
         # rank 1, warms up longest) or the last; one stage when p = 1
-        rank = 0.0 if index == 0 else np.maximum(np.where(index == last, p - 1.0, np.minimum(1.0, p - 1.0)), 0.0)
+        if index == 0:
+            rank = 0.0
+        else:
+            rank = np.maximum(p - 1.0 if index == last else np.minimum(1.0, p - 1.0), 0.0)
         layers = n_dense + n_moe
         per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
         first_chunk = None
@@ -376,8 +381,10 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
             first_chunk = np.where(taken > 0, np.maximum((layers + taken) / st.interleave - taken, 0.0),
                                    layers / st.interleave)
         inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank)
-        gradients = np.where(st.uses(GradBuffer.LAYER),
-                             states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0), states["gradients"])
+        gradients = states["gradients"]
+        if any_layer_grads:       # most batches have none: skip two full-size where()s per candidate
+            gradients = np.where(layer_grads, states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0),
+                                 gradients)
         memory = {"weights": states["weights"], "gradients": gradients, "optimizer": states["optimizer"],
                   "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + with_head * logits,
                   "buffers": buffers}
