@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses as dc
-import inspect
 import json
 import math
 import os
@@ -154,14 +153,16 @@ def test_explorer_request_with_a_huge_batch_is_refused_before_it_computes(monkey
     pytest.importorskip("dash")
     from comet_dse.web import view
     from comet_dse.web.app import build_app
+    from comet_dse.web.view import STRATEGY_CONTROLS
 
     monkeypatch.setattr(view, "enumerate_strategies", lambda *a, **k: pytest.fail("enumerated"))
     app = build_app()
     update = next(c for key, c in app.callback_map.items() if "status.children" in key)["callback"].__wrapped__
-    given = {"model": "megatron-22b", "model_file": "", "cluster": "dgx-a100-80gb", "devices": 64,
-             "global_batch": 1e30, "rank": 1, "values": [], "ids": []}      # other controls: left empty
+    # the callback's inputs in order: model, file, cluster, devices, batch, rank, resource values, tokens, one
+    # value per strategy control (left empty), TP across nodes, then the resource ids (a State)
+    args = ["megatron-22b", "", "dgx-a100-80gb", 64, 1e30, 1, [], None, *[None] * len(STRATEGY_CONTROLS), [], []]
     with no_hang():
-        outputs = update(**{name: given.get(name) for name in inspect.signature(update).parameters})
+        outputs = update(*args)
     assert "global batch" in str(outputs[1]), outputs[1]
 
 
