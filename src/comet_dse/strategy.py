@@ -148,6 +148,18 @@ class GradBuffer(Choice):
     ZeRO 2 accumulates it) and the updated weights are all-gathered at the end of the step."""
 
 
+class CrossEntropy(Choice):
+    """How the loss turns the logits into a cross entropy, which decides what it keeps (docs/model.md, "Loss")."""
+
+    IN_PLACE = "in-place"
+    """Megatron-LM's vocabulary-parallel cross entropy: one fp32 copy of the 16-bit logits becomes the softmax in
+    place and is kept for backward, whose gradient is written over it: 4 + 2 bytes per logit at the peak."""
+    FP32_CAST = "fp32-cast"
+    """PyTorch's cross_entropy on logits cast to fp32, as torchtitan computes its loss: log-softmax keeps its fp32
+    output, and in backward the nll gradient and the log-softmax gradient (fp32 each) coexist with it: 12 bytes
+    per logit at the peak (the 16-bit logits are freed before backward)."""
+
+
 class ModelParallel(Choice):
     """What model parallelism means: how the TP and PP degrees split the layers."""
 
@@ -459,6 +471,11 @@ class Strategy:
         "two layers' gradients in flight, plus the DP shard they accumulate in with several micro-batches)",
         layout=True, label=lambda v: "gradients reduced layer by layer" if v is GradBuffer.LAYER else
         "whole gradient buffer", line=2, short="gbuf")
+    cross_entropy: CrossEntropy = knob(
+        CrossEntropy.IN_PLACE, "how the loss computes its cross entropy: in-place (Megatron-LM's vocabulary-parallel "
+        "softmax in one fp32 copy, 6 B per logit at the peak) or fp32-cast (PyTorch's cross_entropy on fp32-cast "
+        "logits, as torchtitan: 12 B per logit)", microbatch=True,
+        label=lambda v: f"{v.value} cross entropy", short="xent")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
         "pooling); off exposes it all", label=lambda v: "expansion traffic overlapped" if v else

@@ -209,7 +209,8 @@ def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbyte
     For grad_buffer layer (cost/step.py: _memory picks them per point) also
     "grad_layer", the gradients of two layers in flight, g min(2 P_l, P), and
     "grad_shard", the DP shard several micro-batches accumulate in, g P / N
-    (P_l: one transformer layer's parameters on the device, P the stage's).
+    (P_l: one transformer layer's parameters on the device, P the stage's); and
+    "grad_unsharded", g P, what ZeRO 3 under pipelining accumulates (cost/step.py: _memory).
     """
     is_fp8 = st.uses(Dtype.FP8)
     layer = model.layer_params() / st.tp
@@ -224,6 +225,7 @@ def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbyte
                     "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
                     "grad_layer": gbytes * np.minimum(2.0 * layer, params.total),
                     "grad_shard": gbytes * (params.shared / shards[0] + params.expert / shards[1]),
+                    "grad_unsharded": gbytes * params.total,
                     "n_dense": n_dense, "n_moe": n_moe})
     return out
 

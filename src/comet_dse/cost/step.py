@@ -28,7 +28,8 @@ from comet_dse.cost.microbatch import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import GradAccumulation, GradBuffer, PipelineEngine, Recompute, StrategyArrays, Zero
+from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, PipelineEngine, Recompute, StrategyArrays,
+                                Zero)
 
 
 @dataclass
@@ -337,14 +338,22 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     the last rank p - 1) of its dense and MoE layers, one layer's transient
     recomputation, and on the stage with the head the logits of the one micro-batch
     whose loss it computes (the last rank runs each micro-batch's backward right
-    after its forward; with p = 1 the single stage). With interleaving, the stage that holds the
+    after its forward; with p = 1 the single stage): b s/c V/t logits at 6 bytes
+    (cross_entropy in-place: the fp32 softmax and the 16-bit logits) or 12 bytes
+    (fp32-cast: log-softmax output, nll gradient and log-softmax gradient in fp32),
+    plus 2 with final logit soft-capping. With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
     micro-batches sit (cost/memory.py: inflight_layer_microbatches). The
     candidate with the largest total is reported, with the reserve the cluster
     keeps (cost/memory.py: reserved_bytes) as the part "reserved". With grad_buffer
     layer the gradients are two layers' in flight, plus their DP shard when the step
-    has several micro-batches (cost/layout.py: _state_bytes).
+    has several micro-batches (cost/layout.py: _state_bytes). ZeRO 3 with pipeline
+    parallelism and several micro-batches holds its stage's gradients unsharded, g P:
+    PyTorch's pipelining schedules (torch.distributed.pipelining, stage.py:
+    backward_maybe_with_nosync, as torchtitan runs FSDP2 with PP) turn FSDP's gradient
+    sync off until the last micro-batch's backward, and FSDP2 accumulates the
+    unsharded gradients in its reduce dtype (fp32) until then.
     """
     t, p, b = st.tp, st.pp, st.micro_batch
     full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
@@ -358,13 +367,16 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
     capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    logits = b * model.seq_len / st.cp * model.vocab / t * (FP32 + ACTIVATION_BYTES + capped)
+    per_logit = np.where(st.uses(CrossEntropy.FP32_CAST), 3.0 * FP32, FP32 + ACTIVATION_BYTES) + capped
+    logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
     slot = embedding_slots(st)
     last = len(lay.memory) - 1
     layer_grads = st.uses(GradBuffer.LAYER)
     any_layer_grads = bool(np.any(layer_grads))
+    piped_zero3 = (st.zero >= Zero.PARAMETERS) & (p > 1) & (m > 1) & (st.dp * st.cp > 1)
+    any_piped_zero3 = bool(np.any(piped_zero3))
     for index, (states, (_, _, with_emb, with_head)) in enumerate(zip(lay.memory, lay.mixes)):
         n_dense, n_moe = states["n_dense"], states["n_moe"]
         # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
@@ -385,6 +397,8 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         if any_layer_grads:       # most batches have none: skip two full-size where()s per candidate
             gradients = np.where(layer_grads, states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0),
                                  gradients)
+        if any_piped_zero3:
+            gradients = np.where(piped_zero3, states["grad_unsharded"], gradients)
         memory = {"weights": states["weights"], "gradients": gradients, "optimizer": states["optimizer"],
                   "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + with_head * logits,
                   "buffers": buffers}
