@@ -52,6 +52,7 @@ class Estimate(Tabular):
     inputs: dict = field(default_factory=dict)
     training: dict | None = None
     error_band: dict | None = None    # the error to expect (errorband.band_for), where the caller adds it
+    memory_last_stage_bytes: int = 0  # the last pipeline rank's memory, its reserve included (= the busiest with pp 1)
 
     @property
     def runnable(self) -> bool:
@@ -95,6 +96,7 @@ class Estimate(Tabular):
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "microbatches": self.microbatches,
             "layers_per_stage": self.layers_per_stage,
+            "memory_last_stage_bytes": self.memory_last_stage_bytes,
             "inputs": dict(self.inputs),
             "training": (dict(self.training, **{k: None for k in TRAINING_COLUMNS}) if not timed
                          else dict(self.training)) if self.training is not None else None,
@@ -142,6 +144,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         hardware_flops_per_step=float(step.hardware_flops[0]),
         microbatches=float(step.microbatches[0]),
         layers_per_stage=int(np.asarray(step.stage_layers).reshape(-1)[0]),
+        memory_last_stage_bytes=int(round(float(np.asarray(step.last_stage_memory).reshape(-1)[0]))),
         inputs={"model": model.name, "cluster": cluster.name, "devices": devices,
                 "strategy": strategy.to_dict()},
         training=training,

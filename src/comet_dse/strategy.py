@@ -148,6 +148,19 @@ class GradBuffer(Choice):
     ZeRO 2 accumulates it) and the updated weights are all-gathered at the end of the step."""
 
 
+class GradSync(Choice):
+    """When ZeRO 3 reduce-scatters the gradients of a step with several micro-batches (docs/model.md, "When ZeRO 3
+    reduces gradients")."""
+
+    MICRO_BATCH = "micro-batch"
+    """Every micro-batch's backward reduce-scatters each layer's gradient into the device's shard, where they
+    accumulate (DeepSpeed ZeRO 3; PyTorch FSDP outside no_sync)."""
+    STEP = "step"
+    """Gradients accumulate unsharded in fp32 and only the last micro-batch's backward reduce-scatters them:
+    PyTorch FSDP's no_sync, which torch.distributed.pipelining applies to every micro-batch but the last when it
+    runs FSDP2 stages (torchtitan with PP)."""
+
+
 class CrossEntropy(Choice):
     """How the loss turns the logits into a cross entropy, which decides what it keeps (docs/model.md, "Loss")."""
 
@@ -471,6 +484,12 @@ class Strategy:
         "two layers' gradients in flight, plus the DP shard they accumulate in with several micro-batches)",
         layout=True, label=lambda v: "gradients reduced layer by layer" if v is GradBuffer.LAYER else
         "whole gradient buffer", line=2, short="gbuf")
+    grad_sync: GradSync = knob(
+        GradSync.MICRO_BATCH, "ZeRO 3 with several micro-batches: reduce-scatter the gradients every micro-batch "
+        "(micro-batch: sharded accumulation) or once, at the last (step: unsharded fp32 accumulation, FSDP no_sync, "
+        "as PyTorch's pipeline schedules run FSDP2)", layout=True,
+        applies=lambda s: (s.zero >= Zero.PARAMETERS) & (s.dp * s.cp > 1),
+        label=lambda v: f"gradients reduce-scattered every {v.value}", short="gsync")
     cross_entropy: CrossEntropy = knob(
         CrossEntropy.IN_PLACE, "how the loss computes its cross entropy: in-place (Megatron-LM's vocabulary-parallel "
         "softmax in one fp32 copy, 6 B per logit at the peak) or fp32-cast (PyTorch's cross_entropy on fp32-cast "

@@ -28,8 +28,8 @@ from comet_dse.cost.microbatch import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, PipelineEngine, Recompute, StrategyArrays,
-                                Zero)
+from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, GradSync, PipelineEngine, Recompute,
+                                StrategyArrays, Zero)
 
 
 @dataclass
@@ -51,6 +51,7 @@ class StepArrays:
     fits: np.ndarray
     microbatches: np.ndarray
     stage_layers: np.ndarray
+    last_stage_memory: np.ndarray   # bytes per device of the last pipeline rank, its reserve included
 
 
 def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -> dict:
@@ -126,7 +127,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     dp_slowdown = contention(u, dp_hidden)
     optimizer = lay.optimizer
 
-    memory, act_per_mb = _memory(model, st, terms, lay, m, cluster)
+    memory, act_per_mb, last_stage = _memory(model, st, terms, lay, m, cluster)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.state_capacity, exp_cap)
@@ -162,7 +163,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         model_flops=model_flops, hardware_flops=hw_flops,
         tokens_per_second=st.global_batch * model.seq_len / step_time,
         mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
-        stage_layers=lay.stage_layers,
+        stage_layers=lay.stage_layers, last_stage_memory=last_stage,
     )
 
 
@@ -214,7 +215,7 @@ def _prefetched_hidden(per_unit, window, units):
     return (units - 1.0) * np.minimum(per_unit, window / units)
 
 
-def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units) -> tuple:
+def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units, reduce=True) -> tuple:
     """ZeRO 3 / FSDP, layer by layer: (exposed seconds per micro-batch, extra exposed seconds per step of
     hybrid sharding's all-reduces across nodes).
 
@@ -240,11 +241,12 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units) -
     forward reuses the weights backward gathers) time per micro-batch,
     including exposed in-layer communication (it uses other links).
     The third value: the seconds of gathers and reduce-scatters that ran beside
-    compute per micro-batch (``_prefetched_hidden``).
+    compute per micro-batch (``_prefetched_hidden``). ``reduce`` False: a
+    micro-batch that reduce-scatters nothing (grad_sync step, all but the last).
     Sources: Rajbhandari et al. 2020 (ZeRO, Sec. 7); Zhao et al. 2023
     (PyTorch FSDP, arXiv:2304.11277, Sec. 3.2-3.3, 4.1); docs/model.md.
     """
-    queue = np.where(st.reshard_after_forward, dp.unit_gather, 0.0) + dp.unit_reduce
+    queue = np.where(st.reshard_after_forward, dp.unit_gather, 0.0) + (dp.unit_reduce if reduce else 0.0)
     backward = _prefetched(queue, bwd, units)
     across = _prefetched(queue + dp.unit_across, bwd, units) - backward
     hidden = _prefetched_hidden(dp.unit_gather, fwd, units) + _prefetched_hidden(queue, bwd, units)
@@ -269,7 +271,8 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units,
     max(0, reduce - window_b) + max(0, gather - window_f); without overlap
     all of it. Hybrid sharding's all-reduce across nodes hides behind what is
     left of window_b after the reduction: max(0, across - max(0, window_b - reduce)).
-    ZeRO 3 works layer by layer every micro-batch instead (``_sharded_layers``),
+    ZeRO 3 works layer by layer every micro-batch instead (``_sharded_layers``;
+    with grad_sync step only the last micro-batch reduce-scatters: (m - 1) T_quiet + T_mb),
     and its hybrid all-reduces queue behind each unit's reduce-scatter. So does
     grad_buffer layer below ZeRO 3 (``_layer_by_layer``). The tied-embedding
     gradient sync is always exposed.
@@ -292,6 +295,11 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units,
         per_microbatch, zero3_across, zero3_hidden = _sharded_layers(st, fwd, bwd, dp, units)
         zero3 = m * per_microbatch
         zero3_beside = m * zero3_hidden
+        if np.any(st.uses(GradSync.STEP)):     # one reduce-scatter per step, in the last micro-batch's backward
+            quiet, _, quiet_hidden = _sharded_layers(st, fwd, bwd, dp, units, reduce=False)
+            once = st.uses(GradSync.STEP)
+            zero3 = np.where(once, (m - 1.0) * quiet + per_microbatch, zero3)
+            zero3_beside = np.where(once, (m - 1.0) * quiet_hidden + zero3_hidden, zero3_beside)
     across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
                                                       np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0), 0.0)),
                               dp.across)
@@ -329,7 +337,8 @@ def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units
 
 
 def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):
-    """Bytes per device of the stage that needs the most, by part; and that stage's activations per micro-batch.
+    """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
+    the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
 
     Per candidate stage (cost/params.py): model states (cost/layout.py: shared
     weights sharded by ZeRO over dp x cp, expert weights over dp/ep x cp, an fp8
@@ -348,12 +357,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     candidate with the largest total is reported, with the reserve the cluster
     keeps (cost/memory.py: reserved_bytes) as the part "reserved". With grad_buffer
     layer the gradients are two layers' in flight, plus their DP shard when the step
-    has several micro-batches (cost/layout.py: _state_bytes). ZeRO 3 with pipeline
-    parallelism and several micro-batches holds its stage's gradients unsharded, g P:
-    PyTorch's pipelining schedules (torch.distributed.pipelining, stage.py:
-    backward_maybe_with_nosync, as torchtitan runs FSDP2 with PP) turn FSDP's gradient
-    sync off until the last micro-batch's backward, and FSDP2 accumulates the
-    unsharded gradients in its reduce dtype (fp32) until then.
+    has several micro-batches (cost/layout.py: _state_bytes). ZeRO 3 with grad_sync
+    step and several micro-batches holds its stage's gradients unsharded, g P (FSDP's
+    no_sync accumulation, docs/model.md).
     """
     t, p, b = st.tp, st.pp, st.micro_batch
     full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
@@ -375,8 +381,8 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     last = len(lay.memory) - 1
     layer_grads = st.uses(GradBuffer.LAYER)
     any_layer_grads = bool(np.any(layer_grads))
-    piped_zero3 = (st.zero >= Zero.PARAMETERS) & (p > 1) & (m > 1) & (st.dp * st.cp > 1)
-    any_piped_zero3 = bool(np.any(piped_zero3))
+    unsharded = st.uses(GradSync.STEP) & (st.zero >= Zero.PARAMETERS) & (m > 1) & (st.dp * st.cp > 1)
+    any_unsharded = bool(np.any(unsharded))
     for index, (states, (_, _, with_emb, with_head)) in enumerate(zip(lay.memory, lay.mixes)):
         n_dense, n_moe = states["n_dense"], states["n_moe"]
         # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
@@ -397,13 +403,15 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         if any_layer_grads:       # most batches have none: skip two full-size where()s per candidate
             gradients = np.where(layer_grads, states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0),
                                  gradients)
-        if any_piped_zero3:
-            gradients = np.where(piped_zero3, states["grad_unsharded"], gradients)
+        if any_unsharded:
+            gradients = np.where(unsharded, states["grad_unsharded"], gradients)
         memory = {"weights": states["weights"], "gradients": gradients, "optimizer": states["optimizer"],
                   "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + with_head * logits,
                   "buffers": buffers}
         total = sum(memory.values())
         act_per_mb = layers * per_layer
+        if index == last:
+            last_total = total
         if best is None:
             best, best_total, best_act = memory, total, act_per_mb
         else:
@@ -413,7 +421,7 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
             best_total = np.maximum(total, best_total)
     best["reserved"] = reserved_bytes(best_total, cluster.reserved_memory, cluster.fragmentation) + np.zeros_like(
         best_total)
-    return best, best_act
+    return best, best_act, last_total + reserved_bytes(last_total, cluster.reserved_memory, cluster.fragmentation)
 
 
 def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None):
