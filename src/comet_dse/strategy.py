@@ -167,6 +167,10 @@ class CrossEntropy(Choice):
     IN_PLACE = "in-place"
     """Megatron-LM's vocabulary-parallel cross entropy: one fp32 copy of the 16-bit logits becomes the softmax in
     place and is kept for backward, whose gradient is written over it: 4 + 2 bytes per logit at the peak."""
+    FUSED = "fused"
+    """Megatron-Core's fused cross entropy (--cross-entropy-loss-fusion; megatron/core/fusions/
+    fused_cross_entropy.py): its compiled steps return new tensors instead of working in place, so the fp32 copy
+    of the logits and the fp32 exponentials coexist with the 16-bit logits: 2 + 4 + 4 = 10 bytes per logit."""
     FP32_CAST = "fp32-cast"
     """PyTorch's cross_entropy on logits cast to fp32, as torchtitan computes its loss: log-softmax keeps its fp32
     output, and in backward the nll gradient and the log-softmax gradient (fp32 each) coexist with it: 12 bytes
@@ -492,8 +496,8 @@ class Strategy:
         label=lambda v: f"gradients reduce-scattered every {v.value}", short="gsync")
     cross_entropy: CrossEntropy = knob(
         CrossEntropy.IN_PLACE, "how the loss computes its cross entropy: in-place (Megatron-LM's vocabulary-parallel "
-        "softmax in one fp32 copy, 6 B per logit at the peak) or fp32-cast (PyTorch's cross_entropy on fp32-cast "
-        "logits, as torchtitan: 12 B per logit)", microbatch=True,
+        "softmax in one fp32 copy, 6 B per logit at the peak), fused (Megatron-Core --cross-entropy-loss-fusion: "
+        "10 B per logit) or fp32-cast (PyTorch's cross_entropy on fp32-cast logits, as torchtitan: 12 B per logit)", microbatch=True,
         label=lambda v: f"{v.value} cross entropy", short="xent")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "

@@ -17,10 +17,13 @@ the papers and the public run scripts, see docs/validation.md):
 from __future__ import annotations
 
 import csv
+import dataclasses as dc
 import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from comet_dse.errors import InputError
 from comet_dse.cost.step import model_flops
@@ -261,8 +264,10 @@ class MemoryComparison:
     measures: what the source measured. ``max_reserved``: the peak of what PyTorch's caching allocator held
     (torch.cuda.max_memory_reserved, what torchtitan logs as "memory"): the footprint and its fragmentation,
     without the driver's share, the CUDA context or NCCL's buffers, so the prediction leaves out the
-    cluster's fixed reserved_memory. ``device``: everything the device had in use (nvidia-smi), the
-    prediction with the whole reserve.
+    cluster's fixed reserved_memory. ``max_allocated``: the peak of what the run's tensors held
+    (torch.cuda.max_memory_allocated; Megatron-LM's mem-max-allocated-bytes, logged by the last rank), the
+    last pipeline rank's footprint without any reserve. ``device``: everything the device had in use
+    (nvidia-smi), the prediction with the whole reserve.
     """
 
     label: str
@@ -277,7 +282,7 @@ class MemoryComparison:
         return (self.predicted - self.measured) / self.measured
 
 
-MEASURES = ("max_reserved", "device")
+MEASURES = ("max_reserved", "max_allocated", "device")
 
 
 def memory_file(directory: Path) -> Path:
@@ -301,14 +306,39 @@ def memory_comparisons(directory: Path | None = None) -> list:
         if row["measures"] not in MEASURES:
             raise InputError("memory.csv", f"measures must be one of {', '.join(MEASURES)}, got {row['measures']!r}")
         cluster = load_cluster(row["cluster"])
-        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
-        result = estimate(model, cluster, int(row["gpus"]), _strategy(row))
+        result = estimate(_memory_model(row, path.parent), cluster, int(row["gpus"]), _strategy(row))
         predicted = float(result.memory_per_device_bytes)
         if row["measures"] == "max_reserved":
             predicted -= cluster.reserved_memory
+        elif row["measures"] == "max_allocated":     # footprint = (total - R) / (1 + f), cost/memory.py
+            predicted = (result.memory_last_stage_bytes - cluster.reserved_memory) / (1.0 + cluster.fragmentation)
         out.append(MemoryComparison(row["id"], predicted, float(row["measured_gib"]) * 2.0**30, row["measures"],
                                     row["source"]))
     return out
+
+
+def _memory_model(row: dict, folder: Path) -> Transformer:
+    """A memory.csv row's model: a preset name, or a model YAML in ``models/`` beside the file, with the row's
+    ``model_set`` ("key=value; ...": what a run changes, e.g. "position=rope; dropout=false"), its ``vocab``
+    (the padded size the framework used: Megatron-LM pads to a multiple of 128 x TP) and its sequence length."""
+    from comet_dse.loading import read_yaml
+    from comet_dse.model.load import transformer_from
+    from comet_dse.presets import load_model
+
+    name = row["model"]
+    if not name.endswith(".yaml"):
+        model = load_model(name)
+    else:
+        data = dict(read_yaml(folder / "models" / name, "memory.csv model"))
+        for item in filter(None, (part.strip() for part in row.get("model_set", "").split(";"))):
+            key, _, value = item.partition("=")
+            if key.strip() not in data:
+                raise InputError("memory.csv model_set", f"{key.strip()!r} is not a field of {name}")
+            data[key.strip()] = yaml.safe_load(value.strip())
+        model = transformer_from(data, "memory.csv model")
+    if row.get("vocab"):
+        model = dc.replace(model, vocab=int(row["vocab"]))
+    return model.with_seq_len(int(row["seq_len"]))
 
 
 def memory_summary(comparisons: list) -> dict:

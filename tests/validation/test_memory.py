@@ -1,6 +1,5 @@
 """Peak memory per device of published runs (memory.csv) against the model: every row cites its source, and the
-accuracy reached is guarded so that a regression fails. The issue's target (within 10 %) is not met; docs/
-validation.md ("Peak memory") says what is off and why."""
+accuracy reached is guarded so that a regression fails (docs/validation.md, "Peak memory")."""
 import csv
 import json
 
@@ -40,15 +39,57 @@ def test_max_reserved_leaves_out_the_fixed_reserve(comparisons):
     assert comparisons[0].predicted == pytest.approx(result.memory_per_device_bytes - cluster.reserved_memory)
 
 
-def test_memory_accuracy_reached(comparisons):
-    """torchtitan's runs hold 36-50 % more than the model predicts, every row: its unfused fp32 cross entropy,
-    FSDP2's unsharded gradients across pipeline micro-batches and torch.compile's and Float8's buffers are not
-    modelled (docs/validation.md). These bounds guard what is reached."""
+def test_megatron_peaks_within_ten_percent(comparisons):
+    """Megatron-LM's functional tests (max allocated, the framework the model's memory terms follow): within 10 %
+    on average, the 7B runs within 2 %. The worst row, fp16 without Transformer Engine or softmax fusion (15 %),
+    keeps score copies the model does not count (docs/validation.md)."""
+    rows = [c for c in comparisons if c.measures == "max_allocated"]
+    stats = memory_summary(rows)
+    assert stats["rows"] >= 20
+    assert stats["mean_abs_error"] <= 0.06
+    assert stats["max_abs_error"] <= 0.16
+    big = [c for c in rows if c.measured > 40 * GiB]
+    assert len(big) == 2 and all(abs(c.error) < 0.02 for c in big)
+
+
+def test_every_row_together_within_ten_percent_on_average(comparisons):
     stats = memory_summary(comparisons)
     assert stats["rows"] == len(comparisons)
-    assert stats["mean_abs_error"] <= 0.45
-    assert stats["max_abs_error"] <= 0.52
-    assert all(c.error < 0 for c in comparisons)
+    assert stats["mean_abs_error"] < 0.10
+    assert stats["max_abs_error"] <= 0.27
+
+
+def test_reserved_peaks_sit_above_the_footprint(comparisons):
+    """torchtitan's max reserved holds the caching allocator's cached blocks too: every row above the predicted
+    footprint; the 8B rows, whose loss the model now keeps as torchtitan computes it, within 9 %."""
+    rows = [c for c in comparisons if c.measures == "max_reserved"]
+    assert rows and all(c.error < 0 for c in rows)
+    assert all(abs(c.error) < 0.09 for c in rows if "-8b-" in c.label)
+    assert memory_summary(rows)["mean_abs_error"] <= 0.16
+
+
+def test_max_allocated_is_the_last_ranks_footprint(comparisons):
+    """Megatron-LM logs memory from the last rank (global_vars.py: the tensorboard writer on rank world_size - 1):
+    the prediction is the last pipeline rank's total less its reserve, R + f x footprint."""
+    from comet_dse.estimate import estimate
+    from comet_dse.validation import _memory_model, _strategy
+
+    path = memory_file(validation_dir())
+    row = next(r for r in csv.DictReader(path.open()) if r["measures"] == "max_allocated" and r["pp"] == "4")
+    cluster = load_cluster(row["cluster"])
+    result = estimate(_memory_model(row, path.parent), cluster, int(row["gpus"]), _strategy(row))
+    footprint = (result.memory_last_stage_bytes - cluster.reserved_memory) / (1 + cluster.fragmentation)
+    assert footprint < result.memory_per_device_bytes - cluster.reserved_memory
+    assert next(c for c in comparisons if c.label == row["id"]).predicted == pytest.approx(footprint)
+
+
+def test_a_model_override_must_name_a_field(tmp_path):
+    from comet_dse.errors import InputError
+    from comet_dse.validation import _memory_model
+
+    row = {"model": "megatron-ci-tiny.yaml", "model_set": "posiiton=rope", "seq_len": "1024", "vocab": ""}
+    with pytest.raises(InputError, match="posiiton"):
+        _memory_model(row, memory_file(validation_dir()).parent)
 
 
 def test_validate_reports_memory_and_recall(capsys):

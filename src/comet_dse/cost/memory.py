@@ -72,7 +72,9 @@ def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, 
     in every chunk (the default) this is (S/v) F. It differs where the first chunk holds fewer layers:
     when the embedding takes a layer's slot of it (Megatron-LM --account-for-embedding-in-pipeline-split;
     Llama 3 405B: the embedding alone in the first chunk), the warm-up's extra micro-batches hold
-    no transformer layer there.
+    no transformer layer there. Where the loss takes a layer's slot of the last chunk
+    (--account-for-loss-in-pipeline-split), the first chunk holds (S + 1)/v layers and the last one
+    fewer; the chunks after the first are taken as one even share (S - c_0)/(v - 1) each.
     """
     chunk = layers_per_stage / interleave
     plain = layers_per_stage * np.minimum(microbatches, pp - rank)

@@ -348,12 +348,15 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     recomputation, and on the stage with the head the logits of the one micro-batch
     whose loss it computes (the last rank runs each micro-batch's backward right
     after its forward; with p = 1 the single stage): b s/c V/t logits at 6 bytes
-    (cross_entropy in-place: the fp32 softmax and the 16-bit logits) or 12 bytes
-    (fp32-cast: log-softmax output, nll gradient and log-softmax gradient in fp32),
-    plus 2 with final logit soft-capping. With interleaving, the stage that holds the
+    (cross_entropy in-place: the fp32 softmax and the 16-bit logits), 10 (fused: an
+    fp32 copy and fp32 exponentials beside the 16-bit logits) or 12 (fp32-cast:
+    log-softmax output, nll gradient and log-softmax gradient in fp32), plus 2 with
+    final logit soft-capping. With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
-    micro-batches sit (cost/memory.py: inflight_layer_microbatches). The
+    micro-batches sit (cost/memory.py: inflight_layer_microbatches); the stage whose
+    last chunk holds the loss in a layer's slot has (S + 1)/v layers in its first
+    chunk and the rest spread over the others. The
     candidate with the largest total is reported, with the reserve the cluster
     keeps (cost/memory.py: reserved_bytes) as the part "reserved". With grad_buffer
     layer the gradients are two layers' in flight, plus their DP shard when the step
@@ -373,7 +376,8 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
     capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    per_logit = np.where(st.uses(CrossEntropy.FP32_CAST), 3.0 * FP32, FP32 + ACTIVATION_BYTES) + capped
+    per_logit = np.where(st.uses(CrossEntropy.FP32_CAST), 3.0 * FP32,
+                         np.where(st.uses(CrossEntropy.FUSED), 2.0 * FP32, FP32) + ACTIVATION_BYTES) + capped
     logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
@@ -394,9 +398,11 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         layers = n_dense + n_moe
         per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
         first_chunk = None
-        if np.any(with_emb * slot):     # the embedding takes a layer's slot of this stage's first chunk
-            taken = with_emb * slot * (p > 1)
-            first_chunk = np.where(taken > 0, np.maximum((layers + taken) / st.interleave - taken, 0.0),
+        if np.any((with_emb + with_head) * slot):
+            # the embedding takes a layer's slot of this stage's first chunk, the loss one of its last chunk: the
+            # first chunk holds (S + slots)/v - embedding slot layers (cost/memory.py: inflight_layer_microbatches)
+            taken, loss = with_emb * slot * (p > 1), with_head * slot * (p > 1)
+            first_chunk = np.where(taken + loss > 0, np.maximum((layers + taken + loss) / st.interleave - taken, 0.0),
                                    layers / st.interleave)
         inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank)
         gradients = states["gradients"]
