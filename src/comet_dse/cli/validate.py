@@ -84,11 +84,16 @@ def run(args) -> int:
     print(f"\nFeasibility recall: {fits['judged_to_fit']} of {fits['runs']} published runs judged to fit "
           f"(with each preset's reserved memory)" + (f"; not: {', '.join(fits['missed'])}" if fits["missed"] else ""))
     print("\nPeak memory per device, predicted vs measured (memory.csv)\n")
-    rows = [[c.label, c.measures, f"{c.predicted / 2**30:.1f}", f"{c.measured / 2**30:.1f}", f"{c.error * 100:+.1f}%"]
-            for c in memory]
+    rows = [[c.label, c.measures, _gib(c.predicted), _gib(c.measured), f"{c.error * 100:+.1f}%"] for c in memory]
     print(render_table(["run", "measured as", "predicted GiB", "measured GiB", "error"], rows, left=(0, 1)))
     mem = memory_summary(memory)
     if mem["rows"]:
         print(f"\nmemory: {mem['rows']} rows, mean |error| {mem['mean_abs_error'] * 100:.1f}%, "
               f"max |error| {mem['max_abs_error'] * 100:.1f}%")
     return 0
+
+
+def _gib(nbytes: float) -> str:
+    """Bytes as GiB, with two decimals under 10 GiB (the small runs' errors are tenths of a GiB)."""
+    gib = nbytes / 2**30
+    return f"{gib:.2f}" if gib < 10 else f"{gib:.1f}"
