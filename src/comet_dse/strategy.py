@@ -175,6 +175,11 @@ class CrossEntropy(Choice):
     """PyTorch's cross_entropy on logits cast to fp32, as torchtitan computes its loss: log-softmax keeps its fp32
     output, and in backward the nll gradient and the log-softmax gradient (fp32 each) coexist with it: 12 bytes
     per logit at the peak (the 16-bit logits are freed before backward)."""
+    LOSS_PARALLEL = "loss-parallel"
+    """PyTorch's loss_parallel (torch/distributed/tensor/parallel/loss.py), as torchtitan computes its loss with
+    tensor parallelism: cross_entropy on fp32-cast vocabulary-sharded logits, decomposed into element-wise ops;
+    its backward holds the kept log-softmax output, a zero-filled gradient, exp() of the output and their sum,
+    fp32 each at once: 16 bytes per logit at the peak."""
 
 
 class ModelParallel(Choice):
@@ -497,7 +502,8 @@ class Strategy:
     cross_entropy: CrossEntropy = knob(
         CrossEntropy.IN_PLACE, "how the loss computes its cross entropy: in-place (Megatron-LM's vocabulary-parallel "
         "softmax in one fp32 copy, 6 B per logit at the peak), fused (Megatron-Core --cross-entropy-loss-fusion: "
-        "10 B per logit) or fp32-cast (PyTorch's cross_entropy on fp32-cast logits, as torchtitan: 12 B per logit)", microbatch=True,
+        "10 B per logit), fp32-cast (PyTorch's cross_entropy on fp32-cast logits, as torchtitan: 12 B per logit) or "
+        "loss-parallel (the same under PyTorch's loss_parallel with TP, as torchtitan: 16 B per logit)", microbatch=True,
         label=lambda v: f"{v.value} cross entropy", short="xent")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "

@@ -61,11 +61,11 @@ def test_every_row_together_within_ten_percent_on_average(comparisons):
 
 def test_reserved_peaks_sit_above_the_footprint(comparisons):
     """torchtitan's max reserved holds the caching allocator's cached blocks too: every row above the predicted
-    footprint; the 8B rows, whose loss the model now keeps as torchtitan computes it, within 9 %."""
+    footprint; the 8B and 70B rows, whose loss the model keeps as torchtitan computes it, within 10 %."""
     rows = [c for c in comparisons if c.measures == "max_reserved"]
     assert rows and all(c.error < 0 for c in rows)
-    assert all(abs(c.error) < 0.09 for c in rows if "-8b-" in c.label)
-    assert memory_summary(rows)["mean_abs_error"] <= 0.16
+    assert all(abs(c.error) < 0.10 for c in rows if "-8b-" in c.label or "-70b-" in c.label)
+    assert memory_summary(rows)["mean_abs_error"] <= 0.15
 
 
 def test_max_allocated_is_the_last_ranks_footprint(comparisons):

@@ -349,9 +349,10 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     whose loss it computes (the last rank runs each micro-batch's backward right
     after its forward; with p = 1 the single stage): b s/c V/t logits at 6 bytes
     (cross_entropy in-place: the fp32 softmax and the 16-bit logits), 10 (fused: an
-    fp32 copy and fp32 exponentials beside the 16-bit logits) or 12 (fp32-cast:
-    log-softmax output, nll gradient and log-softmax gradient in fp32), plus 2 with
-    final logit soft-capping. With interleaving, the stage that holds the
+    fp32 copy and fp32 exponentials beside the 16-bit logits), 12 (fp32-cast:
+    log-softmax output, nll gradient and log-softmax gradient in fp32) or 16
+    (loss-parallel: four fp32 tensors in its backward), plus 2 with final logit
+    soft-capping. With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
     micro-batches sit (cost/memory.py: inflight_layer_microbatches); the stage whose
@@ -376,8 +377,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
     capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    per_logit = np.where(st.uses(CrossEntropy.FP32_CAST), 3.0 * FP32,
-                         np.where(st.uses(CrossEntropy.FUSED), 2.0 * FP32, FP32) + ACTIVATION_BYTES) + capped
+    per_logit = np.select([st.uses(CrossEntropy.FP32_CAST), st.uses(CrossEntropy.LOSS_PARALLEL),
+                           st.uses(CrossEntropy.FUSED)],
+                          [3.0 * FP32, 4.0 * FP32, 2.0 * FP32 + ACTIVATION_BYTES], FP32 + ACTIVATION_BYTES) + capped
     logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
