@@ -11,6 +11,7 @@ from comet_dse.cli import main
 from comet_dse.estimate import estimate
 from comet_dse.presets import load_cluster, load_model, preset_names
 from comet_dse.strategy import Recompute, Strategy
+from cli_run import one_line_error, run as run_cli
 
 A100 = load_cluster("dgx-a100-80gb")
 NAMES = ["gemm", "memory", "network.infiniband.efficiency"]
@@ -86,11 +87,7 @@ def _row(**extra):
 
 
 def _bad(capsys, path, *needles, extra=()):
-    code = main(["calibrate", str(path), "--cluster", "dgx-a100-80gb", *extra])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and err.startswith("comet-dse: error: "), err
-    for needle in needles:
-        assert needle in err, err
+    one_line_error(run_cli(capsys, "calibrate", path, "--cluster", "dgx-a100-80gb", *extra), *needles)
 
 
 def test_refuses_more_parameters_than_the_runs_support(tmp_path, capsys):

@@ -17,7 +17,7 @@ import yaml
 
 from comet_dse.units import format_time
 from comet_dse.validation import STEP_TIME_DATASETS
-from cli_run import run
+from cli_run import one_line_error, run
 
 PACKAGE = Path(str(resources.files("comet_dse")))
 MODEL_PRESETS = sorted(p.stem for p in (PACKAGE / "presets" / "models").glob("*.yaml"))
@@ -43,21 +43,6 @@ def run_json(capsys, *argv) -> dict:
     assert code == 0, err
     assert err == ""
     return json.loads(out)
-
-
-def assert_bad_input(result, *needles):
-    """Exit 2, nothing on stdout, one ``comet-dse: error:`` line on stderr holding every needle."""
-    code, out, err = result
-    assert code == 2, (code, out, err)
-    assert out == ""
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert err.endswith("\n")
-    assert lines[0].startswith("comet-dse: error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def write(path: Path, text: str) -> Path:
@@ -239,20 +224,20 @@ def test_validate_json_rows_and_summary(capsys):
 
 
 def test_validate_missing_folder(capsys, tmp_path):
-    assert_bad_input(run(capsys, "validate", "--data", tmp_path / "nope"), "comet-dse: error: data: ", "is not a folder")
+    one_line_error(run(capsys, "validate", "--data", tmp_path / "nope"), "comet-dse: error: data: ", "is not a folder")
 
 
 # --- bad input: one line on stderr, exit 2 ----------------------------------------------------
 
 def test_unknown_model_preset_lists_valid_presets(capsys):
-    line = assert_bad_input(run(capsys, "estimate", "--model", "gpt-5", *SMALL),
+    line = one_line_error(run(capsys, "estimate", "--model", "gpt-5", *SMALL),
                             "comet-dse: error: model: ", "unknown preset 'gpt-5'")
     for name in MODEL_PRESETS:
         assert name in line
 
 
 def test_unknown_cluster_preset(capsys):
-    line = assert_bad_input(
+    line = one_line_error(
         run(capsys, "estimate", "--model", "megatron-1t", "--cluster", "dgx-z900", "--devices", "8", "--global-batch", "8"),
         "comet-dse: error: cluster: ", "unknown preset 'dgx-z900'")
     for name in CLUSTER_PRESETS:
@@ -261,19 +246,19 @@ def test_unknown_cluster_preset(capsys):
 
 def test_malformed_yaml_model(capsys, tmp_path):
     path = write(tmp_path / "broken.yaml", "name: broken\nlayers: [24,\nhidden: 1024\n")
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL),
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL),
                      "comet-dse: error: model: ", "is not valid YAML at line")
 
 
 def test_model_yaml_missing_field(capsys, tmp_path):
     data = {k: v for k, v in SMALL_MODEL.items() if k != "layers"}
     path = write(tmp_path / "nolayers.yaml", yaml.safe_dump(data))
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model.layers: is missing")
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model.layers: is missing")
 
 
 def test_model_yaml_negative_field(capsys, tmp_path):
     path = write(tmp_path / "neg.yaml", yaml.safe_dump({**SMALL_MODEL, "hidden": -5}))
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model.hidden: ", "-5")
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model.hidden: ", "-5")
 
 
 def test_model_yaml_that_is_valid_runs(capsys, tmp_path):
@@ -286,13 +271,13 @@ def test_model_yaml_that_is_valid_runs(capsys, tmp_path):
 
 def test_model_yaml_unknown_field(capsys, tmp_path):
     path = write(tmp_path / "extra.yaml", yaml.safe_dump({**SMALL_MODEL, "hiden": 10}))
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model.hiden: unknown field")
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model.hiden: unknown field")
 
 
 def test_model_file_not_utf8(capsys, tmp_path):
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"\xff\xfe\x00\x81 not text")
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model: ", "not UTF-8")
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL), "comet-dse: error: model: ", "not UTF-8")
 
 
 def cluster_file(tmp_path: Path, hbm_capacity) -> Path:
@@ -317,24 +302,24 @@ def test_cluster_yaml_copy_of_preset_runs(capsys, tmp_path):
 
 def test_cluster_hbm_implausible_capacity(capsys, tmp_path):
     # 80 TB = 8e13 bytes = 72.8 TiB, far beyond the 4 TiB per-device cap.
-    assert_bad_input(run(capsys, *estimate_on(cluster_file(tmp_path, "80 TB"))),
+    one_line_error(run(capsys, *estimate_on(cluster_file(tmp_path, "80 TB"))),
                      "comet-dse: error: cluster.accelerator.memory.hbm.capacity: ", "'80 TB'", "plausible range")
 
 
 def test_cluster_hbm_capacity_with_wrong_unit(capsys, tmp_path):
-    assert_bad_input(run(capsys, *estimate_on(cluster_file(tmp_path, "80 GFLOP/s"))),
+    one_line_error(run(capsys, *estimate_on(cluster_file(tmp_path, "80 GFLOP/s"))),
                      "comet-dse: error: cluster.accelerator.memory.hbm.capacity: ", "'GFLOP/s'", "bytes unit")
 
 
 def test_degrees_must_multiply_to_devices(capsys):
-    assert_bad_input(
+    one_line_error(
         run(capsys, "estimate", "--model", "megatron-1t", "--cluster", "dgx-a100-80gb", "--devices", "512",
             "--tp", "8", "--pp", "8", "--dp", "2", "--global-batch", "512"),
         "comet-dse: error: devices: ", "8*1*8*2 = 128", "512")
 
 
 def test_devices_not_a_multiple_of_tp_pp(capsys):
-    assert_bad_input(
+    one_line_error(
         run(capsys, "estimate", "--model", "megatron-1t", "--cluster", "dgx-a100-80gb", "--devices", "24",
             "--tp", "16", "--global-batch", "24"),
         "comet-dse: error: devices: ", "not a multiple of tp*cp*pp = 16")
@@ -350,23 +335,23 @@ def test_devices_not_a_multiple_of_tp_pp(capsys):
 def test_bad_option_values(capsys, option, value, needles):
     argv = ["estimate", "--model", "megatron-1t", "--cluster", "dgx-a100-80gb", "--devices", "8",
             "--global-batch", "8", option, value]
-    assert_bad_input(run(capsys, *argv), "comet-dse: error: ", *needles)
+    one_line_error(run(capsys, *argv), "comet-dse: error: ", *needles)
 
 
 def test_config_json_not_json(capsys, tmp_path):
     path = write(tmp_path / "config.json", '{"n_layer": 48,\n  oops')
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL),
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL),
                      "comet-dse: error: model: ", "is not valid JSON (line 2)")
 
 
 def test_config_json_missing_hidden_size(capsys, tmp_path):
     path = write(tmp_path / "config.json", json.dumps({"n_layer": 12, "n_head": 12, "vocab_size": 50257}))
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL),
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL),
                      "comet-dse: error: config.json: ", "n_embd or hidden_size")
 
 
 def test_config_json_that_does_not_exist(capsys, tmp_path):
-    assert_bad_input(run(capsys, "estimate", "--model", tmp_path / "config.json", *SMALL),
+    one_line_error(run(capsys, "estimate", "--model", tmp_path / "config.json", *SMALL),
                      "comet-dse: error: model: no such file")
 
 
@@ -395,11 +380,11 @@ def test_subprocess_exit_status_and_no_traceback(tmp_path):
 def test_dtype_the_device_cannot_run(capsys):
     argv = ["estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--devices", "64",
             "--tp", "8", "--pp", "8", "--global-batch", "64", "--dtype", "fp8"]
-    assert_bad_input(run(capsys, *argv), "comet-dse: error: dtype: ", "has no fp8 rate", "bf16")
+    one_line_error(run(capsys, *argv), "comet-dse: error: dtype: ", "has no fp8 rate", "bf16")
 
 
 def test_folder_as_model(capsys, tmp_path):
-    assert_bad_input(run(capsys, "estimate", "--model", str(tmp_path), *SMALL),
+    one_line_error(run(capsys, "estimate", "--model", str(tmp_path), *SMALL),
                      "comet-dse: error: model: ", "is a folder")
 
 
@@ -407,7 +392,7 @@ def test_config_json_string_boolean(capsys, tmp_path):
     config = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000,
               "intermediate_size": 512, "tie_word_embeddings": "false"}
     path = write(tmp_path / "config.json", json.dumps(config))
-    assert_bad_input(run(capsys, "estimate", "--model", path, *SMALL),
+    one_line_error(run(capsys, "estimate", "--model", path, *SMALL),
                      "comet-dse: error: config.json:tie_word_embeddings: ", "true or false")
 
 
@@ -423,6 +408,6 @@ def test_cluster_zero_bandwidth_is_rejected(capsys, tmp_path):
     data = preset_yaml("clusters", "dgx-a100-80gb")
     data["accelerator"]["memory"]["hbm"]["bandwidth"] = "0 TB/s"
     path = write(tmp_path / "c.yaml", yaml.safe_dump(data))
-    assert_bad_input(run(capsys, "estimate", "--model", "gpt3-175b", "--cluster", path, "--devices", "8",
+    one_line_error(run(capsys, "estimate", "--model", "gpt3-175b", "--cluster", path, "--devices", "8",
                          "--tp", "8", "--global-batch", "8"),
                      "comet-dse: error: cluster.accelerator.memory.hbm.bandwidth: ", "outside the plausible range")

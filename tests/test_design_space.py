@@ -14,6 +14,7 @@ from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.study import load_study
 from comet_dse.presets import load_cluster, load_model
+from cli_run import one_line_error, run
 from dask_kill import sweep_killing_a_worker
 
 STUDY = """
@@ -170,9 +171,7 @@ def test_dask_equals_serial_and_survives_a_killed_worker(tmp_path, monkeypatch):
 def test_bad_study_is_one_line_exit_2(tmp_path, capsys, edit, field):
     path = _study(tmp_path, STUDY.replace(*edit))
     out = tmp_path / "never.parquet"
-    assert main(["sweep", str(path), "--output", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("comet-dse: error: ") and field in err[0], err
+    one_line_error(run(capsys, "sweep", path, "--output", out, "--no-progress"), field)
     assert not out.exists() and not Path(str(out) + ".parts").exists()
 
 

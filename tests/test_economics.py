@@ -18,7 +18,7 @@ from comet_dse.errors import InputError
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster
 from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_TOKENS, parse_per_unit, parse_quantity
-from cli_run import run
+from cli_run import one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB, HOUR, YEAR = 2.0**30, 3600.0, 365.25 * 86400.0
@@ -244,16 +244,13 @@ def test_whatif_ranks_by_speedup_per_added_dollar_and_watt(capsys):
     ("switch_power=x2", "has no switch_power to scale"),
 ])
 def test_bad_power_and_price_settings_are_one_line_errors(capsys, setting, needle):
-    code, out, err = run(capsys, "estimate", *SMALL, "--tp", "2", "--set", setting)
-    assert code == 2 and out == ""
-    assert err.count("\n") == 1 and needle in err, err
+    one_line_error(run(capsys, "estimate", *SMALL, "--tp", "2", "--set", setting), needle)
 
 
 @pytest.mark.parametrize("tokens, needle", [("0", "outside the plausible range"), ("15X", "is not a tokens unit"),
                                             ("2e18", "outside the plausible range"), ("many", "cannot read")])
 def test_bad_token_budgets_are_one_line_errors(capsys, tokens, needle):
-    code, out, err = run(capsys, "estimate", *SMALL, "--tp", "2", f"--tokens={tokens}")
-    assert code == 2 and err.count("\n") == 1 and needle in err, err
+    one_line_error(run(capsys, "estimate", *SMALL, "--tp", "2", f"--tokens={tokens}"), needle)
     with pytest.raises(InputError):
         comet_dse.estimate("llama3-8b", "dgx-h100", 64, tp=2, global_batch=512, tokens=tokens)
 
@@ -275,9 +272,8 @@ def _h100_file(tmp_path, economics_block: dict) -> Path:
 ])
 def test_bad_economics_in_a_cluster_file_are_one_line_errors(capsys, tmp_path, block, needle):
     path = _h100_file(tmp_path, block)
-    code, out, err = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", path, "--devices", "64",
-                         "--global-batch", "512", "--tp", "2")
-    assert code == 2 and err.count("\n") == 1 and needle in err, err
+    one_line_error(run(capsys, "estimate", "--model", "llama3-8b", "--cluster", path, "--devices", "64",
+                       "--global-batch", "512", "--tp", "2"), needle)
 
 
 def test_a_price_the_per_unit_model_would_make_negative_is_unknown():

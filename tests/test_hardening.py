@@ -26,7 +26,7 @@ from comet_dse.design_space import study as study_module
 from comet_dse.design_space.space import SearchSpace, count_strategies, enumerate_strategies
 from comet_dse.design_space.study import load_study
 from comet_dse.presets import load_model, preset_data
-from cli_run import run
+from cli_run import one_line_error, run
 from hang import no_hang
 
 # megatron-22b on 64 A100s, the study of issue 11's case 1, kept to a few hundred points.
@@ -39,16 +39,6 @@ BASE = {
     "strategy": {"tp": [4, 8], "zero": [0, 1]},
 }
 COMET = [sys.executable, "-m", "comet_dse.cli"]
-
-
-def assert_one_line_error(result, *needles):
-    """Exit 2, one ``comet-dse: error:`` line on stderr holding every needle, no traceback."""
-    code, out, err = result
-    lines = err.strip().splitlines()
-    assert code == 2, (code, out, err)
-    assert len(lines) == 1 and lines[0].startswith("comet-dse: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 def write_study(path: Path, **changes) -> Path:
@@ -86,7 +76,7 @@ def test_study_axis_values_are_checked_like_a_cluster_file(tmp_path, capsys, axi
     path = tmp_path / "study.yaml"
     path.write_text(text + "axes:\n  " + axis + "\n")
     out = tmp_path / "r.parquet"
-    assert_one_line_error(run(capsys, "sweep", path, "--output", out, "--no-progress"), field, message)
+    one_line_error(run(capsys, "sweep", path, "--output", out, "--no-progress"), field, message)
     assert not out.exists() and not Path(f"{out}.parts").exists()
 
 
@@ -147,7 +137,7 @@ def test_resume_refuses_an_edited_cluster_or_model_file(tmp_path, monkeypatch, c
         model["ffn"] = 4 * model["ffn"]
         (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
     result = run(capsys, "sweep", path, "--output", out, "--resume", "--no-progress")
-    assert_one_line_error(result, "resume: ", f"changed: {kind} {tmp_path / (kind[0] + '.yaml')}")
+    one_line_error(result, "resume: ", f"changed: {kind} {tmp_path / (kind[0] + '.yaml')}")
     assert not out.exists() and len(list(Path(f"{out}.parts").glob("part-*.parquet"))) == 1
 
 
@@ -171,7 +161,7 @@ def test_resume_refuses_a_changed_code_digest(tmp_path, monkeypatch, capsys):
     saved = json.loads(plan.read_text())
     saved["inputs"]["code"] = "0" * 16
     plan.write_text(json.dumps(saved))
-    assert_one_line_error(run(capsys, "sweep", path, "--output", out, "--resume", "--no-progress"),
+    one_line_error(run(capsys, "sweep", path, "--output", out, "--resume", "--no-progress"),
                           "changed: code")
 
 
@@ -183,13 +173,13 @@ def test_zero_degrees_are_refused(capsys, command, option):
     """Case 4: `search --ep 0` reported '0 feasible'; `--cp 0` was a ZeroDivisionError."""
     argv = [command, "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--devices", 64,
             "--global-batch", 32, option, 0]
-    assert_one_line_error(run(capsys, *argv), option, "positive")
+    one_line_error(run(capsys, *argv), option, "positive")
 
 
 @pytest.mark.parametrize("knob", ["ep", "cp"])
 def test_zero_degrees_are_refused_in_a_study(tmp_path, capsys, knob):
     path = write_study(tmp_path / "s.yaml", strategy={knob: [0]})
-    assert_one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), f"strategy.{knob}")
+    one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), f"strategy.{knob}")
 
 
 # --- 5. a key given twice ---------------------------------------------------------------------
@@ -198,14 +188,14 @@ def test_yaml_key_given_twice_is_refused(tmp_path, capsys):
     """Case 5: `layers` twice once ran with the second value."""
     text = yaml.safe_dump(preset_data("models", "megatron-22b"), sort_keys=False)
     (tmp_path / "m.yaml").write_text(text + "layers: 96\n")
-    assert_one_line_error(run(capsys, "estimate", "--model", tmp_path / "m.yaml", "--cluster", "dgx-a100-80gb",
+    one_line_error(run(capsys, "estimate", "--model", tmp_path / "m.yaml", "--cluster", "dgx-a100-80gb",
                               "--devices", 64, "--tp", 8, "--global-batch", 64), "model: ", "'layers' twice")
 
 
 def test_json_key_given_twice_is_refused(tmp_path, capsys):
     config = '{"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_layer": 48}'
     (tmp_path / "config.json").write_text(config)
-    assert_one_line_error(run(capsys, "estimate", "--model", tmp_path / "config.json", "--cluster",
+    one_line_error(run(capsys, "estimate", "--model", tmp_path / "config.json", "--cluster",
                               "dgx-a100-80gb", "--devices", 8, "--tp", 4, "--global-batch", 8),
                           "model: ", "'n_layer' twice")
 
@@ -213,17 +203,17 @@ def test_json_key_given_twice_is_refused(tmp_path, capsys):
 def test_study_and_cluster_key_given_twice_are_refused(tmp_path, capsys):
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump(BASE, sort_keys=False) + "devices: [128]\n")
-    assert_one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet"), "'devices' twice")
+    one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet"), "'devices' twice")
     text = (Path(__file__).parent.parent / "src/comet_dse/presets/clusters/dgx-a100-80gb.yaml").read_text()
     (tmp_path / "c.yaml").write_text(text.replace("accelerator:", "max_devices: 8\nmax_devices: 16\naccelerator:", 1))
-    assert_one_line_error(run(capsys, "estimate", "--model", "megatron-22b", "--cluster", tmp_path / "c.yaml",
+    one_line_error(run(capsys, "estimate", "--model", "megatron-22b", "--cluster", tmp_path / "c.yaml",
                               "--devices", 8, "--tp", 8, "--global-batch", 8), "'max_devices' twice")
 
 
 def test_misspelled_study_key_names_the_valid_ones(tmp_path, capsys):
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump({**BASE, "axis": {"hbm_capacity": [1.0]}}, sort_keys=False))
-    assert_one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet"),
+    one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet"),
                           "axis: unknown field; did you mean axes?", "strategy")
 
 
@@ -234,7 +224,7 @@ def test_misspelled_study_key_names_the_valid_ones(tmp_path, capsys):
 ])
 def test_empty_keys_list_the_valid_ones(tmp_path, capsys, changes, field, needle):
     path = write_study(tmp_path / "s.yaml", **changes)
-    assert_one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), field, needle)
+    one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), field, needle)
 
 
 # --- 6. report --output -----------------------------------------------------------------------
@@ -251,8 +241,8 @@ def test_report_refuses_an_output_that_holds_the_studies(tmp_path, capsys):
     """Case 6: `report mystudies --output mystudies` once deleted the study files and everything else."""
     folder = _study_folder(tmp_path)
     before = {p: p.read_bytes() for p in folder.iterdir()}
-    assert_one_line_error(run(capsys, "report", folder, "--output", folder), "output: ", "holds the input")
-    assert_one_line_error(run(capsys, "report", folder, "--output", tmp_path), "output: ", "holds the input")
+    one_line_error(run(capsys, "report", folder, "--output", folder), "output: ", "holds the input")
+    one_line_error(run(capsys, "report", folder, "--output", tmp_path), "output: ", "holds the input")
     assert {p: p.read_bytes() for p in folder.iterdir()} == before
     assert files_under(tmp_path) == {Path("mystudies")} | {p.relative_to(tmp_path) for p in before}
 
@@ -262,12 +252,12 @@ def test_report_refuses_an_existing_file_or_foreign_folder_as_output(tmp_path, c
     folder = _study_folder(tmp_path)
     target = tmp_path / "results.txt"
     target.write_text("keep me")
-    assert_one_line_error(run(capsys, "report", folder, "--output", target), "is a file")
+    one_line_error(run(capsys, "report", folder, "--output", target), "is a file")
     assert target.read_text() == "keep me"
     foreign = tmp_path / "photos"
     foreign.mkdir()
     (foreign / "a.jpg").write_text("x")
-    assert_one_line_error(run(capsys, "report", folder, "--output", foreign), "did not write")
+    one_line_error(run(capsys, "report", folder, "--output", foreign), "did not write")
     assert files_under(foreign) == {Path("a.jpg")}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -276,7 +266,7 @@ def test_report_output_dot_is_refused(tmp_path, capsys, monkeypatch):
     """`report --output .` was a traceback; the current folder is not a report folder."""
     folder = _study_folder(tmp_path)
     monkeypatch.chdir(tmp_path)
-    assert_one_line_error(run(capsys, "report", folder, "--output", "."), "output: ")
+    one_line_error(run(capsys, "report", folder, "--output", "."), "output: ")
 
 
 def test_report_replaces_its_own_earlier_report_and_fills_an_empty_folder(tmp_path, capsys):
@@ -301,8 +291,8 @@ def test_a_result_file_the_tool_did_not_write_is_never_replaced(tmp_path, capsys
     before = {p: p.read_bytes() for p in (notes, table)}
     path = write_study(tmp_path / "s.yaml")
     for out in (notes, table):
-        assert_one_line_error(run(capsys, "sweep", path, "--output", out), "not a comet-dse result file")
-        assert_one_line_error(run(capsys, "search", "--model", "megatron-22b", "--cluster", "dgx-a100-80gb",
+        one_line_error(run(capsys, "sweep", path, "--output", out), "not a comet-dse result file")
+        one_line_error(run(capsys, "search", "--model", "megatron-22b", "--cluster", "dgx-a100-80gb",
                                   "--devices", 8, "--global-batch", 8, "--tp", 8, "--output", out),
                               "not a comet-dse result file")
     assert {p: p.read_bytes() for p in (notes, table)} == before
@@ -330,7 +320,7 @@ def test_study_name_never_becomes_a_path_outside_the_report(tmp_path, capsys, na
 @pytest.mark.parametrize("output", ["/tmp/elsewhere.parquet", "../../x.parquet", "out/../../x.parquet"])
 def test_study_output_field_stays_in_the_current_folder(tmp_path, capsys, output):
     path = write_study(tmp_path / "s.yaml", output=output)
-    assert_one_line_error(run(capsys, "sweep", path), "output: ", "relative path")
+    one_line_error(run(capsys, "sweep", path), "output: ", "relative path")
 
 
 # --- 8. alias bombs, huge files, deep nesting, FIFOs ---------------------------------------------
@@ -352,7 +342,7 @@ def test_alias_bomb_in_a_name_is_refused_before_it_is_expanded(tmp_path, capsys,
     monkeypatch.setattr(loading._StrictLoader, "construct_document",
                         lambda self, node: built.append(node) or construct(self, node))
     with no_hang():
-        assert_one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet"), "study: ", "aliases")
+        one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet"), "study: ", "aliases")
     assert counted == [loading.MAX_NODES + 1] and built == []     # 9**10 values: counting stopped, nothing built
 
 
@@ -366,7 +356,7 @@ def test_huge_yaml_is_refused_without_parsing(tmp_path, capsys, monkeypatch):
     parse = loading._StrictLoader.get_single_node
     monkeypatch.setattr(loading._StrictLoader, "get_single_node", lambda self: parsed.append(1) or parse(self))
     with no_hang():
-        assert_one_line_error(run(capsys, *_model_argv(path)), "model: ", f"holds {size:,} bytes")
+        one_line_error(run(capsys, *_model_argv(path)), "model: ", f"holds {size:,} bytes")
     assert parsed == []
 
 
@@ -376,7 +366,7 @@ def test_deep_nesting_is_refused(tmp_path, capsys, suffix, text):
     """Case 8: 20,000 nested brackets were a RecursionError."""
     path = tmp_path / f"config{suffix}"
     path.write_text(text)
-    assert_one_line_error(run(capsys, *_model_argv(path)), "model: ", "deep")
+    one_line_error(run(capsys, *_model_argv(path)), "model: ", "deep")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -394,7 +384,7 @@ def test_huge_integer_is_one_line(tmp_path, capsys):
     model = preset_data("models", "megatron-22b")
     model["layers"] = 10**400
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
-    assert_one_line_error(run(capsys, *_model_argv(tmp_path / "m.yaml")), "model.layers: ", "401-digit")
+    one_line_error(run(capsys, *_model_argv(tmp_path / "m.yaml")), "model.layers: ", "401-digit")
 
 
 # --- 9. terminal control characters -------------------------------------------------------------
@@ -432,7 +422,7 @@ def test_a_study_of_1e12_points_is_refused_with_its_count(tmp_path, capsys, monk
     with no_hang():
         code, out, err = run(capsys, "sweep", path, "--output", tmp_path / "r.parquet")
     assert counts == [64, 128, 256, 512]         # counted once per device count: not per point, not per variant
-    assert_one_line_error((code, out, err), "max-points: the study has ", "above the limit of 1,000,000,000")
+    one_line_error((code, out, err), "max-points: the study has ", "above the limit of 1,000,000,000")
     count = int(err.split("the study has ")[1].split(" design")[0].replace(",", ""))
     assert count > 1e12
     assert files_under(tmp_path) == {Path("s.yaml")}
@@ -443,7 +433,7 @@ def test_max_points_limit_and_printed_count(tmp_path, capsys):
     path = write_study(tmp_path / "s.yaml", axes={"hbm_capacity": {"scale": [1, 2]}})
     points = load_study(path).points
     out = tmp_path / "r.parquet"
-    assert_one_line_error(run(capsys, "sweep", path, "--output", out, "--max-points", points - 1),
+    one_line_error(run(capsys, "sweep", path, "--output", out, "--max-points", points - 1),
                           f"the study has {points:,} design points, above the limit of {points - 1:,}")
     code, _, err = run(capsys, "sweep", path, "--output", out, "--max-points", points, "--no-progress")
     assert code == 0
@@ -603,7 +593,7 @@ def test_two_runs_on_one_output_do_not_collide(tmp_path, monkeypatch, capsys):
     chunks, _ = engine.plan(study)
     holder = engine.PartStore(out, study, chunks, resume=True)             # a run in progress
     try:
-        assert_one_line_error(run(capsys, "sweep", path, "--output", out, "--resume", "--no-progress"),
+        one_line_error(run(capsys, "sweep", path, "--output", out, "--resume", "--no-progress"),
                               "output: another comet-dse run", f"pid {os.getpid()}")
     finally:
         holder.release()
@@ -649,8 +639,8 @@ def test_unreachable_scheduler_fails_fast_with_one_line(tmp_path, capsys, monkey
     with no_hang():          # the real client gives up after its timeout; a hang would be the bug of case 13
         result = run(capsys, "sweep", path, "--output", out, "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9")
     assert asked == []       # Dask's handshake (engine._handshake) failed within its timeout, before any Client
-    assert_one_line_error(result, "scheduler: no Dask scheduler answered", "within 1 s")
-    assert_one_line_error(run(capsys, "sweep", path, "--output", out, "--engine", "dask", "--scheduler", "nonsense"),
+    one_line_error(result, "scheduler: no Dask scheduler answered", "within 1 s")
+    one_line_error(run(capsys, "sweep", path, "--output", out, "--engine", "dask", "--scheduler", "nonsense"),
                           "scheduler: ", "not a scheduler address")
     assert files_under(tmp_path) == {Path("s.yaml")}
 
@@ -660,19 +650,19 @@ def test_unreachable_scheduler_fails_fast_with_one_line(tmp_path, capsys, monkey
 def test_sweep_output_that_is_a_folder_is_refused_before_the_run(tmp_path, capsys):
     (tmp_path / "r.parquet").mkdir()
     path = write_study(tmp_path / "s.yaml")
-    assert_one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), "is a folder")
+    one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "r.parquet"), "is a folder")
     assert files_under(tmp_path) == {Path("s.yaml"), Path("r.parquet")}
 
 
 def test_output_in_a_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     path = write_study(tmp_path / "s.yaml")
-    assert_one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "file" / "r.parquet"), "output: ",
+    one_line_error(run(capsys, "sweep", path, "--output", tmp_path / "file" / "r.parquet"), "output: ",
                           "cannot create")
-    assert_one_line_error(run(capsys, "search", "--model", "megatron-22b", "--cluster", "dgx-a100-80gb",
+    one_line_error(run(capsys, "search", "--model", "megatron-22b", "--cluster", "dgx-a100-80gb",
                               "--devices", 8, "--global-batch", 8, "--tp", 8, "--output",
                               tmp_path / "file" / "r.parquet"), "output: ", "cannot create")
-    assert_one_line_error(run(capsys, "report", tmp_path, "--output", tmp_path / "file" / "rep"), "output: ")
+    one_line_error(run(capsys, "report", tmp_path, "--output", tmp_path / "file" / "rep"), "output: ")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
@@ -680,7 +670,7 @@ def test_unwritable_folder_is_one_line(tmp_path, capsys):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     path = write_study(tmp_path / "s.yaml")
-    assert_one_line_error(run(capsys, "sweep", path, "--output", locked / "r.parquet"), "output: ")
+    one_line_error(run(capsys, "sweep", path, "--output", locked / "r.parquet"), "output: ")
 
 
 @pytest.mark.parametrize("edit,needle", [
@@ -693,4 +683,4 @@ def test_malformed_validation_csv_is_one_line(tmp_path, capsys, edit, needle):
         (tmp_path / csv.name).write_text(csv.read_text())
     table5 = tmp_path / "korthikanti2022_table5.csv"
     table5.write_text(edit(table5.read_text()))
-    assert_one_line_error(run(capsys, "validate", "--data", tmp_path), "data: ", needle)
+    one_line_error(run(capsys, "validate", "--data", tmp_path), "data: ", needle)

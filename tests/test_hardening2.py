@@ -33,7 +33,7 @@ from comet_dse.design_space import space as space_module
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.errors import InputError
 from comet_dse.presets import load_cluster, load_model, preset_data
-from cli_run import run
+from cli_run import one_line_error, run
 from hang import no_hang
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,18 +42,6 @@ STUDY = {"name": "hardening2", "models": ["megatron-22b"], "cluster": "dgx-a100-
 ESTIMATE = ["estimate", "--model", "megatron-22b", "--cluster", "dgx-a100-80gb", "--devices", 64, "--tp", 8,
             "--global-batch", 64]
 SEARCH = ["--model", "megatron-22b", "--cluster", "dgx-a100-80gb", "--devices", 64]
-
-
-def one_line_error(result, *needles, status: int = 2) -> str:
-    """The exit status (2: bad input, 1: the machine), one ``comet-dse: error:`` line on stderr holding every
-    needle, no traceback; returns the line."""
-    code, out, err = result
-    lines = err.strip().splitlines()
-    assert code == status, (code, out, err)
-    assert len(lines) == 1 and lines[0].startswith("comet-dse: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def write_study(path: Path, **changes) -> Path:

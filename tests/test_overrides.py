@@ -10,7 +10,7 @@ import yaml
 from comet_dse.errors import InputError
 from comet_dse.overrides import apply_overrides, resource_names
 from comet_dse.presets import load_cluster
-from cli_run import run
+from cli_run import one_line_error, run
 
 GiB = 2.0**30
 TPU = ["--model", "megatron-1t", "--cluster", "tpu-v4", "--devices", "4096", "--global-batch", "2048"]
@@ -21,18 +21,6 @@ def estimate_json(capsys, *extra) -> dict:
     code, out, err = run(capsys, *EST, *extra, "--json")
     assert code == 0, err
     return json.loads(out)
-
-
-def bad(capsys, argv, *needles) -> str:
-    """Exit 2, nothing on stdout, one `comet-dse: error:` line holding every needle."""
-    code, out, err = run(capsys, *argv)
-    assert code == 2, (code, out, err)
-    assert out == "" and "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("comet-dse: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def test_set_changes_the_estimate_as_a_cluster_file_would(capsys, tmp_path):
@@ -99,7 +87,7 @@ def test_expansion_tier_from_the_command_line(capsys):
 @pytest.mark.parametrize("command", ["estimate", "search"])
 def test_bad_overrides_are_one_line_and_exit_2(capsys, command, argv, needles):
     base = EST if command == "estimate" else ["search", *TPU, "--mp", "64"]
-    bad(capsys, [*base, *argv], *needles)
+    one_line_error(run(capsys, *base, *argv), *needles)
 
 
 def test_search_mp_and_dp_give_one_split(capsys):
@@ -132,7 +120,7 @@ def test_search_with_override_ranks_on_the_changed_cluster(capsys):
     (["--mp", ","], ("--mp", "comma-separated")),
 ])
 def test_impossible_split_is_one_line_and_exit_2(capsys, argv, needles):
-    bad(capsys, ["search", *TPU, *argv], *needles)
+    one_line_error(run(capsys, "search", *TPU, *argv), *needles)
 
 
 def test_api_overrides_name_the_mapping():

@@ -18,6 +18,7 @@ from comet_dse.web import figures
 from comet_dse.web.view import Controls, compute, controls_for, overrides_for
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster, load_model
+from cli_run import one_line_error
 
 GiB = 2.0**30
 
@@ -247,9 +248,7 @@ def test_bad_explore_options_are_one_line_and_exit_2(argv, needle):
     pytest.importorskip("dash")
     proc = subprocess.run([sys.executable, "-m", "comet_dse.cli", "explore", *argv], capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("comet-dse: error: ") and needle in lines[0], lines
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), needle)
 
 
 def test_port_in_use_is_one_line_and_exit_2():
@@ -260,5 +259,4 @@ def test_port_in_use_is_one_line_and_exit_2():
         port = taken.getsockname()[1]
         proc = subprocess.run([sys.executable, "-m", "comet_dse.cli", "explore", "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and f"port: cannot serve on 127.0.0.1:{port}" in proc.stderr
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), f"port: cannot serve on 127.0.0.1:{port}")

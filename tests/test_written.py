@@ -12,20 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cli_run import run
+from cli_run import one_line_error, run
 from comet_dse import written
 from comet_dse.errors import InputError
 
 SMALL = ["--model", "megatron-18b", "--cluster", "dgx-a100-80gb", "--devices", "64", "--global-batch", "256",
          "--mp", "8", "--dp", "8", "--resources", "peak_flops", "--no-fit"]
-
-
-def one_line_error(result, *needles) -> str:
-    code, _, err = result
-    assert code == 2 and err.count("\n") == 1 and err.startswith("comet-dse: error: "), err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def write_runs(path: Path) -> None:

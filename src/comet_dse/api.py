@@ -23,6 +23,7 @@ from comet_dse.estimate import estimate as _estimate
 from comet_dse.design_space.search import SearchResult, strategy_at
 from comet_dse.design_space.search import search as _search
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
+from comet_dse.economics import token_budget
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.overrides import apply_overrides
@@ -89,16 +90,6 @@ def with_band(result: Estimate, cluster: Cluster) -> Estimate:
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
     return replace(result, error_band=band_of_cluster(cluster, dtype))
-
-
-def token_budget(tokens) -> float | None:
-    """A token budget (``15e12``, ``"15T"``; k, M, G, T, P suffixes) checked against bounds.BOUNDS['tokens'];
-    None stays None. With one, results also hold time to train, device time, energy and cost (docs/economics.md)."""
-    from comet_dse.units import KIND_TOKENS, parse_quantity
-
-    if tokens is None:
-        return None
-    return BOUNDS["tokens"].check("tokens", parse_quantity(tokens, KIND_TOKENS, "tokens"), repr(tokens))
 
 
 def _check_knobs(given: dict, what: str) -> None:

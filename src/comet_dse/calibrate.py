@@ -489,6 +489,13 @@ def leave_one_out(runs: list, cluster: Cluster, names: list, full: Fit, progress
     return cross_validate(runs, cluster, names, full, progress, folds=len(runs))
 
 
+def error_summary(errors: np.ndarray) -> dict:
+    """{mean_abs_error, max_abs_error} of a fit's relative errors (fractions), as calibrate prints them and
+    writes them into a calibrated file. The mean is numpy's (pairwise sums), which the figures of calibrated
+    files have always used; stats.error_stats, which sums in order, can differ in the last bit."""
+    return {"mean_abs_error": float(np.mean(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
+
+
 # --- the calibrated cluster file --------------------------------------------------------------
 
 
@@ -508,7 +515,6 @@ def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: P
                         "preset": float(_get(cluster, name)), "unit": parameters(cluster)[name].unit}
     data["name"] = f"{cluster.name}-calibrated"
     data["description"] = f"{cluster.description} (calibrated to {runs_path.name})".strip()
-    summary = lambda e: {"mean_abs_error": float(np.mean(np.abs(e))), "max_abs_error": float(np.max(np.abs(e)))}
     data["calibration"] = {
         "base": cluster.name,
         "runs_file": runs_path.name,
@@ -516,9 +522,9 @@ def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: P
         "runs": int(len(result.before)),
         "fitted": fitted,
         "left_at_preset": list(result.unidentifiable),
-        "error_before": summary(result.before),
-        "error_in_sample": summary(result.after),
-        **({"cross_validation": cross_validation(len(loo))[1], "error_cross_validated": summary(loo)}
+        "error_before": error_summary(result.before),
+        "error_in_sample": error_summary(result.after),
+        **({"cross_validation": cross_validation(len(loo))[1], "error_cross_validated": error_summary(loo)}
            if loo is not None else {}),
         **({"error_held_out": holdout} if holdout else {}),
     }

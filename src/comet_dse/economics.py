@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from comet_dse.bounds import BOUNDS
 from comet_dse.hardware.economics import amount, state_of
 from comet_dse.hardware.spec import Cluster
-from comet_dse.units import KWH, YEAR
+from comet_dse.units import KIND_TOKENS, KWH, YEAR, parse_quantity
 
 # Defaults where a cluster file gives no figure: editable assumptions with their sources (docs/economics.md),
 # each overridable with --set.
@@ -94,6 +95,17 @@ class Rates:
     def cluster_price_usd(self) -> float:
         """devices x the device price at this design [USD] (NaN without a price)."""
         return self.devices * self.device_price_usd
+
+
+def token_budget(value, field: str = "tokens", given: str | None = None) -> float | None:
+    """A token budget in tokens: a number (``15e12``) or text with an optional k, M, G, T or P suffix (``"15T"``
+    = 1.5e13), in the row ``tokens`` of bounds.BOUNDS; None stays None. The API, ``--tokens`` and the explorer
+    read a budget here. An error is an InputError naming ``field``; a value out of range is written as
+    ``given`` (default: its repr)."""
+    if value is None:
+        return None
+    number = parse_quantity(value, KIND_TOKENS, field)
+    return BOUNDS["tokens"].check(field, number, repr(value) if given is None else given)
 
 
 def _known(x: float) -> float:

@@ -18,6 +18,8 @@ import io
 from functools import lru_cache
 from importlib import resources
 
+from comet_dse.stats import error_stats
+
 BANDS_FILE = "error_bands.csv"
 COLUMNS = ("hardware", "precision", "runs", "low", "high", "mean_abs_error", "frameworks")
 
@@ -37,10 +39,9 @@ def bands_of(comparisons: list) -> list:
         groups.setdefault((comp.hardware, precision_class(comp.dtype)), []).append(comp)
     out = []
     for (hardware, precision), comps in sorted(groups.items()):
-        errors = [c.error for c in comps]
-        out.append({"hardware": hardware, "precision": precision, "runs": len(comps),
-                    "low": min(errors), "high": max(errors),
-                    "mean_abs_error": sum(abs(e) for e in errors) / len(errors),
+        s = error_stats(c.error for c in comps)
+        out.append({"hardware": hardware, "precision": precision, "runs": len(comps), "low": s["low"],
+                    "high": s["high"], "mean_abs_error": s["mean_abs_error"],
                     "frameworks": "; ".join(sorted({c.framework for c in comps}))})
     return out
 

@@ -170,15 +170,6 @@ def read_json(path: Path, what: str) -> dict:
     return data
 
 
-def check_range(field: str, number: float, high: float, allow_zero: bool = False, shown: str | None = None) -> float:
-    """``number`` if it lies in (0, high] ([0, high] with ``allow_zero``), else an InputError naming ``field``;
-    ``shown`` is how the message writes the value (default: the number)."""
-    if 0.0 < number <= high or (allow_zero and number == 0.0):
-        return number
-    lower = "[0" if allow_zero else "(0"
-    raise InputError(field, f"{shown or f'{number:g}'} is outside the plausible range {lower}, {high:g}] in SI units")
-
-
 class Fields:
     """A mapping being read field by field; every error names the dotted field path."""
 
@@ -217,19 +208,15 @@ class Fields:
         row = BOUNDS[bound]
         return Bound(minimum, min(maximum, row.high), row.why).check_integer(self.name(key), value)
 
-    def quantity(self, key: str, kind: str, default: object = ..., high: float = float("inf"),
-                 allow_zero: bool = False, bound: str | None = None) -> float:
-        """A positive number with a unit (units.parse_quantity), in the row ``bound`` of bounds.BOUNDS, or
-        without one at most ``high`` in SI units (``allow_zero`` admits 0)."""
+    def quantity(self, key: str, kind: str, default: object = ..., *, bound: str) -> float:
+        """A number with a unit (units.parse_quantity) in the row ``bound`` of bounds.BOUNDS."""
         from comet_dse.units import parse_quantity
 
         value = self.raw(key, default)
         if value is None:
             return None
         number = parse_quantity(value, kind, self.name(key))
-        if bound is not None:
-            return BOUNDS[bound].check(self.name(key), number, shown(value))
-        return check_range(self.name(key), number, high, allow_zero, shown(value))
+        return BOUNDS[bound].check(self.name(key), number, shown(value))
 
     def fraction(self, key: str, default: object = ...) -> float:
         """A fraction of a peak, in the row ``efficiency`` of bounds.BOUNDS."""

@@ -30,6 +30,7 @@ from comet_dse.cost.step import model_flops
 from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
+from comet_dse.stats import error_stats
 from comet_dse.strategy import GradAccumulation, Recompute, Strategy, knob_values
 
 TABLE5 = "korthikanti2022_table5.csv"
@@ -81,9 +82,7 @@ def group_summary(comparisons: list, key: str) -> dict:
     groups = {}
     for comp in whole_runs(comparisons):
         groups.setdefault(getattr(comp, key), []).append(comp.error)
-    return {g: {"runs": len(e), "mean_abs_error": sum(abs(x) for x in e) / len(e),
-                "max_abs_error": max(abs(x) for x in e), "mean_error": sum(e) / len(e),
-                "low": min(e), "high": max(e)} for g, e in groups.items()}
+    return {g: {"runs": len(e), **error_stats(e)} for g, e in groups.items()}
 
 
 def validation_dir() -> Path:
@@ -298,7 +297,7 @@ def memory_comparisons(directory: Path | None = None) -> list:
     """memory.csv: the peak memory per device of published runs against the model's, each row predicted with
     its cluster preset as shipped (capacity only decides the fit, not the prediction) and the settings its
     source states."""
-    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.presets import load_cluster
 
     path = memory_file(directory or validation_dir())
     out = []
@@ -343,16 +342,18 @@ def _memory_model(row: dict, folder: Path) -> Transformer:
 
 def memory_summary(comparisons: list) -> dict:
     """{rows, mean_abs_error, max_abs_error, mean_error} of memory comparisons (fractions; mean_error signed)."""
-    errors = [c.error for c in comparisons]
-    if not errors:
-        return {"rows": 0, "mean_abs_error": None, "max_abs_error": None, "mean_error": None}
-    return {"rows": len(errors), "mean_abs_error": sum(abs(e) for e in errors) / len(errors),
-            "max_abs_error": max(abs(e) for e in errors), "mean_error": sum(errors) / len(errors)}
+    return _rows([c.error for c in comparisons], ("mean_abs_error", "max_abs_error", "mean_error"))
 
 
 def summary(comparisons: list) -> dict:
     """dataset -> {rows, mean_abs_error, max_abs_error} (fractions)."""
     out = {}
     for comp in comparisons:
-        out.setdefault(comp.dataset, []).append(abs(comp.error))
-    return {k: {"rows": len(v), "mean_abs_error": sum(v) / len(v), "max_abs_error": max(v)} for k, v in out.items()}
+        out.setdefault(comp.dataset, []).append(comp.error)
+    return {k: _rows(v, ("mean_abs_error", "max_abs_error")) for k, v in out.items()}
+
+
+def _rows(errors: list, keys: tuple) -> dict:
+    """{rows, then ``keys`` of stats.error_stats} of a list of errors."""
+    s = error_stats(errors)
+    return {"rows": len(errors), **{k: s[k] for k in keys}}

@@ -7,8 +7,8 @@ import numpy as np
 import yaml
 
 from comet_dse.calibrate import (
-    Fit, RunSet, calibrated_data, check_support, cross_validate, cross_validation, default_fit, fit, parameters,
-    read_runs,
+    Fit, RunSet, calibrated_data, check_support, cross_validate, cross_validation, default_fit, error_summary, fit,
+    parameters, read_runs,
 )
 from comet_dse import jsonout, written
 from comet_dse.cli.options import name_list
@@ -62,7 +62,7 @@ def run(args) -> int:
     held_set = RunSet(held, cluster)
     held_before = held_set.errors(params, _preset(cluster, params)[None, :])[:, 0]
     held_after = held_set.errors(params, result.values[None, :])[:, 0]
-    holdout = _summary(held_after) if len(held) else None
+    holdout = error_summary(held_after) if len(held) else None
     if args.output:
         data = calibrated_data(base_data, cluster, result, runs_path, loo, holdout)
         _write_yaml(data, Path(args.output), inputs)
@@ -95,10 +95,6 @@ def _split(runs: list, holdout) -> tuple:
 
 def _preset(cluster: Cluster, params: list) -> np.ndarray:
     return np.clip(np.array([p.get(cluster) for p in params]), [p.low for p in params], [p.high for p in params])
-
-
-def _summary(errors: np.ndarray) -> dict:
-    return {"mean_abs_error": float(np.mean(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
 
 
 def _write_yaml(data: dict, path: Path, inputs: list) -> None:
@@ -151,7 +147,7 @@ def _as_text(cluster, train, held, result: Fit, loo, held_before, held_after, ou
     if held:
         stats.append(("held out", held_after))
     for label, errors in stats:
-        s = _summary(errors)
+        s = error_summary(errors)
         lines.append(f"  {label:25s} mean |error| {s['mean_abs_error'] * 100:5.1f}%   max {s['max_abs_error'] * 100:5.1f}%")
     if output:
         lines += ["", f"Wrote {output} (cluster {cluster.name}-calibrated)"]
@@ -171,8 +167,8 @@ def _as_json(cluster, train, held, result: Fit, loo, held_before, held_after, ou
                   "error_cross_validated": None if loo is None else float(loo[i])} for i, r in enumerate(train)],
         "held_out": [{"id": r.label, "error_preset": float(held_before[i]), "error_fitted": float(held_after[i])}
                      for i, r in enumerate(held)],
-        "summary": {"preset": _summary(result.before), "fitted": _summary(result.after),
-                    "cross_validated": None if loo is None else _summary(loo),
-                    "held_out": _summary(held_after) if len(held) else None},
+        "summary": {"preset": error_summary(result.before), "fitted": error_summary(result.after),
+                    "cross_validated": None if loo is None else error_summary(loo),
+                    "held_out": error_summary(held_after) if len(held) else None},
         "output": output,
     }

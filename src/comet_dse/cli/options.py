@@ -233,12 +233,12 @@ def load_inputs(args) -> tuple:
 
 
 def token_count(text: str) -> float:
-    """argparse type: a token budget, a number with an optional k, M, G, T or P suffix (``15T`` = 1.5e13), in
-    the row ``tokens`` of bounds.BOUNDS, or a one-line error."""
-    from comet_dse.units import KIND_TOKENS, parse_quantity
+    """argparse type: a token budget (``15T`` = 1.5e13; economics.token_budget, naming --tokens), or a
+    one-line error."""
+    from comet_dse.economics import token_budget
 
     try:
-        return BOUNDS["tokens"].check("--tokens", parse_quantity(text, KIND_TOKENS, "--tokens"), repr(text))
+        return token_budget(text, "--tokens")
     except InputError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
 

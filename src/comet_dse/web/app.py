@@ -10,13 +10,13 @@ import dash
 from dash import ALL, Input, Output, State, dcc, html
 
 from comet_dse.bounds import BOUNDS
+from comet_dse.economics import token_budget
 from comet_dse.errors import InputError
 from comet_dse.web import figures
 from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
 from comet_dse.presets import preset_names
 from comet_dse.strategy import legend
-from comet_dse.units import (KIND_TOKENS, format_bytes, format_count, format_duration, format_energy, format_time,
-                             format_usd, parse_quantity)
+from comet_dse.units import format_bytes, format_count, format_duration, format_energy, format_time, format_usd
 from comet_dse.vocabulary import BANDWIDTH_CONVENTION, training_label
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
@@ -164,11 +164,11 @@ def controls_from(model, model_file, cluster, devices, global_batch, rank, value
 
 
 def _tokens(text) -> float | None:
-    """The token budget control: empty is none; else a count with an optional k, M, G, T or P suffix, in
-    bounds.BOUNDS['tokens'] (the row --tokens and the API check)."""
+    """The token budget control: empty is none; else economics.token_budget of the text, as --tokens and the
+    API read it."""
     if text is None or not str(text).strip():
         return None
-    return BOUNDS["tokens"].check("tokens", parse_quantity(str(text).strip(), KIND_TOKENS, "tokens"), repr(text))
+    return token_budget(str(text).strip(), given=repr(text))
 
 
 def _training(view):
