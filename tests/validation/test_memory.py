@@ -7,7 +7,7 @@ import pytest
 
 from comet_dse.presets import load_cluster
 from comet_dse.validation import MEASURES, MEMORY, memory_comparisons, memory_file, memory_summary, validation_dir
-from cli_run import run
+from cli_run import one_line_error, run
 
 GiB = 2.0**30
 
@@ -107,3 +107,22 @@ def test_validate_reports_memory_and_recall(capsys):
 
 def test_the_packaged_copy_is_found_when_a_folder_has_none(tmp_path):
     assert memory_file(tmp_path).name == MEMORY and memory_file(tmp_path).is_file()
+
+
+def test_validate_draws_predicted_against_measured(tmp_path, capsys):
+    """--figure: a PNG (or SVG) of both panels, written only where comet-dse may write, refused before the work."""
+    figure = tmp_path / "validation.png"
+    code, out, err = run(capsys, "validate", "--figure", figure)
+    assert code == 0, err
+    assert f"Wrote {figure}" in out
+    assert figure.read_bytes().startswith(b"\x89PNG") and figure.stat().st_size > 20_000
+    code, out, err = run(capsys, "validate", "--figure", figure)     # its own file: replaced
+    assert code == 0, err
+    svg = tmp_path / "validation.svg"
+    assert run(capsys, "validate", "--figure", svg)[0] == 0 and "<svg" in svg.read_text()[:2000]
+    one_line_error(run(capsys, "validate", "--figure", tmp_path / "v.txt"), "--figure", ".png or .svg")
+    theirs = tmp_path / "theirs.png"
+    theirs.write_bytes(b"a user's picture")
+    one_line_error(run(capsys, "validate", "--figure", theirs), "--figure", "not a comet-dse result file")
+    assert theirs.read_bytes() == b"a user's picture"
+

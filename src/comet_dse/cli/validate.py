@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from comet_dse import jsonout
+from comet_dse import jsonout, written
 from comet_dse.errors import InputError
 
 
@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     p.add_argument("--cluster", default="dgx-a100-80gb",
                    help="cluster preset for the A100 datasets (default dgx-a100-80gb); h100_public uses dgx-h100")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--figure", default=None, metavar="F.png|F.svg",
+                   help="also draw predicted against measured step time and peak memory to this file")
 
 
 def run(args) -> int:
@@ -28,6 +30,11 @@ def run(args) -> int:
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
         raise InputError("data", f"{directory} is not a folder")
+    inputs = sorted(directory.glob("*.csv")) + [Path(args.cluster)]
+    if args.figure:          # refused before the work, not after
+        if Path(args.figure).suffix.lower() not in (".png", ".svg"):
+            raise InputError("--figure", f"{args.figure} must end in .png or .svg")
+        written.check_file(args.figure, "--figure", inputs)
     cluster = load_cluster(args.cluster)
     try:
         comparisons = all_comparisons(cluster, directory)
@@ -45,6 +52,9 @@ def run(args) -> int:
     except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
         raise InputError("data", f"memory.csv holds a value that is not valid: {exc}") from None
     fits = recall(comparisons)
+    if args.figure:
+        fmt = Path(args.figure).suffix[1:].lower()
+        written.write_file(args.figure, lambda tmp: figure(comparisons, memory, tmp, fmt), "--figure", inputs)
     groups = {key: group_summary(comparisons, key) for key in ("hardware", "framework")}
     bands = bands_of(comparisons)
     if args.json:
@@ -90,6 +100,8 @@ def run(args) -> int:
     if mem["rows"]:
         print(f"\nmemory: {mem['rows']} rows, mean |error| {mem['mean_abs_error'] * 100:.1f}%, "
               f"max |error| {mem['max_abs_error'] * 100:.1f}%")
+    if args.figure:
+        print(f"\nWrote {args.figure}")
     return 0
 
 
@@ -97,3 +109,53 @@ def _gib(nbytes: float) -> str:
     """Bytes as GiB, with two decimals under 10 GiB (the small runs' errors are tenths of a GiB)."""
     gib = nbytes / 2**30
     return f"{gib:.2f}" if gib < 10 else f"{gib:.1f}"
+
+
+def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
+    """Predicted against measured, on log axes with the line of equality and a +-10 % band: the step time of
+    every whole run (left, by software stack) and the peak memory per device (right, by what was measured).
+    Written to ``path`` as ``fmt`` (png or svg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from comet_dse.validation import whole_runs
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
+    runs = whole_runs(comparisons)
+    for framework in dict.fromkeys(c.framework for c in runs):
+        group = [c for c in runs if c.framework == framework]
+        left.scatter([c.measured for c in group], [c.predicted for c in group], s=22, label=f"{framework} ({len(group)})")
+    _panel(left, [c.measured for c in runs] + [c.predicted for c in runs], "measured step time [s]",
+           "predicted step time [s]", f"Step time, {len(runs)} whole runs")
+    for measures, marker in (("max_allocated", "o"), ("max_reserved", "s"), ("device", "^")):
+        group = [c for c in memory if c.measures == measures]
+        if group:
+            right.scatter([c.measured / 2**30 for c in group], [c.predicted / 2**30 for c in group], s=22,
+                          marker=marker, label=f"{measures.replace('_', ' ')} ({len(group)})")
+    _panel(right, [c.measured / 2**30 for c in memory] + [c.predicted / 2**30 for c in memory],
+           "measured peak memory per device [GiB]", "predicted [GiB]", f"Peak memory, {len(memory)} runs")
+    fig.tight_layout()
+    fig.savefig(path, format=fmt)
+    plt.close(fig)
+
+
+def _panel(ax, values: list, xlabel: str, ylabel: str, title: str) -> None:
+    """Log axes over ``values``, the line predicted = measured and the band within 10 % of it."""
+    values = [v for v in values if v > 0]
+    if not values:
+        ax.set_title(f"{title} (none)", fontsize=10)
+        return
+    low, high = min(values) / 1.3, max(values) * 1.3
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.plot([low, high], [low, high], color="black", linewidth=0.8, label="predicted = measured")
+    ax.fill_between([low, high], [0.9 * low, 0.9 * high], [1.1 * low, 1.1 * high], color="grey", alpha=0.2,
+                    label="within 10 %")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
