@@ -265,7 +265,8 @@ class MemoryComparison:
     without the driver's share, the CUDA context or NCCL's buffers, so the prediction leaves out the
     cluster's fixed reserved_memory. ``max_allocated``: the peak of what the run's tensors held
     (torch.cuda.max_memory_allocated; Megatron-LM's mem-max-allocated-bytes, logged by the last rank), the
-    last pipeline rank's footprint without any reserve. ``device``: everything the device had in use
+    last pipeline rank's footprint and the GEMM workspaces (Cluster.workspace_memory), which the allocator
+    holds among the tensors. ``device``: everything the device had in use
     (nvidia-smi), the prediction with the whole reserve.
     """
 
@@ -309,8 +310,10 @@ def memory_comparisons(directory: Path | None = None) -> list:
         predicted = float(result.memory_per_device_bytes)
         if row["measures"] == "max_reserved":
             predicted -= cluster.reserved_memory
-        elif row["measures"] == "max_allocated":     # footprint = (total - R) / (1 + f), cost/memory.py
-            predicted = (result.memory_last_stage_bytes - cluster.reserved_memory) / (1.0 + cluster.fragmentation)
+        elif row["measures"] == "max_allocated":     # footprint + W, footprint = (total - R - W) / (1 + f)
+            workspace = cluster.workspace_memory
+            predicted = (result.memory_last_stage_bytes - cluster.reserved_memory - workspace) / (
+                1.0 + cluster.fragmentation) + workspace
         out.append(MemoryComparison(row["id"], predicted, float(row["measured_gib"]) * 2.0**30, row["measures"],
                                     row["source"]))
     return out

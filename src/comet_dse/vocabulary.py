@@ -64,8 +64,8 @@ MEMORY_PARTS = (
     Part("buffers", "communication buffers", "#C7C7C7", "tensor-parallel message buffers"),
     Part("reserved", "reserved (runtime and allocator)", "#8C564B",
          "memory the job cannot use for its tensors: what the driver keeps, the runtime context, the "
-         "collective library's buffers (the cluster's reserved_memory) and the allocator's fragmentation "
-         "(its fragmentation x the rest)"),
+         "collective library's buffers (the cluster's reserved_memory), the GEMM libraries' workspaces "
+         "(workspace_memory) and the allocator's fragmentation (its fragmentation x the rest)"),
 )
 MEMORY_PART = {p.key: p for p in MEMORY_PARTS}
 
@@ -170,6 +170,8 @@ RESOURCES = (
              "seconds per transfer phase to the expansion tier"),
     Resource("reserved_memory", "reserved memory", "B", "GiB", GiB, PER_DEVICE,
              "device memory a job cannot use for its tensors: driver, runtime context, collective buffers"),
+    Resource("workspace_memory", "GEMM workspaces", "B", "MiB", 2.0**20, PER_DEVICE,
+             "the GEMM libraries' workspaces the framework allocates among its tensors (cuBLAS, Transformer Engine)"),
     Resource("fragmentation", "allocator fragmentation", "1", "", 1.0, "fraction of the footprint",
              "memory the allocator holds but cannot hand out, as a fraction of the rest of the footprint"),
     Resource("device_price_usd", "device price", "USD", "USD", 1.0, PER_DEVICE, "what one device costs"),

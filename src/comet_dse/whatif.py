@@ -189,7 +189,7 @@ def candidates(st, cols: dict, resource: str):
     those that break no rule but memory when it is a capacity or the reserve (memory may then fit), else
     those that fit (no rule but memory depends on a resource's size, and memory only on the capacities and
     the reserve)."""
-    if resource.endswith("capacity") or resource in ("reserved_memory", "fragmentation"):   # memory may then fit
+    if resource.endswith("capacity") or resource in ("reserved_memory", "workspace_memory", "fragmentation"):
         return st.take(np.flatnonzero((cols["infeasible_mask"] & ~MEMORY_BIT) == 0))
     return st.take(np.flatnonzero(cols["feasible"]))
 
@@ -276,7 +276,7 @@ def resource_value(cluster: Cluster, resource: str) -> float | None:
     if resource.startswith(("hbm_", "sram_", "expansion_")):
         tier, attr = resource.split("_", 1)
         return getattr(getattr(acc, tier), attr) if getattr(acc, tier) is not None else None
-    if resource in ("device_price_usd", "device_power_w", "reserved_memory", "fragmentation"):
+    if resource in ("device_price_usd", "device_power_w", "reserved_memory", "workspace_memory", "fragmentation"):
         return getattr(cluster, resource)
     if resource in ("network_bandwidth", "network_latency"):
         attr = "bandwidth" if resource == "network_bandwidth" else "latency"

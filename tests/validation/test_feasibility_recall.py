@@ -59,17 +59,20 @@ def _estimate(row_id: str):
 
 
 def test_the_reserve_is_the_fixed_part_plus_fragmentation_of_the_rest():
-    """reserved = reserved_memory + fragmentation x (everything else): 1.96 GiB + 0.01 x the rest on H100."""
+    """reserved = reserved_memory + workspace_memory + fragmentation x (everything else): 1.96 GiB + 64 MiB +
+    0.01 x the rest on H100."""
     h100 = load_cluster("dgx-h100")
     model, strategy, gpus = _llama_row("llama3-405b-8k-16384")
     est = estimate(model, h100, gpus, strategy)
     rest = sum(v for k, v in est.memory_bytes.items() if k != "reserved")
     assert h100.reserved_memory == pytest.approx(1.96 * GiB)
+    assert h100.workspace_memory == 64 * 2**20
     assert h100.fragmentation == 0.01
-    assert est.memory_bytes["reserved"] == pytest.approx(1.96 * GiB + 0.01 * rest, rel=1e-9)
-    assert float(reserved_bytes(rest, h100.reserved_memory, h100.fragmentation)) == pytest.approx(
-        est.memory_bytes["reserved"], rel=1e-9)
-    bare = estimate(model, dc.replace(h100, reserved_memory=0.0, fragmentation=0.0), gpus, strategy)
+    assert est.memory_bytes["reserved"] == pytest.approx(1.96 * GiB + 64 * 2**20 + 0.01 * rest, rel=1e-9)
+    assert float(reserved_bytes(rest, h100.reserved_memory, h100.fragmentation, h100.workspace_memory)) == \
+        pytest.approx(est.memory_bytes["reserved"], rel=1e-9)
+    bare = estimate(model, dc.replace(h100, reserved_memory=0.0, fragmentation=0.0, workspace_memory=0.0), gpus,
+                    strategy)
     assert bare.memory_per_device_bytes == pytest.approx(rest, rel=1e-9)
     # a reserve the run cannot afford makes it not fit: the verdict really depends on it
     tight = dc.replace(h100, reserved_memory=12 * GiB)

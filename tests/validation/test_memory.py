@@ -46,7 +46,7 @@ def test_megatron_peaks_within_ten_percent(comparisons):
     rows = [c for c in comparisons if c.measures == "max_allocated"]
     stats = memory_summary(rows)
     assert stats["rows"] >= 20
-    assert stats["mean_abs_error"] <= 0.06
+    assert stats["mean_abs_error"] <= 0.05
     assert stats["max_abs_error"] <= 0.16
     big = [c for c in rows if c.measured > 40 * GiB]
     assert len(big) == 2 and all(abs(c.error) < 0.02 for c in big)
@@ -70,7 +70,8 @@ def test_reserved_peaks_sit_above_the_footprint(comparisons):
 
 def test_max_allocated_is_the_last_ranks_footprint(comparisons):
     """Megatron-LM logs memory from the last rank (global_vars.py: the tensorboard writer on rank world_size - 1):
-    the prediction is the last pipeline rank's total less its reserve, R + f x footprint."""
+    the prediction is the last pipeline rank's total less its reserve, R + W + f x footprint, plus the GEMM
+    workspaces W, which PyTorch's allocator holds among the tensors."""
     from comet_dse.estimate import estimate
     from comet_dse.validation import _memory_model, _strategy
 
@@ -78,9 +79,10 @@ def test_max_allocated_is_the_last_ranks_footprint(comparisons):
     row = next(r for r in csv.DictReader(path.open()) if r["measures"] == "max_allocated" and r["pp"] == "4")
     cluster = load_cluster(row["cluster"])
     result = estimate(_memory_model(row, path.parent), cluster, int(row["gpus"]), _strategy(row))
-    footprint = (result.memory_last_stage_bytes - cluster.reserved_memory) / (1 + cluster.fragmentation)
+    workspace = cluster.workspace_memory
+    footprint = (result.memory_last_stage_bytes - cluster.reserved_memory - workspace) / (1 + cluster.fragmentation)
     assert footprint < result.memory_per_device_bytes - cluster.reserved_memory
-    assert next(c for c in comparisons if c.label == row["id"]).predicted == pytest.approx(footprint)
+    assert next(c for c in comparisons if c.label == row["id"]).predicted == pytest.approx(footprint + workspace)
 
 
 def test_a_model_override_must_name_a_field(tmp_path):

@@ -12,7 +12,7 @@ holds min(m, p - r) micro-batches of its layers; with v-way interleaving it
 holds the layers of min(m v, p v + p - 1 - 2r) chunk forwards
 (``inflight_layer_microbatches``), L (1 + (p-1)/(p v)) on the first stage when
 m is large. The reserve (``reserved_bytes``): the cluster's fixed
-reserved_memory plus its fragmentation x the rest (docs/hardware.md).
+reserved_memory, plus its GEMM workspaces and its fragmentation x the rest (docs/hardware.md).
 """
 from __future__ import annotations
 
@@ -90,20 +90,22 @@ def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, 
     return np.where(interleave > 1, interleaved, plain)
 
 
-def reserved_bytes(footprint, reserved_memory: float, fragmentation: float):
+def reserved_bytes(footprint, reserved_memory: float, fragmentation: float, workspace: float = 0.0):
     """Device memory a job cannot use for its tensors, per device [bytes]:
 
-        reserved = R + f * footprint
+        reserved = R + W + f * footprint
 
     R (``Cluster.reserved_memory``): what is gone before the first tensor, fixed per device: the memory the
     driver keeps back from the nominal capacity, the runtime context (CUDA context with its kernels; XLA's
     runtime reserve on TPU) and the collective library's buffers (NCCL: NCCL_BUFFSIZE and the LL/LL128
-    buffers per channel and connection, per communicator). f (``Cluster.fragmentation``): the allocator's
+    buffers per channel and connection, per communicator). W (``Cluster.workspace_memory``): the GEMM
+    libraries' workspaces the framework allocates once among its tensors (PyTorch's cuBLAS workspace,
+    Transformer Engine's). f (``Cluster.fragmentation``): the allocator's
     fragmentation, memory it holds but cannot hand out, as a fraction of the ``footprint`` (weights,
     gradients, optimizer state, activations and buffers, in bytes). Each preset's R and f and their sources:
     docs/hardware.md, "Reserved memory". The reserve stays in HBM: it never spills to an expansion tier.
     """
-    return reserved_memory + fragmentation * footprint
+    return reserved_memory + workspace + fragmentation * footprint
 
 
 @dataclass(frozen=True)

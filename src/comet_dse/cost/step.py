@@ -427,9 +427,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
             best = {k: np.where(better, memory[k], best[k]) for k in best}
             best_act = np.where(better, act_per_mb, best_act)
             best_total = np.maximum(total, best_total)
-    best["reserved"] = reserved_bytes(best_total, cluster.reserved_memory, cluster.fragmentation) + np.zeros_like(
-        best_total)
-    return best, best_act, last_total + reserved_bytes(last_total, cluster.reserved_memory, cluster.fragmentation)
+    fixed = (cluster.reserved_memory, cluster.fragmentation, cluster.workspace_memory)
+    best["reserved"] = reserved_bytes(best_total, *fixed) + np.zeros_like(best_total)
+    return best, best_act, last_total + reserved_bytes(last_total, *fixed)
 
 
 def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None):

@@ -41,6 +41,7 @@ CLUSTER_AXES = {
     "expansion_bandwidth": KIND_BANDWIDTH,
     "expansion_latency": KIND_TIME,
     "reserved_memory": KIND_BYTES,
+    "workspace_memory": KIND_BYTES,
     "fragmentation": KIND_COUNT,
     "device_price_usd": KIND_COUNT,
     "device_power_w": KIND_COUNT,
@@ -66,6 +67,7 @@ AXIS_BOUNDS = {
     "expansion_bandwidth": BOUNDS["memory_bandwidth"],
     "expansion_latency": BOUNDS["latency"],
     "reserved_memory": BOUNDS["reserved_memory"],
+    "workspace_memory": BOUNDS["reserved_memory"],
     "fragmentation": BOUNDS["fragmentation"],
     "device_price_usd": BOUNDS["device_price_usd"],
     "device_power_w": BOUNDS["device_power_w"],
@@ -479,7 +481,7 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
         tier = getattr(acc, tier_name)
         tier = dc.replace(tier, **{attr: scaled(getattr(tier, attr))})
         return dc.replace(cluster, accelerator=dc.replace(acc, **{tier_name: tier}))
-    if name in ("reserved_memory", "fragmentation"):       # the memory a job cannot use (docs/hardware.md)
+    if name in ("reserved_memory", "workspace_memory", "fragmentation"):   # memory a job cannot use (docs/hardware.md)
         return dc.replace(cluster, **{name: scaled(getattr(cluster, name))})
     if name in ("device_price_usd", "device_power_w"):
         base_value = getattr(cluster, name)

@@ -182,6 +182,7 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         microbatch_overhead=fields.quantity("microbatch_overhead", KIND_TIME, 0.0, bound="overhead"),
         reserved_memory=fields.quantity("reserved_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
         fragmentation=fields.quantity("fragmentation", KIND_COUNT, 0.0, bound="fragmentation"),
+        workspace_memory=fields.quantity("workspace_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
         calibration=_calibration(fields),
     )
     fields.reject_unknown()

@@ -176,6 +176,9 @@ class Cluster:
     # allocator's fragmentation as a fraction of the rest of the footprint. 0 and 0 unless the cluster says.
     reserved_memory: float = 0.0
     fragmentation: float = 0.0
+    # GEMM libraries' workspaces the framework allocates among its tensors [bytes per device] (cuBLAS through
+    # PyTorch, Transformer Engine's): part of the reserve, but inside the allocator (torch max_allocated counts it)
+    workspace_memory: float = 0.0
     calibration: dict | None = field(default=None, compare=False, hash=False)  # provenance (comet-dse calibrate)
 
     def dim_sizes(self, devices: int) -> tuple:
