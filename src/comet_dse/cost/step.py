@@ -336,6 +336,14 @@ def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units
     return np.where(st.dp_overlap, hidden, m * units * unit + gather), beside
 
 
+# Bytes per logit the loss holds at its peak, by --cross-entropy (docs/model.md, "Loss"): Megatron-LM's in-place
+# softmax beside the 16-bit logits; Megatron-Core's fused loss (an fp32 copy and fp32 exponentials beside them);
+# PyTorch's cross_entropy on fp32-cast logits (log-softmax output, nll and log-softmax gradients); the same under
+# PyTorch's loss_parallel (four fp32 tensors in its backward).
+LOGIT_BYTES = {CrossEntropy.IN_PLACE: FP32 + ACTIVATION_BYTES, CrossEntropy.FUSED: 2.0 * FP32 + ACTIVATION_BYTES,
+               CrossEntropy.FP32_CAST: 3.0 * FP32, CrossEntropy.LOSS_PARALLEL: 4.0 * FP32}
+
+
 def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):
     """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
     the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
@@ -377,9 +385,7 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
     capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    per_logit = np.select([st.uses(CrossEntropy.FP32_CAST), st.uses(CrossEntropy.LOSS_PARALLEL),
-                           st.uses(CrossEntropy.FUSED)],
-                          [3.0 * FP32, 4.0 * FP32, 2.0 * FP32 + ACTIVATION_BYTES], FP32 + ACTIVATION_BYTES) + capped
+    per_logit = st.select(st.cross_entropy, [LOGIT_BYTES[kind] for kind in CrossEntropy]) + capped
     logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
@@ -387,8 +393,10 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     last = len(lay.memory) - 1
     layer_grads = st.uses(GradBuffer.LAYER)
     any_layer_grads = bool(np.any(layer_grads))
-    unsharded = st.uses(GradSync.STEP) & (st.zero >= Zero.PARAMETERS) & (m > 1) & (st.dp * st.cp > 1)
+    unsharded = st.uses(GradSync.STEP)
     any_unsharded = bool(np.any(unsharded))
+    if any_unsharded:         # most batches have none: skip the rest of the test
+        unsharded = unsharded & (st.zero >= Zero.PARAMETERS) & (m > 1) & (st.dp * st.cp > 1)
     for index, (states, (_, _, with_emb, with_head)) in enumerate(zip(lay.memory, lay.mixes)):
         n_dense, n_moe = states["n_dense"], states["n_moe"]
         # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
