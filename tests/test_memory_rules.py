@@ -45,6 +45,18 @@ def test_grad_sync_step_holds_unsharded_fp32_gradients_and_reduces_once():
     assert once.step_time_s <= every.step_time_s
 
 
+def test_grad_sync_step_with_weights_kept_gathers_once_per_step():
+    """reshard_after_forward off with grad_sync step (torchtitan's FSDP2 under PP): the weights stay gathered
+    between micro-batches, so a 4-micro-batch step pays the DP collectives of a 1-micro-batch one."""
+    base = Strategy(dp=8, zero=3, global_batch=32, micro_batch=1, recompute=Recompute.FULL, flash_attention=True,
+                    grad_sync="step", reshard_after_forward=False)
+    four = estimate(LLAMA8B, H100, 8, base)
+    one = estimate(LLAMA8B, H100, 8, dc.replace(base, global_batch=8))
+    assert four.breakdown_s["dp_communication"] == pytest.approx(one.breakdown_s["dp_communication"], rel=1e-12)
+    kept = estimate(LLAMA8B, H100, 8, dc.replace(base, grad_sync="micro-batch"))
+    assert four.breakdown_s["dp_communication"] < kept.breakdown_s["dp_communication"]
+
+
 def test_grad_sync_changes_nothing_with_one_micro_batch():
     base = Strategy(dp=8, zero=3, global_batch=8, micro_batch=1, recompute=Recompute.FULL, flash_attention=True)
     every = estimate(LLAMA8B, H100, 8, base)

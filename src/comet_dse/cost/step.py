@@ -272,7 +272,8 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units,
     all of it. Hybrid sharding's all-reduce across nodes hides behind what is
     left of window_b after the reduction: max(0, across - max(0, window_b - reduce)).
     ZeRO 3 works layer by layer every micro-batch instead (``_sharded_layers``;
-    with grad_sync step only the last micro-batch reduce-scatters: (m - 1) T_quiet + T_mb),
+    with grad_sync step only the last micro-batch reduce-scatters: (m - 1) T_quiet + T_mb, T_quiet = 0 when
+    the weights stay gathered after forward),
     and its hybrid all-reduces queue behind each unit's reduce-scatter. So does
     grad_buffer layer below ZeRO 3 (``_layer_by_layer``). The tied-embedding
     gradient sync is always exposed.
@@ -297,6 +298,10 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units,
         zero3_beside = m * zero3_hidden
         if np.any(st.uses(GradSync.STEP)):     # one reduce-scatter per step, in the last micro-batch's backward
             quiet, _, quiet_hidden = _sharded_layers(st, fwd, bwd, dp, units, reduce=False)
+            # weights kept gathered after forward stay gathered between micro-batches too (FSDP2 under PyTorch's
+            # pipeline schedules: set_reshard_after_backward(False) until the last): one gather per step
+            quiet = np.where(st.reshard_after_forward, quiet, 0.0)
+            quiet_hidden = np.where(st.reshard_after_forward, quiet_hidden, 0.0)
             once = st.uses(GradSync.STEP)
             zero3 = np.where(once, (m - 1.0) * quiet + per_microbatch, zero3)
             zero3_beside = np.where(once, (m - 1.0) * quiet_hidden + zero3_hidden, zero3_beside)
