@@ -346,7 +346,14 @@ def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, expert
     """A (possibly batched, one per local expert) feed-forward block on ``tokens`` rows each; FFN split over t.
 
     Up (gate and up for SwiGLU), activation, down. Saved: the activation's
-    input(s) and the down projection's input. Biases of routed experts are
+    input(s) and the down projection's input. Routed experts also scale each
+    row by its router probability after the activation (Megatron-Core
+    experts.py / mlp.py: intermediate_parallel * permuted_probs); a gated
+    activation fuses it (weighted_bias_swiglu_impl), a non-gated one is a
+    separate multiply that keeps the activation's output too: one more e per
+    element saved; 2e per element forward (read, write) and 4e backward (the
+    gradient read twice, for the input's gradient and the probability's row
+    sum, the kept output read, the input's gradient written). Biases of routed experts are
     added to their own ``tokens`` rows; a dense block's as ``_bias_rows`` says.
     Up and down are TP-adjacent GEMMs, except for routed experts, which sit
     behind the expert all-to-all instead. ``fused``: in fp8, the block is
@@ -367,6 +374,10 @@ def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, expert
     biases = (_bias_grad(up_rows, up_cols, shape, dev, experts)
               + _bias_grad(down_rows, h, shape, dev, experts)).scale(1.0 - fp8_of(shape))
     saved = experts * tokens * ffn / t * (e * act_in + shape.gemm_e)   # activation input; down projection's input
+    if routed and not model.mlp.gated:     # the separate probability multiply keeps the activation's output
+        scale_f, scale_b = _pointwise(experts * tokens * ffn / t, 2 * e, 4 * e, 1, dev)
+        act_f, act_b = act_f + scale_f, act_b + scale_b
+        saved = saved + experts * tokens * ffn / t * e
     adjacent = 0.0 if routed else 1.0
     return _Block(up_f + act_f + down_f, up_b + act_b + down_b + biases, saved,
                   adjacent * (up_f.total + down_f.total), adjacent * (up_b.total + down_b.total))
