@@ -206,6 +206,27 @@ def format_usd(usd: float) -> str:
     return f"{sign}${usd:,.3g}"
 
 
+def format_hours(seconds: float) -> str:
+    """Seconds as whole hours, e.g. device-hours: 3.6e9 -> '1,000,000'."""
+    return f"{seconds / HOUR:,.0f}"
+
+
+def is_known(value) -> bool:
+    """Whether there is a figure: ``value`` is neither None (JSON null) nor NaN (no price or power figure,
+    docs/economics.md)."""
+    return value is not None and value == value
+
+
+def is_finite(value) -> bool:
+    """Whether ``value`` is a finite number: neither None (JSON null), NaN nor infinite."""
+    return is_known(value) and abs(value) != math.inf
+
+
+def or_unknown(value, shown) -> str:
+    """``shown(value)``, or 'unknown' where there is no figure (is_known: None or NaN; an infinity is shown)."""
+    return shown(value) if is_known(value) else "unknown"
+
+
 def format_count(n: float) -> str:
     """A large count with a decimal prefix, e.g. 1.5e13 -> '15T', 2.4e6 -> '2.4M'."""
     for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):

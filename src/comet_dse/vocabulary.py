@@ -287,6 +287,45 @@ def training_label(key: str) -> str:
     return TRAINING_QUANTITY[key].label if key in TRAINING_QUANTITY else key
 
 
+@dataclass(frozen=True)
+class Front:
+    """A Pareto front of a sweep's ranking (design_space/rank.py): time against one resource, both lower
+    better. key: its key in the ranking (and JSON); column: the result column it ranks by without a token
+    budget (None: no such front without one); budget_column: the column with a budget; label: what it is
+    against, in text (the terminal's tables); plot_label, unit and scale: a figure's axis (the report's
+    `pareto` figure), the value shown being the column / scale."""
+
+    key: str
+    column: str | None
+    budget_column: str
+    label: str
+    plot_label: str
+    unit: str
+    scale: float
+
+    def column_for(self, token_budget) -> str | None:
+        """The column this front ranks by with a token budget (a true value) or without one."""
+        return self.budget_column if token_budget else self.column
+
+    @property
+    def axis_label(self) -> str:
+        """A figure's axis title, e.g. 'cluster price (USD M)'."""
+        return f"{self.plot_label} ({self.unit})"
+
+
+# Time is step time without a budget, time to train with one. pareto_cost is the cluster's purchase price at
+# each design (per-unit prices follow the scaled resources); with a budget also what training costs and the
+# energy it takes. In the order of the ranking's keys.
+FRONTS = (
+    Front("pareto_cost", "cost_usd", "cost_usd", "cluster price", "cluster price", "USD M", 1e6),
+    Front("pareto_power", "power_w", "power_w", "rated power", "rated power", "kW", 1e3),
+    Front("pareto_training_cost", None, "training_cost_usd", training_label("training_cost_usd"),
+          "cost of training", "USD M", 1e6),
+    Front("pareto_energy", None, "energy_j", training_label("energy_j"), "energy", "MWh", 3.6e9),
+)
+FRONT = {f.key: f for f in FRONTS}
+
+
 # The error band of an estimate (errorband.py; docs/validation.md, "Error band"): the range of the signed
 # step-time errors, (predicted - measured) / measured, of the published runs on the same accelerator in the
 # same precision; "not validated" where none backs it. Terminal text, JSON key and the explorer use these.

@@ -7,8 +7,10 @@ import numpy as np
 from comet_dse.estimate import Estimate
 from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
 from comet_dse.text import printable, render_table
-from comet_dse.units import format_bytes, format_count, format_duration, format_energy, format_time, format_usd
-from comet_dse.vocabulary import ERROR_BAND_LABEL, breakdown_labels, legend_line, memory_label, resource, training_label
+from comet_dse.units import (format_bytes, format_count, format_duration, format_energy, format_hours, format_time,
+                             format_usd, is_finite, or_unknown)
+from comet_dse.vocabulary import (ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource,
+                                  training_label)
 
 
 def render_dry_run(study, points: list, limit: int | None) -> str:
@@ -91,35 +93,32 @@ def training_lines(training: dict | None) -> list:
     draws = inputs["device_power_w"]
     lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)",
              f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}",
-             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], lambda s: f'{s / 3600:,.0f}')}",
+             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], format_hours)}",
              f"  {training_label('average_power_w'):24s} {_or_unknown(t['average_power_w'], lambda w: _watts(w) + ' at the wall')}",
              f"  {training_label('energy_j'):24s} {_or_unknown(t['energy_j'], format_energy)}"
              + (f" (leaves out {' and '.join(inputs['energy_excludes'])}: no figure)"
-                if inputs["energy_excludes"] and _finite(t["energy_j"]) else ""),
+                if inputs["energy_excludes"] and is_finite(t["energy_j"]) else ""),
              f"  {training_label('training_cost_usd'):24s} {_or_unknown(t['training_cost_usd'], format_usd)} "
              f"({inputs['cost_basis']}ing)",
              f"    {'renting':22s} {_or_unknown(rent, format_usd)}"
-             + (f" = device-hours x {resource('rent').text(inputs['rent_usd_per_device_s'])}" if _finite(rent) else
+             + (f" = device-hours x {resource('rent').text(inputs['rent_usd_per_device_s'])}" if is_finite(rent) else
                 " (no rent figure)"),
              f"    {'owning':22s} {_or_unknown(own, format_usd)}"
              + (f" = devices x {format_usd(inputs['device_price_usd'])} over {resource('lifetime').text(inputs['lifetime_s'])}"
-                f" + energy at {resource('energy_price').text(inputs['energy_price_usd_per_j'])}" if _finite(own) else
+                f" + energy at {resource('energy_price').text(inputs['energy_price_usd_per_j'])}" if is_finite(own) else
                 " (" + " and ".join(w for w, v in (("no device price", inputs["device_price_usd"]),
-                                                  ("no device power", draws["compute"])) if not _finite(v)) + ")"),
+                                                  ("no device power", draws["compute"])) if not is_finite(v)) + ")"),
              "  device draw " + (", ".join(f"{state} {_or_unknown(w, lambda x: f'{x:,.0f} W')}" for state, w in draws.items())
-                                 if _finite(draws["compute"]) else "unknown (no device power)")
+                                 if is_finite(draws["compute"]) else "unknown (no device power)")
              + f"; PUE {inputs['pue']:g}; {inputs['nodes']:,} nodes",
              ""]
     return lines
 
 
-def _finite(value) -> bool:
-    return value is not None and value == value and abs(value) != float("inf")
-
-
 def _or_unknown(value, shown) -> str:
-    """``value`` shown, or 'unknown' where it is missing (JSON null, NaN inside)."""
-    return shown(value) if _finite(value) else "unknown"
+    """``value`` shown, or 'unknown' where it is missing (JSON null, NaN inside) or infinite (units.or_unknown
+    shows an infinity)."""
+    return shown(value) if is_finite(value) else "unknown"
 
 
 def _watts(w: float) -> str:
@@ -223,33 +222,26 @@ def render_sweep(ranking: dict, seconds: float) -> str:
     if budget:
         lines.append(f"Training on {format_count(budget)} tokens; unknown: no price or power figure (docs/economics.md)")
     lines += _legend([r[6] for r in rows])
-    for key, (title, column, shown) in _fronts(budget).items():
-        front = ranking.get(key) or []
+    for f in FRONTS:
+        column, shown = f.column_for(budget), _FRONT_SHOWN[f.key]
+        front = (ranking.get(f.key) or []) if column else []
         if front:
-            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {title}:"]
-            lines.append(render_table(["model", "devices", "cluster variant", title, "time"],
+            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {f.label}:"]
+            lines.append(render_table(["model", "devices", "cluster variant", f.label, "time"],
                                       [[p["model"], p["devices"], p["label"], shown(p[column]),
                                         format_duration(p["time_s"]) if budget else format_time(p["time_s"])]
                                        for p in front], left=(0, 2)))
     return printable("\n".join(lines))
 
 
-def _fronts(budget) -> dict:
-    """Pareto front key -> (what it is against, its column, how a value is shown) (design_space/rank.py)."""
-    fronts = {"pareto_cost": ("cluster price", "cost_usd", format_usd),
-              "pareto_power": ("rated power", "power_w", lambda w: f"{w / 1e3:,.0f} kW")}
-    if budget:
-        fronts.update({"pareto_training_cost": (training_label("training_cost_usd"), "training_cost_usd", format_usd),
-                       "pareto_energy": (training_label("energy_j"), "energy_j", format_energy)})
-    return fronts
+# How a value of each Pareto front's column is shown (the fronts, their labels and columns: vocabulary.FRONTS).
+_FRONT_SHOWN = {"pareto_cost": format_usd, "pareto_power": lambda w: f"{w / 1e3:,.0f} kW",
+                "pareto_training_cost": format_usd, "pareto_energy": format_energy}
 
 
 def _known(best, key: str, shown) -> str:
     """A training figure of a variant's best row, shown, or 'unknown' (no price or power figure) / '-'."""
-    if not best:
-        return "-"
-    value = best.get(key)
-    return "unknown" if value is None or value != value else shown(value)
+    return or_unknown(best.get(key), shown) if best else "-"
 
 
 def render_network(cluster) -> str:

@@ -13,16 +13,12 @@ import pyarrow as pa
 from comet_dse.design_space.table import reason_counts
 from comet_dse.jsonout import plain
 from comet_dse.strategy import KNOBS
+from comet_dse.vocabulary import FRONTS   # the Pareto fronts: key, column with and without a token budget
 
 # Every strategy knob, then the results kept for each of the best rows.
 ROW_FIELDS = tuple(k.name for k in KNOBS) + (
     "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes", "cost_usd",
     "power_w", "time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_usd")
-# Pareto fronts: key -> (the resource column without a token budget, with one). Time is step time without a
-# budget, time to train with one. pareto_cost is the cluster's purchase price at each design (per-unit prices
-# follow the scaled resources); with a budget also what training costs and the energy it takes.
-FRONTS = {"pareto_cost": ("cost_usd", "cost_usd"), "pareto_power": ("power_w", "power_w"),
-          "pareto_training_cost": (None, "training_cost_usd"), "pareto_energy": (None, "energy_j")}
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:
@@ -68,8 +64,8 @@ def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budg
                         if g["best"] and base_best else None)
         if g["best"] and token_budget:
             g["time_to_train_s"] = token_budget / g["best"]["tokens_per_second"]
-    fronts = {key: pareto(rows, column[1 if token_budget else 0], token_budget) if column[1 if token_budget else 0]
-              else [] for key, column in FRONTS.items()}
+    fronts = {f.key: pareto(rows, f.column_for(token_budget), token_budget) if f.column_for(token_budget) else []
+              for f in FRONTS}
     return {"variants": rows, "baseline": variants[baseline].label, "token_budget": token_budget, **fronts}
 
 

@@ -27,7 +27,8 @@ from comet_dse.report import analysis, figures, findings
 from comet_dse.report import readings as rd
 from comet_dse.report.html import write_html
 from comet_dse.strategy import GIVEN, KNOBS
-from comet_dse.vocabulary import resource
+from comet_dse.units import is_finite
+from comet_dse.vocabulary import FRONT, resource
 from comet_dse.written import stale_temps, temp_path
 
 REPORT_FILE = "report.yaml"       # the folder's report title, introduction and findings, not a study
@@ -570,6 +571,10 @@ FIGURE_FILES = {
     "first-fit": ("first-fit",),
 }
 
+# The panels of the `pareto` figure, in order: the Pareto fronts (vocabulary.FRONTS) by key.
+PARETO_PANELS = ("pareto_cost", "pareto_training_cost", "pareto_energy", "pareto_power")
+
+
 # Figure kind (a study's `figures:`, explore.study.FIGURE_KINDS) -> the function that draws it.
 def _pareto(section: Section, out: Path) -> None:
     """Kind `pareto`: every variant's best strategy as a point of time (time to train with the study's
@@ -580,14 +585,13 @@ def _pareto(section: Section, out: Path) -> None:
     axes = list(section.study.variants[0].labels)
     short = {v.index: "/".join(v.labels.values()) or "base" for v in section.study.variants}
     panels = []
-    for key, column, label, scale in (("pareto_cost", "cost_usd", "cluster price (USD M)", 1e6),
-                                      ("pareto_training_cost", "training_cost_usd", "cost of training (USD M)", 1e6),
-                                      ("pareto_energy", "energy_j", "energy (MWh)", 3.6e9),
-                                      ("pareto_power", "power_w", "rated power (kW)", 1e3)):
+    for key in PARETO_PANELS:
+        # its column (the one with a budget: a best row holds every column), axis title and scale
+        column, label, scale = FRONT[key].budget_column, FRONT[key].axis_label, FRONT[key].scale
         if key not in ranking:
             continue
         points = [(g["best"][column] / scale, _time_of(g["best"], budget), short[g["variant"]])
-                  for g in ranking["variants"] if g["best"] and _finite(g["best"].get(column))]
+                  for g in ranking["variants"] if g["best"] and is_finite(g["best"].get(column))]
         if points:
             front = sorted((p[column] / scale, p["time_s"] / (86400.0 if budget else 1.0)) for p in ranking[key])
             panels.append((label, points, front))
@@ -607,10 +611,6 @@ def _pareto(section: Section, out: Path) -> None:
 def _time_of(best: dict, budget) -> float:
     """A best row's time to train in days with a token budget, else its step time in seconds."""
     return budget / best["tokens_per_second"] / 86400.0 if budget else best["step_time_s"]
-
-
-def _finite(value) -> bool:
-    return value is not None and np.isfinite(value)
 
 
 DRAW = {

@@ -12,7 +12,7 @@ that is not public (``not_public``), "reproduced" where some reading gives the p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

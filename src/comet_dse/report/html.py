@@ -8,7 +8,7 @@ from pathlib import Path
 
 from comet_dse.version import __version__
 from comet_dse.strategy import compact_text, legend
-from comet_dse.units import format_count, format_duration, format_energy, format_time, format_usd
+from comet_dse.units import format_count, format_duration, format_energy, format_time, format_usd, or_unknown
 from comet_dse.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS, training_label
 
 STYLE = """
@@ -60,7 +60,7 @@ def _best_table(section) -> str:
                      format_time(b["step_time_s"]) if b else "-", f"{b['tokens_per_second']:,.0f}" if b else "-",
                      f"{b['mfu'] * 100:.1f}%" if b else "-", strategy,
                      f"{g['speedup']:.2f}x" if g["speedup"] else "-"]
-                    + ([(shown(b[k]) if b.get(k) is not None and b[k] == b[k] else "unknown") if b else "-"
+                    + ([or_unknown(b.get(k), shown) if b else "-"
                         for k, shown in training] if budget else []))
     extra = [f"{training_label(k)} ({format_count(budget)} tokens)" for k, _ in training] if budget else []
     table = _table(["cluster variant", "devices", "feasible / evaluated", "best step", "tokens/s", "MFU",

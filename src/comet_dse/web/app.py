@@ -16,7 +16,8 @@ from comet_dse.web import figures
 from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
 from comet_dse.presets import preset_names
 from comet_dse.strategy import legend
-from comet_dse.units import format_bytes, format_count, format_duration, format_energy, format_time, format_usd
+from comet_dse.units import (format_bytes, format_count, format_duration, format_energy, format_hours, format_time,
+                             format_usd, is_known, or_unknown)
 from comet_dse.vocabulary import BANDWIDTH_CONVENTION, training_label
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
@@ -179,16 +180,15 @@ def _training(view):
         return ""
 
     def shown(key, fmt):
-        value = t.get(key)
-        return fmt(value) if value is not None and value == value else "unknown"      # None or NaN: no figure
+        return or_unknown(t.get(key), fmt)      # None or NaN: no figure
 
     label = training_label
     return html.Span([f"Training rank {view.chosen.get('rank') or '-'} on {format_count(t['tokens'])} tokens: ",
                       html.Span(shown("time_to_train_s", format_duration), id="time-to-train"), f" ({label('time_to_train_s')}), ",
-                      f"{shown('device_time_s', lambda s: f'{s / 3600:,.0f}')} {label('device_time_s')}, ",
+                      f"{shown('device_time_s', format_hours)} {label('device_time_s')}, ",
                       f"{label('energy_j')} {shown('energy_j', format_energy)}"
                       + (f" (leaves out {' and '.join(t['energy_excludes'])}: no figure), "
-                         if t.get("energy_excludes") and t.get("energy_j") is not None and t["energy_j"] == t["energy_j"]
+                         if t.get("energy_excludes") and is_known(t.get("energy_j"))
                          else ", "),
                       f"{label('training_cost_usd')} ", html.Span(shown("training_cost_usd", format_usd), id="training-cost"),
                       f" ({t['cost_basis']}ing; docs/economics.md)"])
