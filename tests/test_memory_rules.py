@@ -76,3 +76,16 @@ def test_last_stage_memory():
     assert 0 < piped.memory_last_stage_bytes < piped.memory_per_device_bytes
     recomputed = estimate(LLAMA8B, H100, 32, dc.replace(kept, recompute=Recompute.FULL))
     assert recomputed.memory_last_stage_bytes == recomputed.memory_per_device_bytes
+
+
+def test_estimate_prints_the_last_stage_where_it_differs(capsys):
+    from cli_run import run
+
+    args = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "64",
+            "--flash-attention", "--zero", "1"]
+    code, out, err = run(capsys, *args, "--devices", "32", "--pp", "4", "--dp", "8")
+    assert code == 0, err
+    assert "last pipeline stage, total" in out and "the rank Megatron-LM logs memory from" in out
+    code, out, err = run(capsys, *args, "--devices", "8", "--dp", "8")
+    assert code == 0, err
+    assert "last pipeline stage" not in out

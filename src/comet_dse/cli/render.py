@@ -131,6 +131,9 @@ def _memory_lines(est: Estimate, hbm_capacity: float, expansion_capacity: float 
     for key, value in est.memory_bytes.items():
         lines.append(f"  {memory_label(key):32s} {format_bytes(value):>11s}")
     lines.append(f"  {'total':32s} {format_bytes(est.memory_per_device_bytes):>11s}")
+    if est.memory_last_stage_bytes != est.memory_per_device_bytes:     # pipelined: the last rank differs
+        lines.append(f"  {'last pipeline stage, total':32s} {format_bytes(est.memory_last_stage_bytes):>11s}"
+                     "  (the rank Megatron-LM logs memory from)")
     tiers = est.memory_tiers_bytes
     tier_line = f"  in HBM {format_bytes(tiers['hbm'])} of {format_bytes(hbm_capacity)}"
     if expansion_capacity:
