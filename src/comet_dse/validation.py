@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from comet_dse.errors import InputError
+from comet_dse.cost.memory import footprint_bytes
 from comet_dse.cost.step import model_flops
 from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
@@ -310,10 +311,9 @@ def memory_comparisons(directory: Path | None = None) -> list:
         predicted = float(result.memory_per_device_bytes)
         if row["measures"] == "max_reserved":
             predicted -= cluster.reserved_memory
-        elif row["measures"] == "max_allocated":     # footprint + W, footprint = (total - R - W) / (1 + f)
-            workspace = cluster.workspace_memory
-            predicted = (result.memory_last_stage_bytes - cluster.reserved_memory - workspace) / (
-                1.0 + cluster.fragmentation) + workspace
+        elif row["measures"] == "max_allocated":     # the last rank's footprint and the workspaces among it
+            predicted = footprint_bytes(result.memory_last_stage_bytes, cluster.reserved_memory,
+                                        cluster.fragmentation, cluster.workspace_memory) + cluster.workspace_memory
         out.append(MemoryComparison(row["id"], predicted, float(row["measured_gib"]) * 2.0**30, row["measures"],
                                     row["source"]))
     return out

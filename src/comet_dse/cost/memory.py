@@ -108,6 +108,14 @@ def reserved_bytes(footprint, reserved_memory: float, fragmentation: float, work
     return reserved_memory + workspace + fragmentation * footprint
 
 
+def footprint_bytes(total, reserved_memory: float, fragmentation: float, workspace: float = 0.0):
+    """The footprint inside a total that includes its reserve (``reserved_bytes``), per device [bytes]:
+
+        footprint = (total - R - W) / (1 + f)
+    """
+    return (total - reserved_memory - workspace) / (1.0 + fragmentation)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where the footprint lives: bytes in HBM and in the expansion tier, and what spilled."""
