@@ -360,12 +360,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     the last rank p - 1) of its dense and MoE layers, one layer's transient
     recomputation, and on the stage with the head the logits of the one micro-batch
     whose loss it computes (the last rank runs each micro-batch's backward right
-    after its forward; with p = 1 the single stage): b s/c V/t logits at 6 bytes
-    (cross_entropy in-place: the fp32 softmax and the 16-bit logits), 10 (fused: an
-    fp32 copy and fp32 exponentials beside the 16-bit logits), 12 (fp32-cast:
-    log-softmax output, nll gradient and log-softmax gradient in fp32) or 16
-    (loss-parallel: four fp32 tensors in its backward), plus 2 with final logit
-    soft-capping. With interleaving, the stage that holds the
+    after its forward; with p = 1 the single stage): b s/c V/t logits at the bytes
+    the loss keeps per logit (LOGIT_BYTES, by cross_entropy), plus 2 with final
+    logit soft-capping. With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
     micro-batches sit (cost/memory.py: inflight_layer_microbatches); the stage whose
