@@ -30,7 +30,8 @@ def run(args) -> int:
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
         raise InputError("data", f"{directory} is not a folder")
-    inputs = sorted(directory.glob("*.csv")) + [Path(args.cluster)]
+    cluster_file = [Path(args.cluster)] if Path(args.cluster).suffix.lower() in (".yaml", ".yml") else []
+    inputs = sorted(directory.glob("*.csv")) + cluster_file      # what --figure must never replace
     if args.figure:          # refused before the work, not after
         if Path(args.figure).suffix.lower() not in (".png", ".svg"):
             raise InputError("--figure", f"{args.figure} must end in .png or .svg")
