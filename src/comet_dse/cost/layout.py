@@ -28,7 +28,7 @@ from comet_dse.cost.params import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import LAYOUT_KNOBS, Dtype, GradBuffer, GradPrecision, StrategyArrays, Zero
+from comet_dse.strategy import LAYOUT_KNOBS, Dtype, GradBuffer, GradPrecision, GradSync, StrategyArrays, Zero
 
 FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
 
@@ -209,10 +209,12 @@ def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbyte
     For grad_buffer layer (cost/step.py: _memory picks them per point) also
     "grad_layer", the gradients of two layers in flight, g min(2 P_l, P), and
     "grad_shard", the DP shard several micro-batches accumulate in, g P / N
-    (P_l: one transformer layer's parameters on the device, P the stage's); and
-    "grad_unsharded", g P, what ZeRO 3 under pipelining accumulates (cost/step.py: _memory).
+    (P_l: one transformer layer's parameters on the device, P the stage's); and for
+    grad_sync step "grad_unsharded", g P, what ZeRO 3 then accumulates. Each only where some point
+    uses it, as _memory reads them: every key is gathered back to every point.
     """
     is_fp8 = st.uses(Dtype.FP8)
+    layered, unsharded = bool(np.any(st.uses(GradBuffer.LAYER))), bool(np.any(st.uses(GradSync.STEP)))
     layer = model.layer_params() / st.tp
     keep = st.reshard_after_forward
     out = []
@@ -221,12 +223,15 @@ def _state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbyte
                                    gathered=np.where(keep, 2.0 * layer, params.shared))
         expert = model_state_bytes(params.expert, shards[1], st.zero, gbytes,
                                    gathered=np.where(keep, 0.0, params.expert))
-        out.append({"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
-                    "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
-                    "grad_layer": gbytes * np.minimum(2.0 * layer, params.total),
-                    "grad_shard": gbytes * (params.shared / shards[0] + params.expert / shards[1]),
-                    "grad_unsharded": gbytes * params.total,
-                    "n_dense": n_dense, "n_moe": n_moe})
+        states = {"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
+                  "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
+                  "n_dense": n_dense, "n_moe": n_moe}
+        if layered:
+            states["grad_layer"] = gbytes * np.minimum(2.0 * layer, params.total)
+            states["grad_shard"] = gbytes * (params.shared / shards[0] + params.expert / shards[1])
+        if unsharded:
+            states["grad_unsharded"] = gbytes * params.total
+        out.append(states)
     return out
 
 
