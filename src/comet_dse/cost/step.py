@@ -408,7 +408,10 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         else:
             rank = np.maximum(p - 1.0 if index == last else np.minimum(1.0, p - 1.0), 0.0)
         layers = n_dense + n_moe
-        per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
+        if model.moe:          # the stage's mean activation bytes per layer over its dense and MoE layers
+            per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
+        else:
+            per_layer = dense_pl * (layers > 0)
         first_chunk = None
         if np.any((with_emb + with_head) * slot):
             # the embedding takes a layer's slot of this stage's first chunk, the loss one of its last chunk: the
