@@ -248,7 +248,7 @@ def _sharded_layers(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, units, r
     """
     queue = np.where(st.reshard_after_forward, dp.unit_gather, 0.0) + (dp.unit_reduce if reduce else 0.0)
     backward = _prefetched(queue, bwd, units)
-    across = _prefetched(queue + dp.unit_across, bwd, units) - backward
+    across = _prefetched(queue + dp.unit_across, bwd, units) - backward if np.any(dp.unit_across) else 0.0
     hidden = _prefetched_hidden(dp.unit_gather, fwd, units) + _prefetched_hidden(queue, bwd, units)
     return _prefetched(dp.unit_gather, fwd, units) + backward, across, hidden
 
@@ -288,9 +288,11 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units,
               + np.maximum(dp.gather - fwd * chunk_steps, 0.0))
     step_level = np.where(st.dp_overlap, hidden, dp.reduce + dp.gather)
     beside = 0.0
+    hybrid = bool(np.any(dp.across) or np.any(dp.unit_across))    # both 0.0 without hybrid sharding (layout.py)
     if hidden_too:
-        beside = (np.minimum(dp.reduce, window) + np.minimum(dp.gather, fwd * chunk_steps)
-                  + np.minimum(dp.across, np.maximum(window - dp.reduce, 0.0)))
+        beside = np.minimum(dp.reduce, window) + np.minimum(dp.gather, fwd * chunk_steps)
+        if hybrid:
+            beside = beside + np.minimum(dp.across, np.maximum(window - dp.reduce, 0.0))
     zero3 = zero3_across = zero3_beside = 0.0
     if np.any(st.zero >= Zero.PARAMETERS):
         per_microbatch, zero3_across, zero3_hidden = _sharded_layers(st, fwd, bwd, dp, units)
@@ -305,9 +307,11 @@ def _data_parallel(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units,
             once = st.uses(GradSync.STEP)
             zero3 = np.where(once, (m - 1.0) * quiet + per_microbatch, zero3)
             zero3_beside = np.where(once, (m - 1.0) * quiet_hidden + zero3_hidden, zero3_beside)
-    across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
-                                                      np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0), 0.0)),
-                              dp.across)
+    across_exposed = 0.0
+    if hybrid:
+        across_exposed = np.where(st.dp_overlap, np.where(st.zero >= Zero.PARAMETERS, zero3_across,
+                                                          np.maximum(dp.across - np.maximum(window - dp.reduce, 0.0),
+                                                                     0.0)), dp.across)
     if np.any(st.uses(GradBuffer.LAYER)):
         layered, layered_beside = _layer_by_layer(st, fwd, bwd, dp, m, units, chunk_steps)
         step_level = np.where(st.uses(GradBuffer.LAYER), layered, step_level)
