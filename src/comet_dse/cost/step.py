@@ -75,7 +75,13 @@ def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -
     n_dense, n_moe, with_emb, with_head = chosen
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
         n_dense, n_moe = n_dense + n_moe, 0.0
-    stage = {k: n_dense * dense[k] + with_emb * emb[k] + with_head * head[k] for k in STAGE_KEYS}
+    stage = {}
+    for k in STAGE_KEYS:             # the embedding's and the head's terms where they are not zero everywhere
+        stage[k] = n_dense * dense[k]
+        if not _zero(emb[k]):
+            stage[k] = stage[k] + with_emb * emb[k]
+        if not _zero(head[k]):
+            stage[k] = stage[k] + with_head * head[k]
     if moe is not dense:
         stage = {k: stage[k] + n_moe * moe[k] for k in STAGE_KEYS}
     return stage
@@ -165,6 +171,15 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
         stage_layers=lay.stage_layers, last_stage_memory=last_stage,
     )
+
+
+def _zero(value) -> bool:
+    """True for a 0 that holds at every point: a scalar 0, or an array whose points all share one 0 (a read-only
+    broadcast view, cost/distinct.py: gathered)."""
+    value = np.asarray(value)
+    if value.ndim == 0:
+        return not value
+    return value.strides[0] == 0 and not np.any(value[0])
 
 
 def _forward_total(stage: dict):
