@@ -43,12 +43,13 @@ def test_fp8_gemm_has_half_the_main_loop_iterations():
 def test_h100_fp8_rate_at_a_long_k_matches_the_benchmark_it_comes_from():
     """MAMF's fp8 1402.6 TFLOP/s was measured at 1024 x 9216 x 14336 (best shape): the model at that shape
     gives the efficiency times its own tile terms (72 x 72 = 5184 tiles of 128 x 256... here 256 x 128: 4 x 72
-    = 288 tiles on 132 SMs, 3 waves, 288 / 396; k: 14336 / 128 = 112 iterations, 112 / 114)."""
+    = 288 tiles on 132 SMs, 3 waves, 288 / 396; k: 14336 / 128 = 112 iterations, 112 / 114), times the
+    preset's sustained fraction (0.962: gpu-fryer's 60 s burn against the model's burst at 8192^3)."""
     dev = device_of(H100, StrategyArrays.of([Strategy(dtype="fp8")]))
     flops = 2.0 * 1024 * 9216 * 14336
     t = gemm_time(1, 1024, 9216, 14336, 1.0, dev)
     rate = flops / (float(t.total[0]) - 3e-6)
-    assert rate == pytest.approx(1978.9e12 * 0.709 * (288 / 396) * (112 / 114), rel=1e-6)
+    assert rate == pytest.approx(1978.9e12 * 0.709 * 0.962 * (288 / 396) * (112 / 114), rel=1e-6)
 
 
 # --- communication kernels take compute units --------------------------------------------------------------

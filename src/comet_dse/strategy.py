@@ -122,6 +122,8 @@ class AttentionKernel(Choice):
     """FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608); Hopper only."""
     CUDNN = "cudnn"
     """cuDNN fused flash attention, as Transformer Engine runs it (NeMo, Megatron-Core)."""
+    FA4 = "fa4"
+    """FlashAttention-4 (the flash-attention repository's CuTe DSL kernels for sm_100); Blackwell only."""
 
 
 class GradPrecision(Choice):
@@ -436,7 +438,7 @@ class Strategy:
                                  label=lambda v: "flash attention" if v else "no flash attention", short="flash",
                                  cluster_default=lambda accs: (True,) if _shared_kernels(accs) else None)
     attention_kernel: AttentionKernel = knob(
-        AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3 or cudnn "
+        AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3, cudnn or fa4 "
         "(its rates from the accelerator's attention_efficiency)", microbatch=True,
         applies=lambda s: s.flash_attention, label=lambda v: f"{v.value} kernel", short="kernel",
         cluster_default=lambda accs: _listed_kernel(accs))

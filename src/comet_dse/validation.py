@@ -32,7 +32,7 @@ from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 from comet_dse.stats import error_stats
-from comet_dse.strategy import GradAccumulation, Recompute, Strategy, knob_values
+from comet_dse.strategy import GradAccumulation, Placement, Recompute, Strategy, knob_values
 
 TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
@@ -69,6 +69,15 @@ MEGATRON_2022 = "Megatron-LM 2022"
 MEGATRON_2021 = "Megatron-LM 2021"
 NEMO_MLPERF = "NeMo + Megatron-Core + Transformer Engine (MLPerf)"
 LLAMA3 = "Meta Llama 3 stack"
+
+# Each framework's default order of the parallel axes on the devices, innermost first (docs/validation.md,
+# "Rank order"). Megatron-LM and Megatron-Core (NeMo): tensor-, context-, expert-, data-, then pipeline-parallel
+# ranks (megatron/core/parallel_state.py: RankGenerator(order="tp-cp-ep-dp-pp") unless use_tp_pp_dp_mapping,
+# which the MLPerf logs print as False; Megatron-LM 2021 numbered TP groups consecutively, DP groups at
+# stride TP and PP groups at stride world/PP: the same order). Llama 3 (Dubey et al. 2024, Sec. 3.3.2):
+# "[TP, CP, PP, DP]".
+RANK_ORDER = {MEGATRON_2022: Placement.TP_DP_PP, MEGATRON_2021: Placement.TP_DP_PP,
+              NEMO_MLPERF: Placement.TP_DP_PP, LLAMA3: Placement.TP_PP_DP}
 
 
 def whole_runs(comparisons: list) -> list:
@@ -139,7 +148,8 @@ def table5_comparisons(cluster: Cluster, directory: Path) -> list:
     out = []
     for row in _read(directory, TABLE5):
         model = _gpt(row, row["model"])
-        strategy = _strategy(row, grad_accumulation=GradAccumulation.FUSED, dp_overlap=False)
+        strategy = _strategy(row, grad_accumulation=GradAccumulation.FUSED, dp_overlap=False,
+                             placement=RANK_ORDER[MEGATRON_2022])
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         mode = "selective+SP" if strategy.sequence_parallel else row["recompute"]
         label = f"{row['model']} {mode} {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
@@ -154,7 +164,8 @@ def table1_comparisons(cluster: Cluster, directory: Path) -> list:
     for row in _read(directory, TABLE1):
         torch_ddp = float(row["params_b"]) <= 18.4  # DDP=torch in examples/sc21/run_table_1.sh
         model = _gpt(row, f"{row['params_b']}B")
-        strategy = _strategy(row, grad_accumulation=GradAccumulation.SEPARATE, dp_overlap=torch_ddp)
+        strategy = _strategy(row, grad_accumulation=GradAccumulation.SEPARATE, dp_overlap=torch_ddp,
+                             placement=RANK_ORDER[MEGATRON_2021])
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         label = f"{row['params_b']}B {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
         out.append(_compared(TABLE1, label, result, float(row["derived_iteration_time_s"]), cluster,
@@ -202,6 +213,7 @@ def h100_strategy(row: dict) -> Strategy:
         row, tp_overlap="tp-comm-overlap" in extra, cp_algorithm="all-gather" if "all-gather" in extra else "ring",
         pp_overlap=mlperf, pipeline_split="balanced" if mlperf else "embedding-loss",
         attention_kernel="cudnn" if mlperf else "fa2", fp8_amax_reduction=mlperf and row["dtype"] == "fp8",
+        placement=RANK_ORDER[NEMO_MLPERF if mlperf else LLAMA3],
     )
 
 

@@ -34,18 +34,34 @@ FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept 
 
 
 def optimizer_step_bytes(dtype_is_fp16, sixteen_bit_grads=False):
-    """Bytes moved per parameter by a mixed-precision Adam step (Megatron-LM passes).
+    """Bytes moved per parameter the optimizer updates by a mixed-precision Adam step (Megatron-LM passes).
 
     Adam itself (fused): read fp32 weight, grad, m, v (16), write weight, m, v (12);
     grad-norm for clipping: read grad (4); copy fp32 weights to the 16-bit
-    model (read 4, write 2); zero the main gradients (write g).
+    model (read 4, write 2).
     fp16 adds loss scaling: cast the fp16 grads to fp32 (read 2, write 4) and
     unscale with an inf/nan check (read 4, write 4).
-    fp16: 28 + 4 + 6 + 2 + 6 + 8 = 54 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 + 4 = 42;
-    bf16/fp8 with 16-bit gradients (grad_precision 16-bit): Adam, the norm and
-    the zeroing touch 2-byte gradients: 42 - 3 x 2 = 36.
+    fp16: 28 + 4 + 6 + 6 + 8 = 52 bytes; bf16/fp8 (fp32 main grads): 28 + 4 + 6 = 38;
+    bf16/fp8 with 16-bit gradients (grad_precision 16-bit): Adam and the norm
+    touch 2-byte gradients: 38 - 2 x 2 = 34.
+    Zeroing the gradient buffer is a separate pass over every gradient the
+    device holds (``grad_zeroing_params``), not only the ones it updates.
     """
-    return np.where(dtype_is_fp16, 54.0, np.where(sixteen_bit_grads, 36.0, 42.0))
+    return np.where(dtype_is_fp16, 52.0, np.where(sixteen_bit_grads, 34.0, 38.0))
+
+
+def grad_zeroing_params(params: StageParams, st: StrategyArrays, shards: tuple):
+    """Gradients per device the step zeroes before the next one: the whole local buffer below ZeRO 2, the shard
+    from ZeRO 2 on [elements].
+
+    Megatron-Core's distributed optimizer (ZeRO 1) reduce-scatters into a full-size gradient buffer and
+    zeroes all of it every step (``DistributedDataParallel.zero_grad_buffer``: ``grad_data.zero_()``, one
+    memset of g bytes per local parameter), although each rank updates only its shard; with ZeRO 2 and 3 the
+    gradients kept are the shard. ``shards``: the DP and expert-DP shard counts (``_shard_size``).
+    """
+    grads_sharded = st.zero >= Zero.GRADIENTS
+    return (params.shared / np.where(grads_sharded, shards[0], 1)
+            + params.expert / np.where(grads_sharded, shards[1], 1))
 
 
 GRAD_NORM_BYTES = FP32   # the squared gradient norm of one device's shard: one fp32 value
@@ -155,6 +171,7 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
     shards = (_shard_size(st, ctx, "dp"), _shard_size(st, ctx, "edp"))
     opt_params = params.shared / np.where(sharded, shards[0], 1) + params.expert / np.where(sharded, shards[1], 1)
     optimizer = (memory_pass_time(opt_params * optimizer_step_bytes(is_fp16, sixteen_grads), ctx.dev).total
+                 + memory_pass_time(grad_zeroing_params(params, st, shards) * gbytes, ctx.dev).total
                  + step_scalar_reductions(st, ctx, is_fp16))
     stage_layers = stage_layer_counts(model.layers, st.pp, slots)[2]
     is_fp8 = st.uses(Dtype.FP8)
