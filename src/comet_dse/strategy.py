@@ -163,6 +163,20 @@ class GradSync(Choice):
     runs FSDP2 stages (torchtitan with PP)."""
 
 
+class MoeDispatcher(Choice):
+    """How a MoE layer's tokens are put in expert order around the all-to-alls (docs/model.md, "Token permutation")."""
+
+    ALLTOALL = "alltoall"
+    """Megatron-Core's MoEAlltoAllTokenDispatcher (its default with expert parallelism): permute the local tokens
+    into expert order (top_k copies of each), all-to-all, sort the received chunks by local expert; after the
+    experts the reverse sort, all-to-all, and unpermute (a scatter-add weighted by the router probabilities)."""
+    FLEX = "flex"
+    """Megatron-Core's MoEFlexTokenDispatcher over DeepEP: the dispatch kernel sends each token once per
+    destination rank; the received rows are permuted into expert order and unpermuted before the combine."""
+    FUSED = "fused"
+    """Permutation fused into the dispatch and combine kernels (DeepSeek-V3's own stack): no separate passes."""
+
+
 class CrossEntropy(Choice):
     """How the loss turns the logits into a cross entropy, which decides what it keeps (docs/model.md, "Loss")."""
 
@@ -453,6 +467,11 @@ class Strategy:
     moe_imbalance: float = knob(1.0, "tokens on the busiest expert device relative to a balanced router",
                                 microbatch=True, label=lambda v: f"MoE imbalance {v:g}", short="imb", low=1.0,
                                 high=64.0)
+    moe_dispatcher: MoeDispatcher = knob(
+        MoeDispatcher.ALLTOALL, "how MoE tokens are put in expert order: alltoall (Megatron-Core's default: "
+        "permute, sort received chunks, unpermute as separate memory passes), flex (DeepEP: received rows "
+        "permuted and unpermuted) or fused (no separate passes, DeepSeek-V3)", microbatch=True,
+        label=lambda v: f"{v.value} token dispatcher", short="dispatcher")
     ep_overlap: bool = knob(False, "hide expert all-to-alls behind another micro-batch's compute (DualPipe)",
                             microbatch=True, applies=lambda s: s.ep > 1,
                             label=lambda v: "expert all-to-all overlapped" if v else "expert all-to-all exposed",

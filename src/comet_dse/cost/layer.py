@@ -60,6 +60,7 @@ class LayerShape:
     cp: object = 1.0
     ep: object = 1.0
     imbalance: object = 1.0
+    dispatcher: object = 0     # MoeDispatcher code: 0 alltoall, 1 flex, 2 fused
 
     @property
     def tokens(self):
@@ -400,13 +401,39 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     local = moe.experts / shape.ep
     rows = tok * moe.top_k * shape.imbalance
     routed = _ffn(rows / local, moe.ffn, model, shape, dev, experts=local, routed=True, fused=False)
-    block = _Block(router_f + gate_f + routed.forward, router_b + gate_b + routed.backward,
+    perm_f, perm_b = _token_permutation(tok / t, moe.top_k, rows, local, h, e, shape.dispatcher, dev)
+    block = _Block(router_f + gate_f + routed.forward + perm_f, router_b + gate_b + routed.backward + perm_b,
                    routed.saved + rows * h * e + tok * moe.experts * FP32)
     if moe.shared_ffn:
         shared = _ffn(tok, moe.shared_ffn, model, shape, dev, fused=False)
         block = _Block(block.forward + shared.forward, block.backward + shared.backward, block.saved + shared.saved,
                        shared.tp_gemm_forward, shared.tp_gemm_backward)
     return block, tok / t * moe.top_k * shape.imbalance * h * e
+
+
+DISPATCHER_ALLTOALL, DISPATCHER_FLEX = 0, 1     # MoeDispatcher codes (strategy.py); 2, fused, has no passes
+
+
+def _token_permutation(sent, top_k, received, local, h, e, dispatcher, dev: Device):
+    """Memory passes that put a MoE layer's tokens in expert order and back, forward and backward [s].
+
+    ``sent``: tokens the device routes (tokens / t, the sequence-parallel share); ``received``: rows its local
+    experts get (tokens x top_k x imbalance); ``local``: experts on the device. Bytes per element of h e, as
+    the dispatchers of Megatron-Core run them (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py):
+    - alltoall: permute (read and write top_k x sent rows: 2 k S), the received chunks sorted by local expert
+      when it holds more than one (sort_chunks_by_idxs: read and write, 2 R), and after the experts the reverse
+      sort (2 R) and the unpermute, a scatter-add of the k S rows weighted by their probabilities into S rows
+      ((k + 1) S):  (3 k + 1) S + 4 R [local > 1]
+    - flex (DeepEP): the received rows permuted into expert order (2 R) and unpermuted before the combine
+      (2 R):  4 R
+    - fused: 0 (the dispatch and combine kernels write and read expert order themselves).
+    Backward moves the same bytes the other way (each gather's gradient is a scatter and vice versa).
+    """
+    alltoall = (3.0 * top_k + 1.0) * sent + 4.0 * received * (local > 1)
+    flex = 4.0 * received
+    rows = np.where(dispatcher == DISPATCHER_ALLTOALL, alltoall, np.where(dispatcher == DISPATCHER_FLEX, flex, 0.0))
+    passes = elementwise_time(rows * h, e, 0.0, dev).scale(np.where(rows > 0, 1.0, 0.0))
+    return passes, passes
 
 
 def _tp_messages(model: Transformer, shape: LayerShape):

@@ -95,7 +95,7 @@ def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     dims = network_dims(cluster, devices)
     shape = LayerShape(b=st.micro_batch, s=model.seq_len, t=st.tp, sp=st.sequence_parallel,
                        flash=st.flash_attention, e=ACTIVATION_BYTES, gemm_e=st.dtype_table(DTYPE_BYTES),
-                       cp=st.cp, ep=st.ep, imbalance=st.moe_imbalance)
+                       cp=st.cp, ep=st.ep, imbalance=st.moe_imbalance, dispatcher=st.moe_dispatcher)
     stride = st.strides()
     sizes = {"tp": st.tp, "cp": st.cp, "pp": st.pp, "dp": st.dp, "ep": st.ep, "edp": st.dp / st.ep}
     spans = {g: coll.spans(dims, stride[g], sizes[g]) for g in sizes}
