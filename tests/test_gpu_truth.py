@@ -99,3 +99,23 @@ def test_the_gradient_buffer_is_zeroed_whole_below_zero_2():
     assert float(optimizer_step_bytes(np.array(False))) == 38.0
     assert float(optimizer_step_bytes(np.array(True))) == 52.0
     assert float(optimizer_step_bytes(np.array(False), np.array(True))) == 34.0
+
+
+def test_token_permutation_bytes_by_dispatcher():
+    """(3k + 1) S + 4 R [local > 1] rows of h e bytes for alltoall, 4 R for flex, nothing for fused; each pass
+    at the device's streaming bandwidth plus one launch."""
+    from comet_dse.cost.layer import _token_permutation
+
+    dev = Device(peak=1e15, matmul_eff=1.0, units=100, tile_m=128, tile_n=128, tile_k=64, pipeline_overhead=2,
+                 sram_cap=1.0, sram_bw=1e12, hbm_bw=1e12, vector=1e14, overhead=1e-6, peak16=1e15)
+    sent, k, received, h, e = 1024.0, 8, 8192.0, 4096.0, 2.0
+    times = {}
+    for code, name in enumerate(("alltoall", "flex", "fused")):
+        for local in (1.0, 4.0):
+            fwd, bwd = _token_permutation(sent, k, received, local, h, e, np.array(code), dev)
+            assert float(fwd.total) == float(bwd.total)
+            times[name, local] = float(fwd.total)
+    assert times["alltoall", 1.0] == pytest.approx((3 * k + 1) * sent * h * e / 1e12 + 1e-6)
+    assert times["alltoall", 4.0] == pytest.approx(((3 * k + 1) * sent + 4 * received) * h * e / 1e12 + 1e-6)
+    assert times["flex", 4.0] == pytest.approx(4 * received * h * e / 1e12 + 1e-6)
+    assert times["fused", 1.0] == times["fused", 4.0] == 0.0
