@@ -119,3 +119,16 @@ def test_token_permutation_bytes_by_dispatcher():
     assert times["alltoall", 4.0] == pytest.approx(((3 * k + 1) * sent + 4 * received) * h * e / 1e12 + 1e-6)
     assert times["flex", 4.0] == pytest.approx(4 * received * h * e / 1e12 + 1e-6)
     assert times["fused", 1.0] == times["fused", 4.0] == 0.0
+
+
+def test_a_job_that_cannot_fill_whole_racks_uses_equal_parts_of_them_in_whole_trays():
+    gb200 = load_cluster("gb200-nvl72")
+    assert gb200.dim_sizes(72) == (72, 1)
+    assert gb200.dim_sizes(144) == (72, 2)
+    assert gb200.dim_sizes(128) == (64, 2)      # NVIDIA's GB200 benchmarks: 16 of a rack's 18 trays
+    assert gb200.dim_sizes(512) == (64, 8)
+    assert gb200.dim_sizes(36) == (36, 1)       # inside one rack, as before
+    # a domain of one node keeps refusing what it cannot fill (an 8-GPU DGX is not split)
+    from comet_dse.errors import InputError
+    with pytest.raises(InputError, match="multiple of 8"):
+        load_cluster("dgx-h100").dim_sizes(12)

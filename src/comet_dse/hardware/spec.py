@@ -185,7 +185,10 @@ class Cluster:
         """Sizes of each network dimension when the cluster holds ``devices`` devices.
 
         Dimensions fill innermost first; the outermost unbounded one (size None)
-        takes what is left. Raises InputError when ``devices`` cannot be laid out.
+        takes what is left. A scale-up domain of several nodes (the innermost dimension, larger than a node:
+        GB200 NVL72's 18 trays of 4 GPUs) that the job cannot fill whole is used in equal parts of whole
+        nodes, the largest that divides the job: 128 GPUs on NVL72 racks run as 2 x 64, as NVIDIA's GB200
+        benchmarks do (16 of a rack's 18 compute trays). Raises InputError when ``devices`` cannot be laid out.
         """
         devices = BOUNDS["devices"].check_integer("devices", devices)
         if self.max_devices is not None and devices > self.max_devices:
@@ -194,6 +197,8 @@ class Cluster:
         for dim in self.network:
             cap = left if dim.size is None else dim.size
             used = min(cap, left)
+            if left % used and inner == 1 and self.devices_per_node < used:
+                used = self._partial_domain(used, left)
             if left % used:
                 raise InputError(
                     "devices", f"{devices} devices cannot fill {self.name}'s {dim.name} dimension of {cap}; "
@@ -205,3 +210,12 @@ class Cluster:
             total = devices // left
             raise InputError("devices", f"{self.name} holds at most {total} devices in its network, asked for {devices}")
         return tuple(sizes)
+
+    def _partial_domain(self, cap: int, devices: int) -> int:
+        """The largest whole number of nodes' devices, at most ``cap``, that divides ``devices`` (``cap`` when
+        none does, which dim_sizes then refuses)."""
+        node = self.devices_per_node
+        for used in range(cap - cap % node, 0, -node):
+            if devices % used == 0:
+                return used
+        return cap
