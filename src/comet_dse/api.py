@@ -78,18 +78,19 @@ def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = No
         if devices % (tp * cp * pp):
             raise InputError("devices", f"{devices} is not a multiple of tp*cp*pp = {tp * cp * pp}; give dp")
         given["dp"] = devices // (tp * cp * pp)
-    return with_band(_estimate(model, cluster, devices, Strategy(**given), tokens=token_budget(tokens)), cluster)
+    return with_band(_estimate(model, cluster, devices, Strategy(**given), tokens=token_budget(tokens)), cluster,
+                     model)
 
 
-def with_band(result: Estimate, cluster: Cluster) -> Estimate:
-    """``result`` with its error band (errorband.band_for: the validation residuals of this accelerator and
-    precision, or "not validated")."""
+def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimate:
+    """``result`` with its error band (errorband.band_for: the validation residuals of this accelerator,
+    precision and kind of model, or "not validated" with the nearest validated family as an assumption)."""
     from dataclasses import replace
 
     from comet_dse.errorband import band_of_cluster
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
-    return replace(result, error_band=band_of_cluster(cluster, dtype))
+    return replace(result, error_band=band_of_cluster(cluster, dtype, bool(model.moe)))
 
 
 def _check_knobs(given: dict, what: str) -> None:
@@ -137,7 +138,7 @@ class SearchResults(Tabular):
     def estimate(self, rank: int = 1) -> Estimate:
         """The full estimate (breakdown, memory by part) of the strategy ranked ``rank``."""
         return with_band(_estimate(self.model, self.cluster, self.devices, self.strategy(rank), tokens=self.tokens),
-                         self.cluster)
+                         self.cluster, self.model)
 
     @property
     def best(self) -> Estimate | None:

@@ -38,8 +38,9 @@ TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
 TABLE4 = "korthikanti2022_table4.csv"
 H100 = "h100_public.csv"
+GPU = "gpu_public.csv"
 MEMORY = "memory.csv"
-STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, H100)   # what `validate` compares as step times, in its order
+STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, H100, GPU)   # what `validate` compares as step times, in its order
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Comparison:
     hardware: str = ""        # the accelerator the run used (its preset's accelerator name)
     framework: str = ""       # the software that ran it (FRAMEWORKS)
     dtype: str = ""           # the training precision
+    kind: str = "dense"       # "dense" or "MoE": the model family the run belongs to (errorband.py)
 
     @property
     def error(self) -> float:
@@ -242,13 +244,48 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
 
 
 def _compared(dataset: str, label: str, result, measured: float, cluster: Cluster, framework: str = "",
-              dtype: str = "") -> Comparison:
+              dtype: str = "", kind: str = "dense") -> Comparison:
     """A whole run's Comparison: its step time, whether it fits and its memory per device (reserve included),
-    the accelerator, the software stack and the precision it ran with."""
+    the accelerator, the software stack, the precision it ran with and its model family (dense or MoE)."""
     return Comparison(dataset, label, result.step_time_s, measured, fits="memory" not in result.broken_rules,
                       memory_bytes=float(result.memory_per_device_bytes),
                       capacity_bytes=float(cluster.accelerator.state_capacity),
-                      hardware=cluster.accelerator.name, framework=framework, dtype=dtype)
+                      hardware=cluster.accelerator.name, framework=framework, dtype=dtype, kind=kind)
+
+
+def model_kind(model: Transformer) -> str:
+    """"MoE" for a mixture-of-experts model, else "dense" (the model family of an error band)."""
+    return "MoE" if model.moe else "dense"
+
+
+def gpu_file(directory: Path) -> Path:
+    """gpu_public.csv in ``directory``, or the packaged copy when that folder has none."""
+    path = directory / GPU
+    if path.is_file():
+        return path
+    return Path(str(resources.files("comet_dse").joinpath("data", "validation", GPU)))
+
+
+def gpu_comparisons(directory: Path | None = None) -> list:
+    """gpu_public.csv: published step times of NVIDIA's and others' runs on H100, H200, B200 and GB200 (dense
+    and MoE, bf16 and fp8), each predicted with its cluster preset as shipped, its model preset at the run's
+    sequence length and the knob columns its source and its framework's recipe state (the ``assumed`` column
+    names what came from a recipe default). ``step_s`` is the measured step time (docs/validation.md)."""
+    from comet_dse.presets import load_cluster, load_model
+
+    path = gpu_file(directory or validation_dir())
+    out = []
+    for row in _read(path.parent, path.name):
+        cluster = load_cluster(row["cluster"])
+        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
+        strategy = _strategy(row)
+        result = estimate(model, cluster, int(row["gpus"]), strategy)
+        measured = float(row["step_s"])
+        if not measured > 0:
+            raise InputError("gpu_public.csv step_s", f"must be a positive number of seconds, got {row['step_s']!r}")
+        out.append(_compared(GPU, row["id"], result, measured, cluster, row["family_framework"],
+                             strategy.dtype.value, model_kind(model)))
+    return out
 
 
 def recall(comparisons: list) -> dict:
@@ -266,7 +303,7 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     directory = directory or validation_dir()
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory)
-            + h100_comparisons(h100 or load_cluster("dgx-h100"), directory))
+            + h100_comparisons(h100 or load_cluster("dgx-h100"), directory) + gpu_comparisons(directory))
 
 
 @dataclass(frozen=True)

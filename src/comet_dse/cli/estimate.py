@@ -30,7 +30,7 @@ def run(args) -> int:
     from comet_dse.api import with_band
 
     result = with_band(estimate(model, cluster, args.devices, strategy_from(args, args.devices), tokens=args.tokens),
-                       cluster)
+                       cluster, model)
     reasons = dict(zip(result.broken_rules, result.reasons))   # the two lists run in rule order
     for code, field in SPLIT_RULES.items():
         if code in reasons:

@@ -36,7 +36,7 @@ def run(args) -> int:
         from comet_dse.api import with_band
 
         best = with_band(estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
-                                  tokens=args.tokens), cluster)
+                                  tokens=args.tokens), cluster, model)
     per_dtype = best_by(result, "dtype")
     if args.json:
         top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]

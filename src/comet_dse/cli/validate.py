@@ -56,14 +56,15 @@ def run(args) -> int:
     if args.figure:
         fmt = Path(args.figure).suffix[1:].lower()
         written.write_file(args.figure, lambda tmp: figure(comparisons, memory, tmp, fmt), "--figure", inputs)
-    groups = {key: group_summary(comparisons, key) for key in ("hardware", "framework")}
+    groups = {key: group_summary(comparisons, key) for key in ("hardware", "framework", "kind")}
     bands = bands_of(comparisons)
     if args.json:
         print(jsonout.dumps({
             "data": str(directory),
             "rows": [{"dataset": c.dataset, "label": c.label, "predicted_s": c.predicted, "measured_s": c.measured,
                       "error": c.error, "fits": c.fits, "memory_per_device_bytes": c.memory_bytes,
-                      "capacity_bytes": c.capacity_bytes} for c in comparisons],
+                      "capacity_bytes": c.capacity_bytes, "hardware": c.hardware, "framework": c.framework,
+                      "dtype": c.dtype, "kind": c.kind} for c in comparisons],
             "summary": stats,
             "groups": groups,
             "error_bands": bands,
@@ -81,7 +82,7 @@ def run(args) -> int:
     rows = [[k.removesuffix(".csv"), v["rows"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%"]
             for k, v in stats.items()]
     print(render_table(["dataset", "rows", "mean |error|", "max |error|"], rows))
-    for key, title in (("hardware", "hardware"), ("framework", "framework")):
+    for key, title in (("hardware", "hardware"), ("framework", "framework"), ("kind", "kind of model")):
         rows = [[g, v["runs"], f"{v['mean_abs_error'] * 100:.1f}%", f"{v['max_abs_error'] * 100:.1f}%",
                  f"{v['mean_error'] * 100:+.1f}%", f"{v['low'] * 100:+.1f}% .. {v['high'] * 100:+.1f}%"]
                 for g, v in groups[key].items()]
@@ -89,9 +90,10 @@ def run(args) -> int:
         print(render_table([title, "runs", "mean |error|", "max |error|", "mean error", "range"], rows, left=(0,)))
     print("\nError bands (what estimate, search, whatif, the API and the explorer report; packaged copy: "
           "errorband.py)\n")
-    rows = [[b["hardware"], b["precision"], b["runs"], f"{b['low'] * 100:+.1f}% .. {b['high'] * 100:+.1f}%",
-             b["frameworks"]] for b in bands]
-    print(render_table(["hardware", "precision", "runs", "error range", "frameworks"], rows, left=(0, 1, 4)))
+    rows = [[b["hardware"], b["precision"], b["kind"], b["runs"], f"{b['mean_abs_error'] * 100:.1f}%",
+             f"{b['low'] * 100:+.1f}% .. {b['high'] * 100:+.1f}%", b["frameworks"]] for b in bands]
+    print(render_table(["hardware", "precision", "kind", "runs", "mean |error|", "error range", "frameworks"], rows,
+                       left=(0, 1, 2, 6)))
     print(f"\nFeasibility recall: {fits['judged_to_fit']} of {fits['runs']} published runs judged to fit "
           f"(with each preset's reserved memory)" + (f"; not: {', '.join(fits['missed'])}" if fits["missed"] else ""))
     print("\nPeak memory per device, predicted vs measured (memory.csv)\n")

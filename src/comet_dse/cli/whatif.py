@@ -67,7 +67,7 @@ def run(args) -> int:
     if args.figure:
         written.write_file(args.figure, lambda tmp: figure(result, tmp, Path(args.figure).suffix[1:].lower()),
                            "--figure", _file_inputs(args))
-    band = _band(cluster, result)
+    band = _band(cluster, result, model)
     if args.json:
         print(jsonout.dumps({**result.to_dict(), "error_band": band}, indent=2))
     else:
@@ -79,12 +79,12 @@ def run(args) -> int:
     return 0
 
 
-def _band(cluster, result: WhatIf) -> dict | None:
+def _band(cluster, result: WhatIf, model) -> dict | None:
     """The error band (errorband.band_for) of the baseline's best strategy, None when nothing fits."""
     from comet_dse.errorband import band_of_cluster
 
     strategy = result.baseline.strategy
-    return band_of_cluster(cluster, strategy.get("dtype", "bf16")) if strategy else None
+    return band_of_cluster(cluster, strategy.get("dtype", "bf16"), bool(model.moe)) if strategy else None
 
 
 def render(result: WhatIf) -> str:

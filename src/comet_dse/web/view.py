@@ -286,7 +286,7 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
         rank, row = None, int(runnable[np.argmin(cols["memory_per_device_bytes"][runnable])])
         note = "nothing fits: the strategy that needs the least memory is shown"
     est = estimate(model, cluster, controls.devices, strategy_at(cols, row), tokens=controls.tokens)
-    band = band_of_cluster(cluster, est.inputs["strategy"].get("dtype", "bf16"))
+    band = band_of_cluster(cluster, est.inputs["strategy"].get("dtype", "bf16"), bool(model.moe))
     return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
             "error_band": band["text"],
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
