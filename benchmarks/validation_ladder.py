@@ -1,0 +1,114 @@
+"""What each of issue 31's mechanisms buys, per validation family: the step-time error of every published
+GPU run (h100_public.csv and gpu_public.csv) with the mechanisms switched on one at a time.
+
+Run:  python benchmarks/validation_ladder.py [--data DIR] [--markdown]
+
+The rungs, each on top of the one before (docs/validation.md, "Round 3"):
+  0 before   tensor_sustained 1.0 on every preset, every run in comet-dse's default rank order (tp-pp-dp),
+             no fused-attention rate on Blackwell (flash attention off there, as searches ran it), MoE tokens
+             put in expert order for free (dispatcher fused)
+  1 sustained  the presets' sustained tensor rates (gpu-fryer's 60 s burns)
+  2 rank order each framework's own rank order (the rows' placement column)
+  3 fa4        FlashAttention-4's rates on B200 / GB200
+  4 permutation the MoE dispatcher each run used, with its permutation passes
+The gradient buffer zeroed whole below ZeRO 2 and GB200 jobs in partial racks are in every rung (they are
+not switches). Prints mean |error|, mean error and range per family (accelerator x precision x dense/MoE).
+Nothing here changes a preset: it re-predicts the same rows with the changes undone.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses as dc
+import statistics
+from pathlib import Path
+
+from comet_dse.estimate import estimate
+from comet_dse.errorband import precision_class
+from comet_dse.presets import load_cluster, load_model
+from comet_dse.strategy import Strategy, knob_values
+from comet_dse.validation import (
+    GPU, H100, _gpt, _llama, _read, gpu_file, h100_strategy, model_kind, validation_dir,
+)
+
+RUNGS = ("before", "sustained", "rank order", "fa4", "permutation")
+
+
+def _runs(directory: Path) -> list:
+    """(label, cluster preset, model, Strategy as the rows state it, measured step time [s])."""
+    out = []
+    for row in _read(directory, H100):
+        model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
+        strategy = h100_strategy(row)
+        if row["metric"] == "iter_s":
+            measured = float(row["measured"])
+        else:
+            from comet_dse.cost.step import model_flops
+
+            peak = load_cluster("dgx-h100").accelerator.flops(strategy.dtype.value)
+            measured = model_flops(model, strategy.global_batch, causal=False) / (
+                int(row["gpus"]) * peak * float(row["measured"]))
+        out.append((row["id"], "dgx-h100", model, int(row["gpus"]), strategy, measured))
+    path = gpu_file(directory)
+    for row in _read(path.parent, path.name):
+        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
+        out.append((row["id"], row["cluster"], model, int(row["gpus"]), Strategy(**knob_values(row)),
+                    float(row["step_s"])))
+    return out
+
+
+def _at(rung: int, cluster_name: str, strategy: Strategy):
+    """The cluster and strategy of a run with the mechanisms above ``rung`` undone."""
+    cluster = load_cluster(cluster_name)
+    if rung < 1:
+        cluster = dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, tensor_sustained={}))
+    changes = {}
+    if rung < 2:
+        changes["placement"] = "tp-pp-dp"
+    if rung < 3 and strategy.attention_kernel.value == "fa4":
+        changes["flash_attention"] = False
+    if rung < 4:
+        changes["moe_dispatcher"] = "fused"
+    return cluster, dc.replace(strategy, **changes) if changes else strategy
+
+
+def ladder(directory: Path) -> dict:
+    """rung -> family -> [signed errors]; a family is 'accelerator | precision | kind'."""
+    runs = _runs(directory)
+    out = {}
+    for rung, name in enumerate(RUNGS):
+        families = out.setdefault(name, {})
+        for label, cluster_name, model, gpus, strategy, measured in runs:
+            cluster, changed = _at(rung, cluster_name, strategy)
+            predicted = estimate(model, cluster, gpus, changed).step_time_s
+            family = f"{cluster.accelerator.name} | {precision_class(strategy.dtype.value)} | {model_kind(model)}"
+            families.setdefault(family, []).append((predicted - measured) / measured)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=None, help="folder of the validation CSVs")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = parser.parse_args()
+    result = ladder(args.data or validation_dir())
+    families = sorted(next(iter(result.values())))
+    if args.markdown:
+        print("| family | runs | " + " | ".join(RUNGS) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in RUNGS) + " |")
+    for family in families:
+        cells = []
+        for name in RUNGS:
+            errors = result[name][family]
+            mean_abs = statistics.fmean(abs(e) for e in errors) * 100
+            cells.append(f"{mean_abs:.1f} % ({statistics.fmean(errors) * 100:+.1f})")
+        runs = len(result[RUNGS[0]][family])
+        if args.markdown:
+            print(f"| {family} | {runs} | " + " | ".join(cells) + " |")
+        else:
+            print(f"{family:55s} {runs:4d}  " + "  ".join(f"{c:>18s}" for c in cells))
+    if not args.markdown:
+        print("\ncells: mean |error| (mean signed error), rungs: " + ", ".join(RUNGS))
+
+
+if __name__ == "__main__":
+    main()
