@@ -1,6 +1,6 @@
 """The error band every estimate reports (errorband.py): the packaged bands are the validation's, a band is
-the range of the signed errors of the runs on the same accelerator and precision, and an accelerator no
-published run backs is "not validated"."""
+the range of the signed errors of the runs of the same family (accelerator, precision, dense or MoE), and a
+family no published run backs is "not validated", with the nearest validated family shown as an assumption."""
 import pytest
 
 from comet_dse import estimate as api_estimate
@@ -12,8 +12,8 @@ def test_packaged_bands_are_the_current_validation():
     """If this fails the model changed: python -m comet_dse.errorband > src/comet_dse/data/error_bands.csv"""
     current = current_bands()
     packaged = packaged_bands()
-    assert [(b["hardware"], b["precision"], b["runs"], b["frameworks"]) for b in current] == \
-        [(b["hardware"], b["precision"], b["runs"], b["frameworks"]) for b in packaged]
+    assert [(b["hardware"], b["precision"], b["kind"], b["runs"], b["frameworks"]) for b in current] == \
+        [(b["hardware"], b["precision"], b["kind"], b["runs"], b["frameworks"]) for b in packaged]
     for now, shipped in zip(current, packaged):
         for key in ("low", "high", "mean_abs_error"):
             assert now[key] == pytest.approx(shipped[key], abs=2e-6), (now["hardware"], now["precision"], key)
@@ -46,3 +46,26 @@ def test_estimates_carry_their_band():
     assert est.error_band["validated"] and est.error_band["precision"] == "fp8"
     assert est.to_dict()["error_band"]["text"].startswith("validated")
     assert not api_estimate("llama3-8b", "mi300x", 8, global_batch=8).to_dict()["error_band"]["validated"]
+
+
+def test_a_family_is_accelerator_precision_and_kind_of_model():
+    runs = [Comparison("d", "a", 0.9, 1.0, fits=True, hardware="X", framework="F", dtype="fp8"),            # dense
+            Comparison("d", "b", 0.5, 1.0, fits=True, hardware="X", framework="F", dtype="fp8", kind="MoE")]
+    bands = bands_of(runs)
+    assert [(b["kind"], b["low"]) for b in bands] == [("MoE", pytest.approx(-0.5)), ("dense", pytest.approx(-0.1))]
+    assert band_for("X", "fp8", bands, kind="MoE")["low"] == pytest.approx(-0.5)
+    # a family none backs: not validated, the nearest (same accelerator and precision, other kind) as an assumption
+    only_dense = bands_of(runs[:1])
+    moe = band_for("X", "fp8", only_dense, kind="MoE")
+    assert not moe["validated"] and moe["low"] is None
+    assert moe["nearest"]["kind"] == "dense" and "assumed like the nearest validated family, -10 %" in moe["text"]
+    # then the same kind in the other precision, then nothing
+    assert band_for("X", "bf16", only_dense)["nearest"]["precision"] == "fp8"
+    assert band_for("Y", "fp8", only_dense)["nearest"] is None
+
+
+def test_a_moe_estimate_is_banded_by_moe_runs_only():
+    est = api_estimate("mixtral-8x7b", "dgx-a100-80gb", 64, tp=8, ep=8, global_batch=64)
+    band = est.error_band
+    assert band["kind"] == "MoE" and not band["validated"]         # no MoE run on an A100 is published here
+    assert band["nearest"]["kind"] == "dense"
