@@ -86,10 +86,11 @@ def with_band(result: Estimate, cluster: Cluster) -> Estimate:
     precision, or "not validated")."""
     from dataclasses import replace
 
-    from comet_dse.errorband import band_of_cluster
+    from comet_dse.errorband import band_of_cluster, with_ranges
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
-    return replace(result, error_band=band_of_cluster(cluster, dtype))
+    band = band_of_cluster(cluster, dtype)
+    return replace(result, error_band=band, training=with_ranges(result.training, band))
 
 
 def _check_knobs(given: dict, what: str) -> None:

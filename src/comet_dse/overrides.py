@@ -39,7 +39,7 @@ def resource_names(cluster: Cluster) -> list:
     names = [n for n in CLUSTER_AXES if n != "network"]
     names += [f"peak_flops.{d}" for d in DTYPES]
     names += [f"network.{d.name}.{attr}" for d in cluster.network for attr in DIM_AXES]
-    names += [*economics.FIELDS, "cost_basis"]
+    names += [*economics.FIELDS, *economics.CHOICES]
     names += [f"{head}.{r}" for head in ("unit_price", "unit_power") for r in economics.resource_names(cluster)]
     return names
 

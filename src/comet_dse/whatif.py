@@ -63,6 +63,8 @@ class Best:
     time_to_train_s: float | None = None      # with a token budget (economics.py); None: none given or unknown
     energy_j: float | None = None
     training_cost_usd: float | None = None
+    training: dict | None = None              # with a token budget: economics.training_of in full (the baseline's
+                                              # carries its error band's ranges, errorband.with_ranges)
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
-    baseline = best_in(cols, cluster, devices, tokens)
+    baseline = best_in(cols, cluster, devices, tokens, model.total_params())
     cells = [scaled_best(model, cluster, devices, candidates(st, cols, r), baseline, r, f, tokens)
              for r in resources for f in factors]
     fit = smallest_capacity(model, cluster, devices, global_batch, space, capacity, st) if capacity else None
@@ -196,13 +198,14 @@ def candidates(st, cols: dict, resource: str):
 
 def best_of(model: Transformer, cluster: Cluster, devices: int, st, tokens: float | None = None) -> Best:
     """The fastest feasible strategy of ``st`` on ``cluster``, or why there is none."""
-    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens)
+    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens, model.total_params())
 
 
 def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = None,
-            tokens: float | None = None) -> Best:
+            tokens: float | None = None, parameters: float = math.nan) -> Best:
     """The fastest feasible row of evaluated columns, or why there is none; with a ``cluster``, its
-    ``devices`` and a token budget also its time to train, energy and cost (None where unknown)."""
+    ``devices``, a token budget and the model's ``parameters`` (what a checkpoint holds) also its time to
+    train, energy and cost (None where unknown) and the whole training figure (``training``)."""
     ok = np.flatnonzero(cols["feasible"])
     if not len(ok):
         counts = reason_counts(cols["infeasible_mask"])
@@ -215,8 +218,9 @@ def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = No
         parts = {k[len("time_"):-len("_s")]: float(v[row]) for k, v in cols.items()
                  if k.startswith("time_") and k.endswith("_s")}
         train = economics.training_of(cluster, devices, float(cols["step_time_s"][row]),
-                                      float(cols["tokens_per_second"][row]), parts, tokens)
+                                      float(cols["tokens_per_second"][row]), parts, tokens, parameters)
         figures = {k: _or_none(train[k]) for k in ("time_to_train_s", "energy_j", "training_cost_usd")}
+        figures["training"] = train
     return Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), strategy,
                 compact_text(strategy), len(cols["feasible"]), len(ok), **figures)
 

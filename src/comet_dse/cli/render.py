@@ -8,7 +8,7 @@ from comet_dse.estimate import Estimate
 from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
 from comet_dse.text import printable, render_table
 from comet_dse.units import (format_bytes, format_count, format_duration, format_energy, format_hours, format_time,
-                             format_usd, is_finite, or_unknown)
+                             format_usd, is_finite, is_known, or_unknown)
 from comet_dse.vocabulary import (ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource,
                                   training_label)
 
@@ -83,23 +83,28 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
 
 
 def training_lines(training: dict | None) -> list:
-    """What training on the token budget takes (Estimate.training, economics.py): time to train, device-hours,
-    average power, energy and cost, renting and owning, each 'unknown' where a figure is missing; then what
-    was assumed. Nothing without a budget."""
+    """What training on the token budget takes (Estimate.training, economics.py): time to train (with the time
+    the steps take and the goodput: goodput.py), device-hours, average power, energy and cost, renting and
+    owning, each 'unknown' where a figure is missing and with its range under the error band where there is
+    one (errorband.with_ranges); then what was assumed. Nothing without a budget."""
     if not training:
         return []
     t, inputs = training, training
     rent, own = t["training_cost_rent_usd"], t["training_cost_own_usd"]
     draws = inputs["device_power_w"]
-    lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)",
-             f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}",
-             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], format_hours)}",
+    lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)" + _band_note(t),
+             f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}"
+             + _range(t, "time_to_train_s", format_duration),
+             *goodput_lines(t),
+             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], format_hours)}"
+             + _range(t, "device_time_s", format_hours),
              f"  {training_label('average_power_w'):24s} {_or_unknown(t['average_power_w'], lambda w: _watts(w) + ' at the wall')}",
              f"  {training_label('energy_j'):24s} {_or_unknown(t['energy_j'], format_energy)}"
+             + _range(t, "energy_j", format_energy)
              + (f" (leaves out {' and '.join(inputs['energy_excludes'])}: no figure)"
                 if inputs["energy_excludes"] and is_finite(t["energy_j"]) else ""),
              f"  {training_label('training_cost_usd'):24s} {_or_unknown(t['training_cost_usd'], format_usd)} "
-             f"({inputs['cost_basis']}ing)",
+             f"({inputs['cost_basis']}ing)" + _range(t, "training_cost_usd", format_usd),
              f"    {'renting':22s} {_or_unknown(rent, format_usd)}"
              + (f" = device-hours x {resource('rent').text(inputs['rent_usd_per_device_s'])}" if is_finite(rent) else
                 " (no rent figure)"),
@@ -113,6 +118,53 @@ def training_lines(training: dict | None) -> list:
              + f"; PUE {inputs['pue']:g}; {inputs['nodes']:,} nodes",
              ""]
     return lines
+
+
+def goodput_lines(t: dict) -> list:
+    """The lines under the time to train: what the steps take, and the goodput with where the rest goes:
+    failures (the job's MTBF), restarts, work redone, checkpoints and Young's interval (goodput.py)."""
+    g = t.get("goodput_terms")
+    if g is None:
+        return []
+    steps = f"    {'of which steps':22s} {_or_unknown(t['productive_time_s'], format_duration)}"
+    if not g["enabled"]:
+        return [steps + "; goodput not counted (goodput=off: no failure, restart or checkpoint)"]
+    gp = t["goodput"]
+    young = (f"Young's optimum sqrt(2 x {_span(g['checkpoint_stall_s'])} x {_span(g['mtbf_s'])})"
+             f" = {_span(g['young_interval_s'])}")
+    interval = (f"the best interval with restarts counted; {young}" if g["checkpoint_interval_given_s"] is None
+                else f"as given; {young}")
+    return [steps,
+            f"    {'goodput':22s} " + (f"{gp * 100:.1f} %" if is_finite(gp) else "unknown")
+            + (" (failures come faster than the work they redo: the run never ends)" if gp == 0 else ""),
+            f"    {'failures':22s} {g['failures']:,.0f} expected (job MTBF {_span(g['mtbf_s'])}: "
+            f"{resource('mtbf').text(g['mtbf_per_device_s'])} per device / devices), each a "
+            f"{_span(g['restart_time_setting_s'])} restart + {_span(g['checkpoint_write_s'])} re-load"
+            f" + {_span(g['interval_s'] / 2)} of work redone: "
+            f"{_span(g['restart_time_s'] + g['lost_work_s'])}",
+            f"    {'checkpoints':22s} {g['checkpoint']}, {format_bytes(g['checkpoint_bytes'])} each, training stops "
+            f"{_span(g['checkpoint_stall_s'])}, every {_span(g['interval_s'])} of steps ({interval}): "
+            f"{_span(g['checkpoint_time_s'])}"]
+
+
+def _span(seconds: float) -> str:
+    """A duration from seconds to days, three figures: '2.8 s', '4.2 min', '3.1 h', '61.1 days'."""
+    if not is_finite(seconds):
+        return "unknown" if not is_known(seconds) else "never"
+    if abs(seconds) >= 3600:
+        return format_duration(seconds)
+    return f"{seconds / 60:.1f} min" if abs(seconds) >= 60 else f"{seconds:.3g} s"
+
+
+def _range(t: dict, key: str, shown) -> str:
+    """'  (low .. high with the error band)' for a figure that has a range (errorband.with_ranges), else ''."""
+    r = t.get(f"{key}_range")
+    return f"  ({shown(r[0])} .. {shown(r[1])})" if r else ""
+
+
+def _band_note(t: dict) -> str:
+    """What the ranges in parentheses are, where there are any."""
+    return "; (low .. high): as the step time's error band leaves them" if t.get("time_to_train_s_range") else ""
 
 
 def _or_unknown(value, shown) -> str:
