@@ -186,3 +186,39 @@ def test_an_unvalidated_accelerator_has_no_range():
     est = comet_dse.estimate("llama3-8b", "mi300x", 64, tp=1, global_batch=512, tokens="1T")
     assert not est.error_band["validated"]
     assert est.training["time_to_train_s_range"] is None
+
+
+# ---- whatif: the baseline's training figures; scale-downs read as savings ----------------------------------------
+
+def test_whatif_json_has_the_baselines_time_to_train_and_cost(capsys):
+    code, out, err = run(capsys, "whatif", *SMALL, "--resources", "hbm_capacity", "--scale", "0.5,2", "--no-fit",
+                         "--tokens", "1T", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    t = data["baseline"]["training"]
+    assert t is not None and t["time_to_train_s"] > t["productive_time_s"] > 0 and t["training_cost_usd"] > 0
+    low, high = t["time_to_train_s_range"]
+    assert low <= high and t["training_cost_usd_range"][0] <= t["training_cost_usd_range"][1]
+    down = next(c for c in data["cells"] if c["factor"] == 0.5)
+    up = next(c for c in data["cells"] if c["factor"] == 2)
+    # a scale-down that saves money is never a "gain per added dollar"; its saving per 1 % slower is positive
+    assert down["added_usd"] < 0 and down["speedup_per_musd"] is None
+    assert down["speedup"] < 1 and down["usd_saved_per_slowdown_pct"] == pytest.approx(
+        -down["added_usd"] / (100 * (1 - down["speedup"])))
+    assert up["added_usd"] > 0 and up["usd_saved_per_slowdown_pct"] is None
+    assert up["speedup_per_musd"] == pytest.approx((up["speedup"] - 1) / (up["added_usd"] / 1e6))
+    code, out, err = run(capsys, "whatif", *SMALL, "--resources", "hbm_capacity", "--scale", "0.5", "--no-fit",
+                         "--tokens", "1T")
+    assert code == 0, err
+    assert "As it is:" in out and "time to train" in out.split("Speedup of the best")[0]
+
+
+def test_per_added_and_per_saved_keep_the_sign():
+    from comet_dse.whatif import per_added, per_saved
+
+    assert per_added(0.88, -80_000, 1e6) is None                  # a slowdown that saves: not per added
+    assert per_saved(0.88, -80_000) == pytest.approx(80_000 / 12)  # $6,667 saved per 1 % slower
+    assert per_added(1.10, 100_000, 1e6) == pytest.approx(1.0)
+    assert per_saved(1.10, 100_000) is None
+    assert math.isinf(per_saved(1.0, -5_000))                      # cheaper and no slower
+    assert per_added(1.1, 0.0, 1e6) is None and per_saved(0.9, 0.0) is None

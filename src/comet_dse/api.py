@@ -202,7 +202,22 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
     ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py), with search's defaults."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
-    return _whatif(model, cluster, devices, global_batch, space, resources, factors, capacity, token_budget(tokens))
+    return whatif_with_band(_whatif(model, cluster, devices, global_batch, space, resources, factors, capacity,
+                                    token_budget(tokens)), cluster)
+
+
+def whatif_with_band(result: WhatIf, cluster: Cluster) -> WhatIf:
+    """``result`` with its baseline's training figures given their ranges under the error band of the
+    baseline's strategy (errorband.with_ranges), as ``with_band`` gives an estimate's."""
+    from dataclasses import replace
+
+    from comet_dse.errorband import band_of_cluster, with_ranges
+
+    base = result.baseline
+    if not base.training or not base.strategy:
+        return result
+    band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"))
+    return replace(result, baseline=replace(base, training=with_ranges(base.training, band)))
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,15 @@ class Cell:
     note: str = ""
     added_usd: float | None = None         # what the change adds to the cluster's price (None: no per-unit price)
     added_w: float | None = None           # ... to its draw while the resource is busy, PUE included (None: no per-unit power)
-    speedup_per_musd: float | None = None  # (speedup - 1) per added million USD (None: no price, or it adds none)
-    speedup_per_kw: float | None = None    # (speedup - 1) per added kW
+    speedup_per_musd: float | None = None  # (speedup - 1) per added million USD (None: no price, or it adds none:
+                                           # a change that lowers the price is in usd_saved_per_slowdown_pct)
+    speedup_per_kw: float | None = None    # (speedup - 1) per added kW (None where it adds none)
     time_to_train_s: float | None = None   # with a token budget: the scaled cluster's best strategy
     energy_j: float | None = None
     training_cost_usd: float | None = None
+    usd_saved_per_slowdown_pct: float | None = None   # a change that lowers the price: USD saved per 1 % of speed
+                                                      # it costs (inf: it costs none; None: it saves nothing)
+    w_saved_per_slowdown_pct: float | None = None     # ... W of draw saved per 1 % of speed
 
 
 @dataclass(frozen=True)
@@ -246,10 +250,23 @@ def added(cluster: Cluster, scaled: Cluster, devices: int) -> tuple:
 
 
 def per_added(speedup: float | None, added_: float | None, unit: float) -> float | None:
-    """(speedup - 1) per ``unit`` of the added USD or W; None when either is unknown or nothing is added."""
-    if speedup is None or added_ is None or added_ == 0:
+    """(speedup - 1) per ``unit`` of the added USD or W where the change adds some; None when either is unknown
+    or the change adds nothing or takes away (a scale-down: ``per_saved``, so that a slowdown that saves money
+    never reads as a gain per added dollar)."""
+    if speedup is None or added_ is None or not added_ > 0:
         return None
     return (speedup - 1.0) / (added_ / unit)
+
+
+def per_saved(speedup: float | None, added_: float | None) -> float | None:
+    """What a change that lowers the price or the draw saves per 1 % of speed it costs: -added / (100 x (1 -
+    speedup)) in USD or W; inf where it costs no speed (cheaper and as fast or faster); None when either is
+    unknown or the change saves nothing."""
+    if speedup is None or added_ is None or not added_ < 0:
+        return None
+    if speedup >= 1.0:
+        return math.inf
+    return -added_ / (100.0 * (1.0 - speedup))
 
 
 def scaled_best(model: Transformer, cluster: Cluster, devices: int, st, baseline: Best, resource: str,
@@ -265,7 +282,8 @@ def scaled_best(model: Transformer, cluster: Cluster, devices: int, st, baseline
     usd, watts = added(cluster, scaled, devices)
     return Cell(resource, factor, resource_value(scaled, resource), best.step_time_s, speedup,
                 best.strategy_text, best.note, usd, watts, per_added(speedup, usd, 1e6), per_added(speedup, watts, 1e3),
-                best.time_to_train_s, best.energy_j, best.training_cost_usd)
+                best.time_to_train_s, best.energy_j, best.training_cost_usd, per_saved(speedup, usd),
+                per_saved(speedup, watts))
 
 
 def resource_value(cluster: Cluster, resource: str) -> float | None:
