@@ -222,3 +222,36 @@ def test_per_added_and_per_saved_keep_the_sign():
     assert per_saved(1.10, 100_000) is None
     assert math.isinf(per_saved(1.0, -5_000))                      # cheaper and no slower
     assert per_added(1.1, 0.0, 1e6) is None and per_saved(0.9, 0.0) is None
+
+
+# ---- one cost basis per table --------------------------------------------------------------------------------------
+
+def test_a_table_across_clusters_costs_on_one_basis(tmp_path):
+    """dgx-h100 (a rent) is the baseline: the table is on renting, and gb200-nvl72 (no rent, an owning figure)
+    shows unknown there, never its owning cost."""
+    study = tmp_path / "two.yaml"
+    study.write_text(
+        "name: two\nmodels: [llama3-8b]\nclusters: [dgx-h100, gb200-nvl72]\ndevices: 72\nglobal_batch: 72\n"
+        "token_budget: 1T\nbaseline: {cluster: dgx-h100}\naxes: {}\nstrategy: {tp: [1], pp: [1], zero: [1]}\n")
+    result = comet_dse.sweep(study)
+    ranking = result.ranking
+    assert ranking["cost_basis"] == "rent"
+    by_label = {g["label"]: g for g in ranking["variants"]}
+    h100 = next(g for label, g in by_label.items() if "dgx-h100" in label)["best"]
+    gb200 = next(g for label, g in by_label.items() if "gb200" in label)["best"]
+    assert h100["training_cost_usd"] == pytest.approx(h100["training_cost_rent_usd"])
+    assert gb200["training_cost_rent_usd"] is None and gb200["training_cost_usd"] is None
+    assert gb200["training_cost_own_usd"] is not None          # it has a figure, of the other basis: not shown
+    from comet_dse.cli.render import render_sweep
+
+    text = render_sweep(ranking, 1.0)
+    assert "cost (renting)" in text and "unknown" in text
+
+
+def test_search_states_its_cost_basis(capsys):
+    code, out, err = run(capsys, "search", *SMALL, "--tp", "2", "--tokens", "1T", "--top", "2")
+    assert code == 0, err
+    assert "cost (renting)" in out.split("The fastest strategy in detail")[0]
+    code, out, err = run(capsys, "search", *SMALL, "--tp", "2", "--tokens", "1T", "--top", "2", "--set", "cost_basis=own")
+    assert code == 0, err
+    assert "cost (owning)" in out.split("The fastest strategy in detail")[0]

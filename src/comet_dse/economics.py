@@ -175,7 +175,7 @@ def rates(cluster: Cluster, devices: int) -> Rates:
     """The cost and power figures of ``devices`` devices of ``cluster`` at its present design."""
     econ = cluster.economics
     rent = _number(econ.rent_usd_per_s)
-    basis = econ.cost_basis or ("rent" if econ.rent_usd_per_s is not None else "own")
+    basis = cost_basis(cluster)
     return Rates(
         devices=devices, nodes=math.ceil(devices / cluster.devices_per_node),
         device_price_usd=device_price(cluster), price_delta_usd=price_delta(cluster),
@@ -186,6 +186,19 @@ def rates(cluster: Cluster, devices: int) -> Rates:
                                 else DEFAULT_ENERGY_PRICE),
         lifetime_s=econ.lifetime_s if econ.lifetime_s is not None else DEFAULT_LIFETIME,
         rent_usd_per_s=rent, basis=basis, reliability=reliability(cluster))
+
+
+def cost_basis(cluster: Cluster) -> str:
+    """The cost basis of ``cluster``: its ``cost_basis``, else 'rent' where it has a rent, else 'own'."""
+    econ = cluster.economics
+    return econ.cost_basis or ("rent" if econ.rent_usd_per_s is not None else "own")
+
+
+def cost_column(basis: str) -> str:
+    """The training column of a cost basis: training_cost_rent_usd or training_cost_own_usd. A table that
+    compares clusters shows one basis for all (its first or baseline cluster's), never each its own: a
+    cluster without a figure for that basis is unknown there (docs/economics.md)."""
+    return f"training_cost_{basis}_usd"
 
 
 def reliability(cluster: Cluster) -> goodput.Reliability:

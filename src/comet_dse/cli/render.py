@@ -206,8 +206,10 @@ def describe_peak(flops: dict) -> str:
     return f"{resource(f'peak_flops.{key}').text(flops[key])} {key}"
 
 
-def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int) -> str:
-    """Counts, infeasible reasons and the top-k table of an exhaustive search."""
+def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int,
+                  basis: str = "rent") -> str:
+    """Counts, infeasible reasons and the top-k table of an exhaustive search; the cost column on the cluster's
+    cost ``basis``, named in its header."""
     from comet_dse.design_space.table import RULE_TEXT, RULES
 
     cols = result.columns
@@ -233,7 +235,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
                         _or_unknown(cols["training_cost_usd"][i], format_usd)] if budget else []))
     lines += ["", f"Fastest {min(top, result.feasible)}"]
     headers = (["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
-               + [training_label(k) for k in ("time_to_train_s", "energy_j", "training_cost_usd")] * budget)
+               + [training_label("time_to_train_s"), training_label("energy_j"), _cost_header(basis)] * budget)
     left = tuple(i + 1 for i, k in enumerate(shown) if issubclass(k.kind, Choice) or k.kind is bool)
     lines.append(render_table(headers, rows, left=left))
     lines += ["", legend_line([(k.short, k.meaning) for k in shown])]
@@ -261,6 +263,7 @@ def render_sweep(ranking: dict, seconds: float) -> str:
              + (f", {ranking['skipped']} chunks resumed" if ranking["skipped"] else ""),
              f"baseline: {ranking['baseline']}", ""]
     budget = ranking.get("token_budget")
+    basis = ranking.get("cost_basis", "rent")
     rows = []
     for g in ranking["variants"]:
         best = g["best"]
@@ -271,11 +274,12 @@ def render_sweep(ranking: dict, seconds: float) -> str:
                      f"{g['speedup']:.2f}x" if g["speedup"] else "-"]
                     + ([_known(best, "time_to_train_s", format_duration), _known(best, "energy_j", format_energy),
                         _known(best, "training_cost_usd", format_usd)] if budget else []))
-    extra = [training_label(k) for k in ("time_to_train_s", "energy_j", "training_cost_usd")] if budget else []
+    extra = [training_label("time_to_train_s"), training_label("energy_j"), _cost_header(basis)] if budget else []
     lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
                                "speedup"] + extra, rows, left=(0, 2, 6)))
     if budget:
-        lines.append(f"Training on {format_count(budget)} tokens; unknown: no price or power figure (docs/economics.md)")
+        lines.append(f"Training on {format_count(budget)} tokens, goodput included; cost {basis}ing for every variant "
+                     f"(the baseline's basis); unknown: no {basis} figure, price or power (docs/economics.md)")
     lines += _legend([r[6] for r in rows])
     for f in FRONTS:
         column, shown = f.column_for(budget), _FRONT_SHOWN[f.key]
@@ -292,6 +296,11 @@ def render_sweep(ranking: dict, seconds: float) -> str:
 # How a value of each Pareto front's column is shown (the fronts, their labels and columns: vocabulary.FRONTS).
 _FRONT_SHOWN = {"pareto_cost": format_usd, "pareto_power": lambda w: f"{w / 1e3:,.0f} kW",
                 "pareto_training_cost": format_usd, "pareto_energy": format_energy}
+
+
+def _cost_header(basis: str) -> str:
+    """The header of a cost column: its label and the one basis of the table ('cost (renting)')."""
+    return f"{training_label('training_cost_usd')} ({basis}ing)"
 
 
 def _known(best, key: str, shown) -> str:

@@ -46,7 +46,10 @@ def run(args) -> int:
                                             for name, (rank, row) in per_dtype.items()},
                           "best": best.to_dict() if best else None}, indent=2))
         return 0
-    print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top))
+    from comet_dse.economics import cost_basis
+
+    print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top,
+                        cost_basis(cluster)))
     if len(per_dtype) > 1:
         print(render_best_by(result, per_dtype, "precision"))
     if best:

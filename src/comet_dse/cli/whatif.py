@@ -138,7 +138,8 @@ def per_added_lines(result: WhatIf) -> list:
     headers = ["resource", "scale", "speedup", "added price", training_label("speedup_per_musd"),
                "saved per 1 % slower", "added power", training_label("speedup_per_kw"), "saved per 1 % slower"]
     if tokens:
-        headers += [training_label("time_to_train_s"), training_label("training_cost_usd")]
+        basis = (result.baseline.training or {}).get("cost_basis", "rent")
+        headers += [training_label("time_to_train_s"), f"{training_label('training_cost_usd')} ({basis}ing)"]
     rows = []
     for c in sorted(result.cells, key=key):
         row = [c.resource, f"x{c.factor:g}", f"{c.speedup:.2f}x" if c.speedup is not None else "-",
