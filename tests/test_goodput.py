@@ -81,6 +81,10 @@ def test_async_checkpoints_stall_for_the_host_copy_only():
     assert b["checkpoint_stall_s"] == pytest.approx(7e10 * 14 / 512 / 2e10)
     assert b["checkpoint_write_s"] == a["checkpoint_write_s"]       # the re-load still reads at storage speed
     assert b["goodput"] > a["goodput"]
+    assert b["interval_s"] >= b["checkpoint_write_s"]               # one async write ends before the next
+    fast = goodput.run(goodput.Reliability(checkpoint="async", host_bandwidth=1e12, storage_bandwidth=1e7), 512, 7e10,
+                       1e6)                                          # the best interval (37 s) < the write (191 s)
+    assert fast["interval_s"] == pytest.approx(fast["checkpoint_write_s"])
 
 
 def test_more_devices_fail_more_often():
@@ -255,3 +259,15 @@ def test_search_states_its_cost_basis(capsys):
     code, out, err = run(capsys, "search", *SMALL, "--tp", "2", "--tokens", "1T", "--top", "2", "--set", "cost_basis=own")
     assert code == 0, err
     assert "cost (owning)" in out.split("The fastest strategy in detail")[0]
+
+
+def test_goodput_options_are_the_set_of_the_same_name(capsys):
+    code, out, err = run(capsys, "estimate", *SMALL, "--tp", "2", "--tokens", "1T", "--mtbf", "5000h",
+                         "--checkpoint", "async", "--restart-time", "20min", "--json")
+    assert code == 0, err
+    g = json.loads(out)["training"]["goodput_terms"]
+    assert g["mtbf_per_device_s"] == 5000 * HOUR and g["checkpoint"] == "async" and g["restart_time_setting_s"] == 1200
+    code, out, err = run(capsys, "estimate", *SMALL, "--tp", "2", "--tokens", "1T", "--goodput", "off", "--json")
+    assert code == 0, err
+    assert json.loads(out)["training"]["goodput"] == 1
+    one_line_error(run(capsys, "search", *SMALL, "--tokens", "1T", "--mtbf", "1s"), "mtbf")

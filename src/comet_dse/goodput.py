@@ -10,7 +10,8 @@ and the source of every default). Over arrays (``devices``, ``T0``) like economi
     checkpoint stall [s]       C = C_w (sync) or S / devices / host bandwidth (async: only the copy to host
                                    memory stops training; the write goes on behind it)
     interval [s]               tau = the one given, else the best of this model, sqrt(C^2 + 2 C (M - R)) - C
-                               (Young's sqrt(2 x C x M) to first order, printed beside it)
+                               (Young's sqrt(2 x C x M) to first order, printed beside it); async: at least C_w,
+                               as one write must end before the next begins
     restart [s]                R = restart time (detect, reschedule, re-initialise) + C_w (re-load)
     goodput                    g = (1 - (R + tau / 2) / M) / (1 + C / tau)     (0 where failures outpace work)
     wall-clock time [s]        T = T0 / g
@@ -125,6 +126,8 @@ def run(rel: Reliability, devices, parameters, productive_s) -> dict:
     young = young_interval_s(stall, mtbf)
     restart = rel.restart_s + write
     tau = best_interval_s(stall, mtbf, restart) if rel.interval_s is None else np.full_like(young, rel.interval_s)
+    if rel.interval_s is None and rel.checkpoint == "async":
+        tau = np.maximum(tau, write)       # an async write must end before the next checkpoint starts
     if not rel.enabled:
         zero = np.zeros_like(productive)
         return {"goodput": np.ones_like(productive), "wall_s": productive, "checkpoint_time_s": zero,

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from comet_dse import jsonout, written
-from comet_dse.cli.options import add_search_inputs, add_tokens_option, load_inputs, space_from
+from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, space_from
 from comet_dse.errors import InputError
 from comet_dse.strategy import legend
 from comet_dse.units import format_bytes, format_time
@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-capacity search")
     p.add_argument("--figure", default=None, metavar="F.png|F.svg", help="also draw the speedups to this file")
     add_tokens_option(p)
+    add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
 
