@@ -32,7 +32,7 @@ from comet_dse.tables import Tabular, arrow_to_pandas
 from comet_dse.whatif import DEFAULT_FACTORS, WhatIf
 from comet_dse.whatif import whatif as _whatif
 
-__all__ = ["estimate", "search", "whatif", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
+__all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
 
 
@@ -218,6 +218,32 @@ def whatif_with_band(result: WhatIf, cluster: Cluster) -> WhatIf:
         return result
     band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"))
     return replace(result, baseline=replace(base, training=with_ranges(base.training, band)))
+
+
+def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,
+         clusters=None, devices=None, basis: str = "rent", seq_len: int | None = None, overrides=None):
+    """The cheapest design (cluster preset, size, strategy) that trains ``tokens`` within ``days``, and the fastest
+    within ``budget`` USD, across ``clusters`` (default every cluster preset) at ``devices`` (default
+    plan.DEFAULT_DEVICES), as ``comet-dse plan`` does: a ``plan.Plan``. ``overrides`` apply to every cluster
+    (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own)."""
+    from comet_dse import planner as planning
+    from comet_dse.errorband import band_of_cluster
+
+    if basis not in ("rent", "own"):
+        raise InputError("basis", f"must be rent or own, got {basis!r}")
+    if days is None and budget is None:
+        raise InputError("days", "give a deadline (days) or a budget, or both")
+    deadline = BOUNDS["deadline_days"].check("days", float(days)) * 86400.0 if days is not None else None
+    budget = BOUNDS["budget_usd"].check("budget", float(budget)) if budget is not None else None
+    model = load_model(model, seq_len)
+    tokens = token_budget(tokens)
+    global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
+    names = list(clusters) if clusters else presets.preset_names("clusters")
+    loaded = [load_cluster(c, overrides) for c in names]
+    counts = tuple(BOUNDS["devices"].check_integer("devices", n) for n in (devices or planning.DEFAULT_DEVICES))
+    found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
+    return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,
+                         found)
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,9 @@ BOUNDS = {
                                           "(over 100x a PCIe 5.0 x16 link)"),
     "checkpoint_bytes": Bound(0.0, 64.0, "bytes a checkpoint holds per parameter: 0 (none written) to 64 "
                                          "(4x fp32 weights with two fp32 moments and more)"),
+    # comet-dse plan: a deadline or a budget
+    "deadline_days": Bound(0.001, 36525.0, "days a training may take: about a minute and a half to 100 years"),
+    "budget_usd": Bound(1.0, 1e13, "USD a training may cost: $1 to $10 trillion"),
     "tokens": Bound(1.0, 1e18, "tokens to train: up to 1e18, over 10,000x the largest published runs (15T)"),
     # measurements (comet-dse calibrate)
     "measured_time": Bound(1e-6, 1e6, "a measured step time (iter_s, or tokens/s and MFU turned into one): "

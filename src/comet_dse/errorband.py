@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from functools import lru_cache
 from importlib import resources
 
+from comet_dse.economics import RANGED, band_range, with_ranges  # noqa: F401 - re-exported
 from comet_dse.stats import error_stats
 
 BANDS_FILE = "error_bands.csv"
@@ -98,30 +98,6 @@ def band_of_cluster(cluster, dtype: str) -> dict:
             "precision": precision_class(dtype), "runs": cal.get("runs", 0),
             "low": -worst if worst is not None else None, "high": worst, "mean_abs_error": mean,
             "frameworks": f"calibrated to {cal.get('runs_file')}", "text": text}
-
-
-# The training figures (economics.COLUMNS) that grow in proportion to the step time, and so take its band.
-RANGED = ("productive_time_s", "time_to_train_s", "device_time_s", "energy_j", "training_cost_rent_usd",
-          "training_cost_own_usd", "training_cost_usd")
-
-
-def band_range(value: float, band: dict) -> list | None:
-    """[low, high] of a figure that grows in proportion to the step time, where the measured step time lies
-    given the band: the band is of (predicted - measured) / measured = e, so measured = predicted / (1 + e), and
-    the figure runs from value / (1 + high) to value / (1 + low). None without a validated band or a value."""
-    if not band or band.get("low") is None or band.get("high") is None or value is None or not math.isfinite(value):
-        return None
-    return [value / (1.0 + band["high"]), value / (1.0 + band["low"])]
-
-
-def with_ranges(training: dict | None, band: dict | None) -> dict | None:
-    """``training`` (Estimate.training, economics.training_of) with ``<figure>_range`` = band_range for every
-    figure of RANGED: time to train, device time, energy and cost as the band leaves them. Every one of them
-    is proportional to the productive time (goodput.py: the goodput does not depend on it; energy: the same
-    draws over proportionally longer stalls), so the range is exact for a step time anywhere in the band."""
-    if training is None:
-        return None
-    return {**training, **{f"{k}_range": band_range(training.get(k), band) for k in RANGED if k in training}}
 
 
 def band_text(band: dict) -> str:
