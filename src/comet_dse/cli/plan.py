@@ -6,7 +6,7 @@ import argparse
 
 from comet_dse import jsonout
 from comet_dse.bounds import BOUNDS
-from comet_dse.cli.options import add_goodput_options, positive_int, positive_ints, token_count
+from comet_dse.cli.options import add_goodput_options, bounded_int, positive_int, positive_ints, token_count
 from comet_dse.errors import InputError
 
 BASES = ("rent", "own")
@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the cheapest design that trains N tokens within D days, or the fastest "
                                     "within $B, across cluster presets and sizes")
     p.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
-    p.add_argument("--global-batch", required=True, type=positive_int, help="sequences per step")
-    p.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (overrides the model's)")
+    p.add_argument("--global-batch", required=True, type=bounded_int("global_batch"), help="sequences per step")
+    p.add_argument("--seq-len", type=bounded_int("seq_len"), default=None, help="sequence length (overrides the model's)")
     p.add_argument("--tokens", required=True, type=token_count, metavar="N", help="tokens to train on, e.g. 15T")
     p.add_argument("--days", type=_days, default=None, metavar="D", help="the deadline: the cheapest design "
                    "whose time to train (goodput included) is at most D days")
