@@ -74,3 +74,17 @@ def test_plan_bad_input_is_one_line(capsys):
     one_line_error(run(capsys, "plan", *SMALL), "--days", "deadline")
     one_line_error(run(capsys, "plan", *SMALL, "--days", "-1"), "days")
     one_line_error(run(capsys, "plan", *SMALL, "--budget", "lots"), "budget")
+
+
+def test_judged_at_the_bands_slow_end_a_design_must_meet_the_deadline_there():
+    kwargs = dict(clusters=["dgx-h100"], devices=[64, 128, 256])
+    probe = comet_dse.plan("llama3-8b", "100G", 512, days=1000, **kwargs)
+    slowest = max(probe.candidates, key=lambda c: c.training["time_to_train_s"])     # the cheapest: fewest devices
+    days = (slowest.training["time_to_train_s"] + slowest.time_range()[1]) / 2 / 86400   # between its two times
+    loose = comet_dse.plan("llama3-8b", "100G", 512, days=days, **kwargs)
+    strict = comet_dse.plan("llama3-8b", "100G", 512, days=days, slow_end=True, **kwargs)
+    assert loose.cheapest.devices == slowest.devices                  # meets the deadline as predicted
+    assert strict.cheapest.devices != slowest.devices                 # not at its band's slow end
+    assert strict.cheapest.time_range()[1] <= days * 86400
+    assert strict.cheapest.cost("rent") >= loose.cheapest.cost("rent")
+    assert "slow end" in "\n".join(strict.answer_lines())

@@ -221,11 +221,13 @@ def whatif_with_band(result: WhatIf, cluster: Cluster) -> WhatIf:
 
 
 def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,
-         clusters=None, devices=None, basis: str = "rent", seq_len: int | None = None, overrides=None):
+         clusters=None, devices=None, basis: str = "rent", seq_len: int | None = None, overrides=None,
+         slow_end: bool = False):
     """The cheapest design (cluster preset, size, strategy) that trains ``tokens`` within ``days``, and the fastest
     within ``budget`` USD, across ``clusters`` (default every cluster preset) at ``devices`` (default
     plan.DEFAULT_DEVICES), as ``comet-dse plan`` does: a ``plan.Plan``. ``overrides`` apply to every cluster
-    (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own)."""
+    (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own); ``slow_end``
+    judges the deadline and the budget at the slow end of each design's error band."""
     from comet_dse import planner as planning
     from comet_dse.errorband import band_of_cluster
 
@@ -243,7 +245,7 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
     counts = tuple(BOUNDS["devices"].check_integer("devices", n) for n in (devices or planning.DEFAULT_DEVICES))
     found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
     return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,
-                         found)
+                         found, bool(slow_end))
 
 
 @dataclass(frozen=True)

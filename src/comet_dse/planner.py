@@ -100,16 +100,32 @@ def candidates(model: Transformer, clusters: list, devices, global_batch: int, t
     return out
 
 
-def cheapest_within(cands: list, deadline_s: float, basis: str) -> Candidate | None:
-    """The cheapest candidate on ``basis`` whose time to train is within ``deadline_s``; None if none is."""
-    ok = [c for c in cands if c.training and c.training["time_to_train_s"] <= deadline_s and c.cost(basis) is not None]
-    return min(ok, key=lambda c: (c.cost(basis), c.training["time_to_train_s"])) if ok else None
+def _judged(c: Candidate, key: str, value: float | None, slow_end: bool) -> float | None:
+    """A candidate's figure as a question judges it: as predicted, or with ``slow_end`` at the slow (high) end
+    of its error band where it has one."""
+    if value is None or not slow_end:
+        return value
+    band = c.training.get(f"{key}_range")
+    return band[1] if band else value
 
 
-def fastest_within(cands: list, budget_usd: float, basis: str) -> Candidate | None:
-    """The fastest candidate whose cost on ``basis`` is within ``budget_usd``; None if none is."""
-    ok = [c for c in cands if c.training and c.cost(basis) is not None and c.cost(basis) <= budget_usd]
-    return min(ok, key=lambda c: (c.training["time_to_train_s"], c.cost(basis))) if ok else None
+def cheapest_within(cands: list, deadline_s: float, basis: str, slow_end: bool = False) -> Candidate | None:
+    """The cheapest candidate on ``basis`` whose time to train is within ``deadline_s``; None if none is. With
+    ``slow_end`` time and cost are judged at the slow end of each error band (a design without a validated
+    band as predicted)."""
+    ok = [c for c in cands if c.training and c.cost(basis) is not None
+          and _judged(c, "time_to_train_s", c.training["time_to_train_s"], slow_end) <= deadline_s]
+    return min(ok, key=lambda c: (_judged(c, cost_column(basis), c.cost(basis), slow_end),
+                                  c.training["time_to_train_s"])) if ok else None
+
+
+def fastest_within(cands: list, budget_usd: float, basis: str, slow_end: bool = False) -> Candidate | None:
+    """The fastest candidate whose cost on ``basis`` is within ``budget_usd``; None if none is (``slow_end``: as
+    cheapest_within)."""
+    ok = [c for c in cands if c.training and c.cost(basis) is not None
+          and _judged(c, cost_column(basis), c.cost(basis), slow_end) <= budget_usd]
+    return min(ok, key=lambda c: (_judged(c, "time_to_train_s", c.training["time_to_train_s"], slow_end),
+                                  c.cost(basis))) if ok else None
 
 
 @dataclass(frozen=True)
@@ -125,14 +141,16 @@ class Plan:
     deadline_s: float | None
     budget_usd: float | None
     candidates: list
+    slow_end: bool = False        # judge the deadline and the budget at the slow end of each error band
 
     @property
     def cheapest(self) -> Candidate | None:
-        return cheapest_within(self.candidates, self.deadline_s, self.basis) if self.deadline_s else None
+        return (cheapest_within(self.candidates, self.deadline_s, self.basis, self.slow_end)
+                if self.deadline_s else None)
 
     @property
     def fastest(self) -> Candidate | None:
-        return fastest_within(self.candidates, self.budget_usd, self.basis) if self.budget_usd else None
+        return fastest_within(self.candidates, self.budget_usd, self.basis, self.slow_end) if self.budget_usd else None
 
     def answer_lines(self) -> list:
         """One line per question asked: the design that answers it with its time and cost and their ranges
@@ -148,7 +166,8 @@ class Plan:
             return (f"{c.cluster} x {c.devices:,}, {c.strategy_text}: {format_duration(c.training['time_to_train_s'])},"
                     f" {format_usd(c.cost(self.basis))} ({self.basis}ing){band}{late}")
 
-        lines = []
+        lines = (["Judged at the slow end of each error band (a design without a validated band: as predicted)"]
+                 if self.slow_end else [])
         if self.deadline_s:
             c = self.cheapest
             lines.append(f"Cheapest within {format_duration(self.deadline_s)}: "
@@ -167,5 +186,5 @@ class Plan:
                                            "error_band": c.band_text, "note": c.note}
         return {"model": self.model, "tokens": self.tokens, "global_batch": self.global_batch,
                 "clusters": list(self.clusters), "cost_basis": self.basis, "deadline_s": self.deadline_s,
-                "budget_usd": self.budget_usd, "cheapest_within_deadline": one(self.cheapest),
+                "budget_usd": self.budget_usd, "slow_end": self.slow_end, "cheapest_within_deadline": one(self.cheapest),
                 "fastest_within_budget": one(self.fastest), "candidates": [one(c) for c in self.candidates]}

@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--basis", choices=BASES, default="rent",
                    help="what every cost is: rent (device-hours x rent) or own (price over lifetime + energy); a "
                         "cluster without that figure is unknown, never costed the other way (default rent)")
+    p.add_argument("--slow-end", action="store_true",
+                   help="judge the deadline and the budget at the slow end of each design's error band (a design "
+                        "without a validated band: as predicted, and the answer says so)")
     p.add_argument("--top", type=positive_int, default=15, help="how many designs to list (default 15)")
     add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
@@ -71,7 +74,7 @@ def run(args) -> int:
         raise InputError("--days", "give a deadline (--days) or a budget (--budget), or both")
     result = plan(args.model, args.tokens, args.global_batch, days=args.days, budget=args.budget,
                   clusters=args.clusters, devices=args.devices, basis=args.basis, seq_len=args.seq_len,
-                  overrides=[tuple(t.split("=", 1)) for t in args.overrides or []])
+                  overrides=[tuple(t.split("=", 1)) for t in args.overrides or []], slow_end=args.slow_end)
     if args.json:
         print(jsonout.dumps(result.to_dict(), indent=2))
     else:
