@@ -285,8 +285,9 @@ def render_sweep(ranking: dict, seconds: float) -> str:
         column, shown = f.column_for(budget), _FRONT_SHOWN[f.key]
         front = (ranking.get(f.key) or []) if column else []
         if front:
-            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {f.label}:"]
-            lines.append(render_table(["model", "devices", "cluster variant", f.label, "time"],
+            label = _cost_header(basis) if f.key == "pareto_training_cost" else f.label
+            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {label}:"]
+            lines.append(render_table(["model", "devices", "cluster variant", label, "time"],
                                       [[p["model"], p["devices"], p["label"], shown(p[column]),
                                         format_duration(p["time_s"]) if budget else format_time(p["time_s"])]
                                        for p in front], left=(0, 2)))
