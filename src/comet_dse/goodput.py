@@ -20,7 +20,8 @@ and the source of every default). Over arrays (``devices``, ``T0``) like economi
 Derivation: T = T0 (1 + C / tau) + (T / M) (R + tau / 2): the productive time, one stall per interval of
 productive time, and per failure (T / M of them) a restart and on average half an interval of work redone.
 
-Floor 3 (docs/architecture.md): plain numbers and arrays; economics.py (floor 4) uses it.
+Floor 2 (docs/architecture.md): plain numbers and arrays; the cluster file's reader (hardware/economics.py,
+floor 3) takes its settings and names, economics.py (floor 4) computes with it.
 """
 from __future__ import annotations
 
