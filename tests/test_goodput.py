@@ -200,6 +200,7 @@ def test_whatif_json_has_the_baselines_time_to_train_and_cost(capsys):
     assert code == 0, err
     data = json.loads(out)
     t = data["baseline"]["training"]
+    assert data["training"] == t
     assert t is not None and t["time_to_train_s"] > t["productive_time_s"] > 0 and t["training_cost_usd"] > 0
     low, high = t["time_to_train_s_range"]
     assert low <= high and t["training_cost_usd_range"][0] <= t["training_cost_usd_range"][1]

@@ -132,13 +132,15 @@ class WhatIf(Tabular):
         raise KeyError(f"no cell for {resource} x{factor:g}")
 
     def to_dict(self) -> dict:
-        """The JSON form of ``comet-dse whatif --json``; each cell's ``unit`` is the SI unit of its value
+        """The JSON form of ``comet-dse whatif --json`` (``training``: the baseline's, as ``baseline.training``);
+        each cell's ``unit`` is the SI unit of its value
         (vocabulary.Resource.si_unit; bandwidths per device, per direction unless named link_bandwidth)."""
         return {"model": self.model, "cluster": self.cluster, "devices": self.devices,
                 "global_batch": self.global_batch, "factors": list(self.factors), "tokens": self.tokens,
                 "baseline": asdict(self.baseline), "cells": [{**asdict(c), "unit": si_unit(c.resource)}
                                                              for c in self.cells],
-                "fit": asdict(self.fit) if self.fit else None}
+                "fit": asdict(self.fit) if self.fit else None,
+                "training": self.baseline.training}        # the baseline's, as estimate --json names it
 
 
 def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int, space: SearchSpace | None = None,
