@@ -90,7 +90,8 @@ def render(result, top: int) -> str:
     basis = result.basis
     lines = [f"{result.model}: {format_count(result.tokens)} tokens, global batch {result.global_batch:,}; "
              f"{len(result.candidates)} designs ({len(result.clusters)} clusters x sizes), the fastest strategy of each; "
-             f"time to train with goodput; cost {basis}ing for all (unknown: no {basis} figure)", ""]
+             f"time to train with goodput; cost {basis}ing for all (unknown: "
+             f"{'no rent figure' if basis == 'rent' else 'no device price or power'})", ""]
     lines += result.answer_lines()
     ranked = sorted([c for c in result.candidates if c.training],
                     key=lambda c: (c.cost(basis) is None, c.cost(basis) or 0.0, c.training["time_to_train_s"]))
