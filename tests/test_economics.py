@@ -28,11 +28,12 @@ SMALL = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--
 
 # ---- one configuration, by hand -----------------------------------------------------------------------------------
 
-def _hand_cluster():
-    """dgx-h100 (700 W TDP, $25,000) with round figures for everything else."""
+def _hand_cluster(goodput: str = "off"):
+    """dgx-h100 (700 W TDP, $25,000) with round figures for everything else; a perfect run (every step
+    trains) unless ``goodput`` is on (tests/test_goodput.py checks that part)."""
     return apply_overrides(load_cluster("dgx-h100"), {
         "rent": "2 USD/h", "pue": 1.5, "node_power": "1000 W", "switch_power": "50 W",
-        "energy_price": "0.1 USD/kWh", "lifetime": "4 years"})
+        "energy_price": "0.1 USD/kWh", "lifetime": "4 years", "goodput": goodput})
 
 
 def test_time_energy_and_cost_of_one_configuration_by_hand():
@@ -41,7 +42,7 @@ def test_time_energy_and_cost_of_one_configuration_by_hand():
     # a 10 s step: 5 s compute-bound, 2 s memory-bound, 1 s exposed TP comm, 2 s pipeline bubble; 1e5 tokens/s
     breakdown = {"compute": np.array([5.0]), "memory": np.array([2.0]), "tp_communication": np.array([1.0]),
                  "pipeline_bubble": np.array([2.0])}
-    cols = economics.training(r, np.array([10.0]), np.array([1e5]), breakdown, tokens=1e11)
+    cols = economics.training(r, np.array([10.0]), np.array([1e5]), breakdown, tokens=1e11, parameters=8e9)
     # time to train: 1e11 tokens / 1e5 tokens/s = 1e6 s; device time: 16 x 1e6 = 1.6e7 s = 4,444.4 device-hours
     assert cols["time_to_train_s"][0] == pytest.approx(1e6)
     assert cols["device_time_s"][0] == pytest.approx(1.6e7)
@@ -64,7 +65,7 @@ def test_time_energy_and_cost_of_one_configuration_by_hand():
 def test_owning_is_the_cost_with_cost_basis_own():
     cluster = apply_overrides(_hand_cluster(), {"cost_basis": "own"})
     r = economics.rates(cluster, 16)
-    cols = economics.training(r, np.array([10.0]), np.array([1e5]), {"compute": np.array([10.0])}, 1e11)
+    cols = economics.training(r, np.array([10.0]), np.array([1e5]), {"compute": np.array([10.0])}, 1e11, 8e9)
     # all compute-bound: 1.5 x (16 x (700 + 50) + 2 x 1,000) = 21,000 W over 1e6 s = 2.1e10 J = 5,833.3 kWh
     assert cols["energy_j"][0] == pytest.approx(2.1e10)
     assert cols["training_cost_usd"][0] == pytest.approx(16 * 25_000 * 1e6 / (4 * YEAR) + 2.1e10 / 3.6e6 * 0.1)
@@ -73,7 +74,9 @@ def test_owning_is_the_cost_with_cost_basis_own():
 def test_estimate_training_is_the_token_budget_over_the_throughput():
     est = comet_dse.estimate("llama3-8b", "dgx-h100", 64, tp=2, global_batch=512, tokens="1T")
     t = est.training
-    assert t["time_to_train_s"] == pytest.approx(1e12 / est.tokens_per_second, rel=1e-12)
+    assert t["productive_time_s"] == pytest.approx(1e12 / est.tokens_per_second, rel=1e-12)
+    assert t["time_to_train_s"] == pytest.approx(t["productive_time_s"] / t["goodput"], rel=1e-12)
+    assert 0 < t["goodput"] < 1
     assert t["device_time_s"] == pytest.approx(64 * t["time_to_train_s"], rel=1e-12)
     assert t["training_cost_rent_usd"] == pytest.approx(t["device_time_s"] / HOUR * 2.99, rel=1e-12)   # the preset rent
     assert t["energy_j"] == pytest.approx(t["average_power_w"] * t["time_to_train_s"], rel=1e-12)
@@ -218,7 +221,10 @@ def test_whatif_ranks_by_speedup_per_added_dollar_and_watt(capsys):
     assert bw.added_w == pytest.approx(1.2 * 64 * 3.35 * 31)
     assert bw.speedup_per_kw == pytest.approx((bw.speedup - 1) / (bw.added_w / 1e3))
     assert flops.added_usd is None and flops.added_w is None and flops.speedup_per_kw is None
-    assert cap.training_cost_usd is not None and cap.time_to_train_s == pytest.approx(1e12 / (512 * 8192) * cap.step_time_s)
+    from comet_dse import goodput
+    steps = 1e12 / (512 * 8192) * cap.step_time_s             # productive time; then the goodput of 64 devices
+    wall = goodput.run(goodput.Reliability(), 64, comet_dse.load_model("llama3-8b").total_params(), steps)["wall_s"]
+    assert cap.training_cost_usd is not None and cap.time_to_train_s == pytest.approx(float(wall))
     code, out, err = run(capsys, "whatif", *SMALL, "--resources", "hbm_capacity,hbm_bandwidth", "--scale", "2",
                          "--no-fit", "--tokens", "1T", "--json")
     assert code == 0, err
@@ -328,7 +334,7 @@ def test_the_explorer_takes_a_token_budget_and_shows_time_and_cost():
     view = compute(controls)
     shown = str(_training(view))
     assert "time-to-train" in shown and "training-cost" in shown and "days" in shown and "$" in shown
-    assert math.isclose(view.chosen["training"]["time_to_train_s"], 1e12 / view.top[0]["tokens_per_second"],
+    assert math.isclose(view.chosen["training"]["productive_time_s"], 1e12 / view.top[0]["tokens_per_second"],
                         rel_tol=1e-9)
 
 

@@ -2,7 +2,7 @@
 
 The Python API (docs/api.md)::
 
-    from comet_dse import estimate, search, whatif, sweep, load_model, load_cluster
+    from comet_dse import estimate, search, whatif, plan, sweep, load_model, load_cluster
 
 Importing the package loads the cost model (numpy, PyYAML) and nothing else; pyarrow and pandas are
 imported when a result is turned into a table.
@@ -13,7 +13,7 @@ from comet_dse.version import __version__
 # The names shadow the submodules comet_dse.estimate and
 # comet_dse.whatif on purpose: `from comet_dse import estimate` is the function.
 from comet_dse.api import (Estimate, InputError, SearchResults, SearchSpace, Strategy,
-                           SweepResults, WhatIf, estimate, load_cluster, load_model, search, sweep, whatif)
+                           SweepResults, WhatIf, estimate, load_cluster, load_model, plan, search, sweep, whatif)
 
-__all__ = ["estimate", "search", "whatif", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
+__all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError", "__version__"]

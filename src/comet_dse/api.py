@@ -32,7 +32,7 @@ from comet_dse.tables import Tabular, arrow_to_pandas
 from comet_dse.whatif import DEFAULT_FACTORS, WhatIf
 from comet_dse.whatif import whatif as _whatif
 
-__all__ = ["estimate", "search", "whatif", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
+__all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
 
 
@@ -87,10 +87,11 @@ def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimat
     precision and kind of model, or "not validated" with the nearest validated family as an assumption)."""
     from dataclasses import replace
 
-    from comet_dse.errorband import band_of_cluster
+    from comet_dse.errorband import band_of_cluster, with_ranges
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
-    return replace(result, error_band=band_of_cluster(cluster, dtype, bool(model.moe)))
+    band = band_of_cluster(cluster, dtype, bool(model.moe))
+    return replace(result, error_band=band, training=with_ranges(result.training, band))
 
 
 def _check_knobs(given: dict, what: str) -> None:
@@ -202,7 +203,50 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
     ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py), with search's defaults."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
-    return _whatif(model, cluster, devices, global_batch, space, resources, factors, capacity, token_budget(tokens))
+    return whatif_with_band(_whatif(model, cluster, devices, global_batch, space, resources, factors, capacity,
+                                    token_budget(tokens)), cluster, model)
+
+
+def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> WhatIf:
+    """``result`` with its baseline's training figures given their ranges under the error band of the
+    baseline's strategy (errorband.with_ranges), as ``with_band`` gives an estimate's."""
+    from dataclasses import replace
+
+    from comet_dse.errorband import band_of_cluster, with_ranges
+
+    base = result.baseline
+    if not base.training or not base.strategy:
+        return result
+    band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"), bool(model.moe))
+    return replace(result, baseline=replace(base, training=with_ranges(base.training, band)))
+
+
+def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,
+         clusters=None, devices=None, basis: str = "rent", seq_len: int | None = None, overrides=None,
+         slow_end: bool = False):
+    """The cheapest design (cluster preset, size, strategy) that trains ``tokens`` within ``days``, and the fastest
+    within ``budget`` USD, across ``clusters`` (default every cluster preset) at ``devices`` (default
+    plan.DEFAULT_DEVICES), as ``comet-dse plan`` does: a ``plan.Plan``. ``overrides`` apply to every cluster
+    (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own); ``slow_end``
+    judges the deadline and the budget at the slow end of each design's error band."""
+    from comet_dse import planner as planning
+    from comet_dse.errorband import band_of_cluster
+
+    if basis not in ("rent", "own"):
+        raise InputError("basis", f"must be rent or own, got {basis!r}")
+    if days is None and budget is None:
+        raise InputError("days", "give a deadline (days) or a budget, or both")
+    deadline = BOUNDS["deadline_days"].check("days", float(days)) * 86400.0 if days is not None else None
+    budget = BOUNDS["budget_usd"].check("budget", float(budget)) if budget is not None else None
+    model = load_model(model, seq_len)
+    tokens = token_budget(tokens)
+    global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
+    names = list(clusters) if clusters else presets.preset_names("clusters")
+    loaded = [load_cluster(c, overrides) for c in names]
+    counts = tuple(BOUNDS["devices"].check_integer("devices", n) for n in (devices or planning.DEFAULT_DEVICES))
+    found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
+    return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,
+                         found, bool(slow_end))
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,18 @@ BOUNDS = {
                                                        "one day to 50 years"),
     "unit_price": Bound(0.0, 1e6, "USD per SI unit of a resource (per byte, byte/s or FLOP/s): not negative"),
     "unit_power": Bound(0.0, 1e6, "W per SI unit of a resource: not negative"),
+    # goodput (goodput.py, docs/economics.md "Goodput"): failures, restarts and checkpoints
+    "mtbf": Bound(60.0, 1e12, "mean time between failures per device: a minute to 31,700 years (Llama 3's "
+                              "H100s: 5.8 years)"),
+    "restart_time": Bound(0.0, 30 * 86400.0, "from a failure to training again: 0 (instant) to 30 days"),
+    "checkpoint_interval": Bound(1.0, 365.25 * 86400.0, "between checkpoints: a second to a year"),
+    "storage_bandwidth": Bound(1e3, 1e13, "per device, checkpoint storage or host copy: 1 kB/s to 10 TB/s "
+                                          "(over 100x a PCIe 5.0 x16 link)"),
+    "checkpoint_bytes": Bound(0.0, 64.0, "bytes a checkpoint holds per parameter: 0 (none written) to 64 "
+                                         "(4x fp32 weights with two fp32 moments and more)"),
+    # comet-dse plan: a deadline or a budget
+    "deadline_days": Bound(0.001, 36525.0, "days a training may take: about a minute and a half to 100 years"),
+    "budget_usd": Bound(1.0, 1e13, "USD a training may cost: $1 to $10 trillion"),
     "tokens": Bound(1.0, 1e18, "tokens to train: up to 1e18, over 10,000x the largest published runs (15T)"),
     # measurements (comet-dse calibrate)
     "measured_time": Bound(1e-6, 1e6, "a measured step time (iter_s, or tokens/s and MFU turned into one): "

@@ -3,12 +3,16 @@
 For a step of ``step_time`` seconds whose parts (``breakdown``, cost/step.py) add up to it, on ``devices``
 devices of a cluster, and a budget of ``tokens`` tokens (docs/economics.md has every formula and source):
 
-    time to train [s]      T = tokens / tokens_per_second
+    productive time [s]    T0 = tokens / tokens_per_second                   (every step trains)
+    time to train [s]      T = T0 / goodput                                  (goodput.py: failures, restarts,
+                                                                             checkpoints)
     device time [s]        D = devices x T                                   (shown in device-hours)
     device draw [W]        P_dev = sum over states s of P_s x f_s            f_s = the step's time in state s
                                                                              / step time (STATE_OF_PART)
     cluster draw [W]       P = PUE x (devices x (P_dev + P_switch) + nodes x P_node)
-    energy [J]             E = P x T                                         (shown in MWh)
+    energy [J]             E = P x (T0 + work redone) + P_idle x (checkpoint stalls + restarts)
+                                                                             (shown in MWh; P_idle: P with every
+                                                                             device idle)
     owning [USD]           C_own = devices x price x T / lifetime + E x energy price
     renting [USD]          C_rent = D x (rent + (price - price as given) / lifetime)
     cost [USD]             C = C_rent with the cost basis 'rent' (the default where a rent is known), else C_own
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from comet_dse import goodput
 from comet_dse.bounds import BOUNDS
 from comet_dse.hardware.economics import amount, state_of
 from comet_dse.hardware.spec import Cluster
@@ -54,7 +59,7 @@ STATE_OF_PART = {
     "pp_communication": "network", "dp_communication": "network", "offload": "network",
     "pipeline_bubble": "idle", "overhead": "idle",
 }
-COLUMNS = ("time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_rent_usd",
+COLUMNS = ("productive_time_s", "goodput", "time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_rent_usd",
            "training_cost_own_usd", "training_cost_usd")
 
 
@@ -76,6 +81,7 @@ class Rates:
     lifetime_s: float
     rent_usd_per_s: float         # per device-second, as given
     basis: str                    # 'rent' or 'own'
+    reliability: goodput.Reliability = goodput.Reliability()   # failures, restarts, checkpoints (goodput.py)
 
     @property
     def excluded(self) -> list:
@@ -169,7 +175,7 @@ def rates(cluster: Cluster, devices: int) -> Rates:
     """The cost and power figures of ``devices`` devices of ``cluster`` at its present design."""
     econ = cluster.economics
     rent = _number(econ.rent_usd_per_s)
-    basis = econ.cost_basis or ("rent" if econ.rent_usd_per_s is not None else "own")
+    basis = cost_basis(cluster)
     return Rates(
         devices=devices, nodes=math.ceil(devices / cluster.devices_per_node),
         device_price_usd=device_price(cluster), price_delta_usd=price_delta(cluster),
@@ -179,7 +185,37 @@ def rates(cluster: Cluster, devices: int) -> Rates:
         energy_price_usd_per_j=(econ.energy_price_usd_per_j if econ.energy_price_usd_per_j is not None
                                 else DEFAULT_ENERGY_PRICE),
         lifetime_s=econ.lifetime_s if econ.lifetime_s is not None else DEFAULT_LIFETIME,
-        rent_usd_per_s=rent, basis=basis)
+        rent_usd_per_s=rent, basis=basis, reliability=reliability(cluster))
+
+
+def cost_basis(cluster: Cluster) -> str:
+    """The cost basis of ``cluster``: its ``cost_basis``, else 'rent' where it has a rent, else 'own'."""
+    econ = cluster.economics
+    return econ.cost_basis or ("rent" if econ.rent_usd_per_s is not None else "own")
+
+
+def cost_column(basis: str) -> str:
+    """The training column of a cost basis: training_cost_rent_usd or training_cost_own_usd. A table that
+    compares clusters shows one basis for all (its first or baseline cluster's), never each its own: a
+    cluster without a figure for that basis is unknown there (docs/economics.md)."""
+    return f"training_cost_{basis}_usd"
+
+
+def reliability(cluster: Cluster) -> goodput.Reliability:
+    """The goodput settings of ``cluster``'s economics block, goodput.py's defaults where it gives none."""
+    econ, default = cluster.economics, goodput.Reliability()
+
+    def given(value, fallback):
+        return fallback if value is None else value
+
+    return goodput.Reliability(
+        mtbf_s=given(econ.mtbf_s, default.mtbf_s), restart_s=given(econ.restart_s, default.restart_s),
+        interval_s=econ.checkpoint_interval_s,
+        storage_bandwidth=given(econ.storage_bandwidth, default.storage_bandwidth),
+        checkpoint_bytes_per_parameter=given(econ.checkpoint_bytes_per_parameter,
+                                             default.checkpoint_bytes_per_parameter),
+        host_bandwidth=given(econ.host_bandwidth, default.host_bandwidth),
+        checkpoint=given(econ.checkpoint, default.checkpoint), enabled=econ.goodput != "off")
 
 
 def state_fractions(step_time, breakdown: dict) -> dict:
@@ -205,34 +241,64 @@ def average_power(r: Rates, step_time, breakdown: dict) -> np.ndarray:
     return r.pue * (r.devices * (device + _known(r.switch_power_w)) + r.nodes * _known(r.node_power_w))
 
 
-def training(r: Rates, step_time, tokens_per_second, breakdown: dict, tokens: float) -> dict:
+def idle_power(r: Rates) -> float:
+    """The cluster's draw at the wall with every device idle [W] (checkpoint stalls, restarts):
+    PUE x (devices x (P_idle + P_switch) + nodes x P_node); the parts ``r.excluded`` names left out."""
+    return r.pue * (r.devices * (r.draws_w["idle"] + _known(r.switch_power_w)) + r.nodes * _known(r.node_power_w))
+
+
+def training(r: Rates, step_time, tokens_per_second, breakdown: dict, tokens: float, parameters) -> dict:
     """The COLUMNS of training on ``tokens`` tokens, one value per design point (arrays as the inputs;
-    SI units: s, W, J, USD; NaN where an input is unknown)."""
+    SI units: s, W, J, USD; NaN where an input is unknown). ``parameters``: the model's parameters, what a
+    checkpoint holds (goodput.py)."""
+    return training_parts(r, step_time, tokens_per_second, breakdown, tokens, parameters)[0]
+
+
+def training_parts(r: Rates, step_time, tokens_per_second, breakdown: dict, tokens: float, parameters) -> tuple:
+    """(COLUMNS, goodput.run's terms) of training on ``tokens`` tokens: ``training`` and where the time
+    beyond the productive time goes."""
     step = np.asarray(step_time, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        time = tokens / np.asarray(tokens_per_second, dtype=float)
-    power = average_power(r, step, breakdown)
-    energy = power * time
+        productive = tokens / np.asarray(tokens_per_second, dtype=float)
+    lost = goodput.run(r.reliability, r.devices, parameters, productive)
+    time = lost["wall_s"]
+    busy = average_power(r, step, breakdown)
+    energy = busy * (productive + lost["lost_work_s"]) + idle_power(r) * (lost["checkpoint_time_s"]
+                                                                          + lost["restart_time_s"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        power = np.where(time > 0, energy / np.where(time > 0, time, 1.0), busy)
     device_time = r.devices * time
     own = r.devices * r.device_price_usd * time / r.lifetime_s + energy * r.energy_price_usd_per_j
     rent = device_time * (r.rent_usd_per_s + r.price_delta_usd / r.lifetime_s)
     shape = np.broadcast_shapes(step.shape, np.shape(time))
-    cols = {"time_to_train_s": time, "device_time_s": device_time, "average_power_w": power, "energy_j": energy,
+    cols = {"productive_time_s": productive, "goodput": lost["goodput"], "time_to_train_s": time, "device_time_s": device_time, "average_power_w": power, "energy_j": energy,
             "training_cost_rent_usd": rent, "training_cost_own_usd": own,
             "training_cost_usd": rent if r.basis == "rent" else own}
-    return {k: np.broadcast_to(np.asarray(v, dtype=float), shape) for k, v in cols.items()}
+    return ({k: np.broadcast_to(np.asarray(v, dtype=float), shape) for k, v in cols.items()},
+            {k: np.broadcast_to(np.asarray(v, dtype=float), shape) for k, v in lost.items()})
 
 
 def training_of(cluster: Cluster, devices: int, step_time: float, tokens_per_second: float, breakdown: dict,
-                tokens: float) -> dict:
-    """``training`` of one design point as plain floats, with what was assumed: the JSON block of
-    ``estimate --tokens`` (Estimate.training)."""
+                tokens: float, parameters: float) -> dict:
+    """``training`` of one design point as plain floats, with what was assumed and, under ``goodput_terms``,
+    where the time beyond the productive time goes (goodput.run): the JSON block of ``estimate --tokens``
+    (Estimate.training)."""
     r = rates(cluster, devices)
-    cols = training(r, np.array([step_time]), np.array([tokens_per_second]),
-                    {k: np.array([v]) for k, v in breakdown.items()}, tokens)
+    cols, lost = training_parts(r, np.array([step_time]), np.array([tokens_per_second]),
+                                {k: np.array([v]) for k, v in breakdown.items()}, tokens, np.array([parameters]))
     out = {"tokens": float(tokens), **{k: float(v[0]) for k, v in cols.items()}}
     out.update(inputs(r))
+    out["goodput_terms"] = {**{k: float(v[0]) for k, v in lost.items() if k not in ("goodput", "wall_s")},
+                            **reliability_inputs(r.reliability)}
     return out
+
+
+def reliability_inputs(rel: goodput.Reliability) -> dict:
+    """The goodput settings a figure was computed with (SI; checkpoint_interval_s None: Young's optimum)."""
+    return {"enabled": rel.enabled, "mtbf_per_device_s": rel.mtbf_s, "restart_time_setting_s": rel.restart_s,
+            "checkpoint_interval_given_s": rel.interval_s, "storage_bandwidth_per_device": rel.storage_bandwidth,
+            "host_bandwidth_per_device": rel.host_bandwidth,
+            "checkpoint_bytes_per_parameter": rel.checkpoint_bytes_per_parameter, "checkpoint": rel.checkpoint}
 
 
 def inputs(r: Rates) -> dict:
@@ -242,3 +308,27 @@ def inputs(r: Rates) -> dict:
             "energy_price_usd_per_j": r.energy_price_usd_per_j, "lifetime_s": r.lifetime_s, "pue": r.pue,
             "device_power_w": dict(r.draws_w), "node_power_w": r.node_power_w, "switch_power_w": r.switch_power_w,
             "nodes": r.nodes, "energy_excludes": r.excluded}
+
+
+# The training figures (economics.COLUMNS) that grow in proportion to the step time, and so take its band.
+RANGED = ("productive_time_s", "time_to_train_s", "device_time_s", "energy_j", "training_cost_rent_usd",
+          "training_cost_own_usd", "training_cost_usd")
+
+
+def band_range(value: float, band: dict) -> list | None:
+    """[low, high] of a figure that grows in proportion to the step time, where the measured step time lies
+    given the band: the band is of (predicted - measured) / measured = e, so measured = predicted / (1 + e), and
+    the figure runs from value / (1 + high) to value / (1 + low). None without a validated band or a value."""
+    if not band or band.get("low") is None or band.get("high") is None or value is None or not math.isfinite(value):
+        return None
+    return [value / (1.0 + band["high"]), value / (1.0 + band["low"])]
+
+
+def with_ranges(training: dict | None, band: dict | None) -> dict | None:
+    """``training`` (Estimate.training, training_of) with ``<figure>_range`` = band_range for every
+    figure of RANGED: time to train, device time, energy and cost as the band leaves them. Every one of them
+    is proportional to the productive time (goodput.py: the goodput does not depend on it; energy: the same
+    draws over proportionally longer stalls), so the range is exact for a step time anywhere in the band."""
+    if training is None:
+        return None
+    return {**training, **{f"{k}_range": band_range(training.get(k), band) for k in RANGED if k in training}}

@@ -21,6 +21,7 @@ import io
 from functools import lru_cache
 from importlib import resources
 
+from comet_dse.economics import RANGED, band_range, with_ranges  # noqa: F401 - re-exported
 from comet_dse.stats import error_stats
 
 BANDS_FILE = "error_bands.csv"

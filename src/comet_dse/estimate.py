@@ -98,8 +98,9 @@ class Estimate(Tabular):
             "layers_per_stage": self.layers_per_stage,
             "memory_last_stage_bytes": self.memory_last_stage_bytes,
             "inputs": dict(self.inputs),
-            "training": (dict(self.training, **{k: None for k in TRAINING_COLUMNS}) if not timed
-                         else dict(self.training)) if self.training is not None else None,
+            "training": (dict(self.training, **{k: None for k in self.training
+                                                if k in TRAINING_COLUMNS or k.endswith("_range")})
+                         if not timed else dict(self.training)) if self.training is not None else None,
             "error_band": dict(self.error_band) if self.error_band is not None else None,
         }
 
@@ -125,7 +126,8 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
     breakdown = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.breakdown.items()}
     training = None
     if tokens is not None:
-        training = training_of(cluster, devices, step_time, float(step.tokens_per_second[0]), breakdown, tokens)
+        training = training_of(cluster, devices, step_time, float(step.tokens_per_second[0]), breakdown, tokens,
+                               model.total_params())
     return Estimate(
         feasible=feasible,
         reasons=reasons_for(rules, 0),

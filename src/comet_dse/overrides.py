@@ -39,7 +39,7 @@ def resource_names(cluster: Cluster) -> list:
     names = [n for n in CLUSTER_AXES if n != "network"]
     names += [f"peak_flops.{d}" for d in DTYPES]
     names += [f"network.{d.name}.{attr}" for d in cluster.network for attr in DIM_AXES]
-    names += [*economics.FIELDS, "cost_basis"]
+    names += [*economics.FIELDS, *economics.CHOICES]
     names += [f"{head}.{r}" for head in ("unit_price", "unit_power") for r in economics.resource_names(cluster)]
     return names
 
@@ -165,7 +165,9 @@ def add_override_options(parser) -> None:
                              "network.<dim>.topology=torus, sram_capacity, expansion_capacity, ...; power and "
                              "price: rent=2USD/h, pue=1.1, energy_price=0.08USD/kWh, lifetime=4years, "
                              "node_power=4.6kW, cost_basis=own, unit_price.hbm_capacity=15USD/GiB, "
-                             "unit_power.hbm_bandwidth=31W/(TB/s) (docs/economics.md) "
+                             "unit_power.hbm_bandwidth=31W/(TB/s); goodput: mtbf=50000h, restart_time=10min, "
+                             "checkpoint=async, checkpoint_interval=1h, storage_bandwidth=122MB/s, "
+                             "checkpoint_bytes=14, goodput=off (docs/economics.md) "
                              "(the study axes, studies/README.md)")
     parser.add_argument("--expansion", default=None, metavar="CAP@BW[@LAT]",
                         help="add an expansion memory tier (CXL-like), e.g. 512GiB@64GB/s or 512GiB@64GB/s@1us")

@@ -409,3 +409,135 @@ def _rows(errors: list, keys: tuple) -> dict:
     """{rows, then ``keys`` of stats.error_stats} of a list of errors."""
     s = error_stats(errors)
     return {"rows": len(errors), **{k: s[k] for k in keys}}
+
+
+# ---- whole training runs: published device-hours (whole_runs.csv) ------------------------------------------------
+
+WHOLE_RUNS = "whole_runs.csv"
+STRATEGY_SOURCES = ("stated", "searched")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a whole run as predicted: its strategy (compact text), where it came from, the device time
+    of its tokens with and without goodput [s], its time to train [s] and energy [J]."""
+
+    name: str
+    strategy_text: str
+    strategy_source: str
+    device_time_s: float
+    steps_device_time_s: float
+    time_to_train_s: float
+    energy_j: float
+
+
+@dataclass(frozen=True)
+class WholeRun:
+    """A published training run against the model: the published device-hours and the predicted ones (every
+    phase's tokens at its predicted throughput, over the goodput of goodput.py with its sourced defaults)."""
+
+    run: str
+    hardware: str             # the accelerator's name (for the error band)
+    dtype: str
+    published_device_hours: float
+    published: str            # what the published figure counts
+    phases: tuple
+    source: str
+
+    @property
+    def predicted_device_hours(self) -> float:
+        return sum(p.device_time_s for p in self.phases) / 3600.0
+
+    @property
+    def steps_device_hours(self) -> float:
+        """Device-hours of the steps alone (goodput 1)."""
+        return sum(p.steps_device_time_s for p in self.phases) / 3600.0
+
+    @property
+    def goodput(self) -> float:
+        return self.steps_device_hours / self.predicted_device_hours
+
+    @property
+    def error(self) -> float:
+        """(predicted - published) / published device-hours."""
+        return (self.predicted_device_hours - self.published_device_hours) / self.published_device_hours
+
+    @property
+    def steps_error(self) -> float:
+        """The same without goodput (every step trains)."""
+        return (self.steps_device_hours - self.published_device_hours) / self.published_device_hours
+
+
+def whole_runs_file(directory: Path | None = None) -> Path:
+    """whole_runs.csv in ``directory``, or the packaged copy when that folder has none."""
+    path = (directory or validation_dir()) / WHOLE_RUNS
+    if path.is_file():
+        return path
+    return Path(str(resources.files("comet_dse").joinpath("data", "validation", WHOLE_RUNS)))
+
+
+def whole_run_comparisons(directory: Path | None = None) -> list:
+    """whole_runs.csv: every run's phases predicted with its cluster preset as shipped and goodput's defaults,
+    on the strategy its source states, or where it states none (``strategy`` = searched) the fastest strategy
+    that fits with the knobs it does state held fixed; rows of one ``run`` are summed."""
+    path = whole_runs_file(directory)
+    runs = {}
+    for row in _read(path.parent, path.name):
+        runs.setdefault(row["run"], []).append(row)
+    return [_whole_run(rows, path.parent) for rows in runs.values()]
+
+
+def _whole_run(rows: list, folder: Path) -> WholeRun:
+    from comet_dse.presets import load_cluster
+
+    phases, first = [], rows[0]
+    for row in rows:
+        if row["strategy"] not in STRATEGY_SOURCES:
+            raise InputError("whole_runs.csv strategy", f"must be one of {', '.join(STRATEGY_SOURCES)}, "
+                             f"got {row['strategy']!r}")
+        cluster = load_cluster(row["cluster"])
+        model = _memory_model(row, folder)
+        gpus, tokens = int(row["gpus"]), float(row["tokens"])
+        strategy = _strategy(row) if row["strategy"] == "stated" else _searched(model, cluster, gpus, row)
+        result = estimate(model, cluster, gpus, strategy, tokens=tokens)
+        if not result.runnable:
+            raise InputError("whole_runs.csv", f"{row['run']} {row['phase']}: the strategy cannot run: "
+                             f"{'; '.join(result.reasons)}")
+        t = result.training
+        phases.append(Phase(row["phase"], _compact(strategy), row["strategy"], t["device_time_s"],
+                            gpus * t["productive_time_s"], t["time_to_train_s"], t["energy_j"]))
+    cluster = load_cluster(first["cluster"])
+    return WholeRun(first["run"], cluster.accelerator.name, first["dtype"] or "bf16",
+                    float(first["published_device_hours"]), first["published"], tuple(phases), first["source"])
+
+
+def _searched(model: Transformer, cluster: Cluster, gpus: int, row: dict) -> Strategy:
+    """The fastest strategy that fits (design_space.search with the command line's defaults) with every knob the
+    row states held at its value, or among its values where a cell lists several (``none|full``)."""
+    from comet_dse.design_space.search import search, strategy_at
+    from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
+
+    given = {k: (v,) for k, v in knob_values({c: t for c, t in row.items() if "|" not in (t or "")}).items()
+             if k != "global_batch"}
+    for column, text in row.items():           # a cell 'none|full': the values the run could have used
+        if "|" in (text or ""):
+            given.update({k: tuple(knob_values({column: part})[k] for part in text.split("|"))
+                          for k in knob_values({column: text.split("|")[0]})})
+    space = with_cluster_defaults(SearchSpace(given), cluster, gpus, False)
+    found = search(model, cluster, gpus, int(row["global_batch"]), space)
+    if not found.feasible:
+        raise InputError("whole_runs.csv", f"{row['run']} {row['phase']}: no strategy fits")
+    return strategy_at(found.columns, int(found.ranked[0]))
+
+
+def _compact(strategy: Strategy) -> str:
+    from comet_dse.strategy import compact_text
+
+    return compact_text(strategy.to_dict())
+
+
+def whole_run_summary(runs: list) -> dict:
+    """{runs, mean_abs_error, max_abs_error, mean_error} of the device-hours, with goodput (``with_goodput``) and
+    without (``steps_only``)."""
+    return {"with_goodput": _rows([r.error for r in runs], ("mean_abs_error", "max_abs_error", "mean_error")),
+            "steps_only": _rows([r.steps_error for r in runs], ("mean_abs_error", "max_abs_error", "mean_error"))}

@@ -208,6 +208,21 @@ RESOURCES = (
     Resource("lifetime", "device lifetime", "s", "years", 365.25 * 86400, "",
              "the years a device's purchase price is spread over"),
     Resource("cost_basis", "cost basis", "", "", 1.0, "", "rent (pay per device-hour) or own (buy and pay energy)"),
+    Resource("mtbf", "MTBF per device", "s", "h", 3600.0, PER_DEVICE,
+             "mean time between failures of one device, its share of node, network and software failures included"),
+    Resource("restart_time", "restart time", "s", "min", 60.0, "per failure",
+             "from a failure to training again (detect, reschedule, re-initialise), re-loading aside"),
+    Resource("checkpoint_interval", "checkpoint interval", "s", "min", 60.0, "",
+             "productive time between checkpoints (default: Young's optimum)"),
+    Resource("storage_bandwidth", "checkpoint storage bandwidth", "B/s", "MB/s", 1e6, PER_DEVICE,
+             "what one device's share of a checkpoint is written and read back at"),
+    Resource("host_bandwidth", "host copy bandwidth", "B/s", "GB/s", 1e9, PER_DEVICE,
+             "device-to-host copy of an async checkpoint"),
+    Resource("checkpoint_bytes", "checkpoint bytes per parameter", "B", "B", 1.0, "per parameter",
+             "bytes a checkpoint holds per parameter (weights, master weights, optimizer moments)"),
+    Resource("checkpoint", "checkpoint mode", "", "", 1.0, "",
+             "sync (training waits for the write) or async (only for the copy to host memory)"),
+    Resource("goodput", "goodput", "", "", 1.0, "", "on: failures, restarts and checkpoints counted; off: a perfect run"),
     Resource("unit_price.<resource>", "price per <resource>", "USD per SI unit", "USD per display unit", 1.0,
              PER_DEVICE, "what one more unit of the resource adds to a device's price"),
     Resource("unit_power.<resource>", "power per <resource>", "W per SI unit", "W per display unit", 1.0,
@@ -264,11 +279,16 @@ class Quantity:
 
 TRAINING = (
     Quantity("tokens", "token budget", "tokens", "tokens (k, M, G, T, P)", "tokens to train on"),
-    Quantity("time_to_train_s", "time to train", "s", "days", "the token budget / tokens per second"),
+    Quantity("productive_time_s", "time in steps", "s", "days", "the token budget / tokens per second: every "
+             "step trains"),
+    Quantity("goodput", "goodput", "1", "%", "time in steps / time to train: what failures, restarts and "
+             "checkpoints leave (goodput.py)"),
+    Quantity("time_to_train_s", "time to train", "s", "days", "time in steps / goodput"),
     Quantity("device_time_s", "device-hours", "s", "device-hours", "devices x time to train"),
     Quantity("average_power_w", "average power", "W", "kW or MW", "the cluster's average draw at the wall, "
              "PUE included: per device, the draw of each state times the step's fraction in it"),
-    Quantity("energy_j", "energy", "J", "kWh or MWh", "average power x time to train"),
+    Quantity("energy_j", "energy", "J", "kWh or MWh", "the step's draw over the steps and the work redone, the "
+             "idle draw over checkpoint stalls and restarts"),
     Quantity("training_cost_usd", "cost", "USD", "USD", "renting or owning, by the cluster's cost basis"),
     Quantity("training_cost_rent_usd", "cost, renting", "USD", "USD",
              "device-hours x the rent per device-hour (plus per-unit price changes over the lifetime)"),

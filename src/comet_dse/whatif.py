@@ -63,6 +63,8 @@ class Best:
     time_to_train_s: float | None = None      # with a token budget (economics.py); None: none given or unknown
     energy_j: float | None = None
     training_cost_usd: float | None = None
+    training: dict | None = None              # with a token budget: economics.training_of in full (the baseline's
+                                              # carries its error band's ranges, errorband.with_ranges)
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,15 @@ class Cell:
     note: str = ""
     added_usd: float | None = None         # what the change adds to the cluster's price (None: no per-unit price)
     added_w: float | None = None           # ... to its draw while the resource is busy, PUE included (None: no per-unit power)
-    speedup_per_musd: float | None = None  # (speedup - 1) per added million USD (None: no price, or it adds none)
-    speedup_per_kw: float | None = None    # (speedup - 1) per added kW
+    speedup_per_musd: float | None = None  # (speedup - 1) per added million USD (None: no price, or it adds none:
+                                           # a change that lowers the price is in usd_saved_per_slowdown_pct)
+    speedup_per_kw: float | None = None    # (speedup - 1) per added kW (None where it adds none)
     time_to_train_s: float | None = None   # with a token budget: the scaled cluster's best strategy
     energy_j: float | None = None
     training_cost_usd: float | None = None
+    usd_saved_per_slowdown_pct: float | None = None   # a change that lowers the price: USD saved per 1 % of speed
+                                                      # it costs (inf: it costs none; None: it saves nothing)
+    w_saved_per_slowdown_pct: float | None = None     # ... W of draw saved per 1 % of speed
 
 
 @dataclass(frozen=True)
@@ -126,13 +132,15 @@ class WhatIf(Tabular):
         raise KeyError(f"no cell for {resource} x{factor:g}")
 
     def to_dict(self) -> dict:
-        """The JSON form of ``comet-dse whatif --json``; each cell's ``unit`` is the SI unit of its value
+        """The JSON form of ``comet-dse whatif --json`` (``training``: the baseline's, as ``baseline.training``);
+        each cell's ``unit`` is the SI unit of its value
         (vocabulary.Resource.si_unit; bandwidths per device, per direction unless named link_bandwidth)."""
         return {"model": self.model, "cluster": self.cluster, "devices": self.devices,
                 "global_batch": self.global_batch, "factors": list(self.factors), "tokens": self.tokens,
                 "baseline": asdict(self.baseline), "cells": [{**asdict(c), "unit": si_unit(c.resource)}
                                                              for c in self.cells],
-                "fit": asdict(self.fit) if self.fit else None}
+                "fit": asdict(self.fit) if self.fit else None,
+                "training": self.baseline.training}        # the baseline's, as estimate --json names it
 
 
 def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int, space: SearchSpace | None = None,
@@ -153,7 +161,7 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
-    baseline = best_in(cols, cluster, devices, tokens)
+    baseline = best_in(cols, cluster, devices, tokens, model.total_params())
     cells = [scaled_best(model, cluster, devices, candidates(st, cols, r), baseline, r, f, tokens)
              for r in resources for f in factors]
     fit = smallest_capacity(model, cluster, devices, global_batch, space, capacity, st) if capacity else None
@@ -196,13 +204,14 @@ def candidates(st, cols: dict, resource: str):
 
 def best_of(model: Transformer, cluster: Cluster, devices: int, st, tokens: float | None = None) -> Best:
     """The fastest feasible strategy of ``st`` on ``cluster``, or why there is none."""
-    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens)
+    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens, model.total_params())
 
 
 def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = None,
-            tokens: float | None = None) -> Best:
+            tokens: float | None = None, parameters: float = math.nan) -> Best:
     """The fastest feasible row of evaluated columns, or why there is none; with a ``cluster``, its
-    ``devices`` and a token budget also its time to train, energy and cost (None where unknown)."""
+    ``devices``, a token budget and the model's ``parameters`` (what a checkpoint holds) also its time to
+    train, energy and cost (None where unknown) and the whole training figure (``training``)."""
     ok = np.flatnonzero(cols["feasible"])
     if not len(ok):
         counts = reason_counts(cols["infeasible_mask"])
@@ -215,8 +224,9 @@ def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = No
         parts = {k[len("time_"):-len("_s")]: float(v[row]) for k, v in cols.items()
                  if k.startswith("time_") and k.endswith("_s")}
         train = economics.training_of(cluster, devices, float(cols["step_time_s"][row]),
-                                      float(cols["tokens_per_second"][row]), parts, tokens)
+                                      float(cols["tokens_per_second"][row]), parts, tokens, parameters)
         figures = {k: _or_none(train[k]) for k in ("time_to_train_s", "energy_j", "training_cost_usd")}
+        figures["training"] = train
     return Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), strategy,
                 compact_text(strategy), len(cols["feasible"]), len(ok), **figures)
 
@@ -242,10 +252,23 @@ def added(cluster: Cluster, scaled: Cluster, devices: int) -> tuple:
 
 
 def per_added(speedup: float | None, added_: float | None, unit: float) -> float | None:
-    """(speedup - 1) per ``unit`` of the added USD or W; None when either is unknown or nothing is added."""
-    if speedup is None or added_ is None or added_ == 0:
+    """(speedup - 1) per ``unit`` of the added USD or W where the change adds some; None when either is unknown
+    or the change adds nothing or takes away (a scale-down: ``per_saved``, so that a slowdown that saves money
+    never reads as a gain per added dollar)."""
+    if speedup is None or added_ is None or not added_ > 0:
         return None
     return (speedup - 1.0) / (added_ / unit)
+
+
+def per_saved(speedup: float | None, added_: float | None) -> float | None:
+    """What a change that lowers the price or the draw saves per 1 % of speed it costs: -added / (100 x (1 -
+    speedup)) in USD or W; inf where it costs no speed (cheaper and as fast or faster); None when either is
+    unknown or the change saves nothing."""
+    if speedup is None or added_ is None or not added_ < 0:
+        return None
+    if speedup >= 1.0:
+        return math.inf
+    return -added_ / (100.0 * (1.0 - speedup))
 
 
 def scaled_best(model: Transformer, cluster: Cluster, devices: int, st, baseline: Best, resource: str,
@@ -261,7 +284,8 @@ def scaled_best(model: Transformer, cluster: Cluster, devices: int, st, baseline
     usd, watts = added(cluster, scaled, devices)
     return Cell(resource, factor, resource_value(scaled, resource), best.step_time_s, speedup,
                 best.strategy_text, best.note, usd, watts, per_added(speedup, usd, 1e6), per_added(speedup, watts, 1e3),
-                best.time_to_train_s, best.energy_j, best.training_cost_usd)
+                best.time_to_train_s, best.energy_j, best.training_cost_usd, per_saved(speedup, usd),
+                per_saved(speedup, watts))
 
 
 def resource_value(cluster: Cluster, resource: str) -> float | None:

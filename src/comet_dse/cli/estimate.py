@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 from comet_dse import jsonout
-from comet_dse.cli.options import (add_knob_options, add_model_inputs, add_tokens_option, load_inputs,
+from comet_dse.cli.options import (add_knob_options, add_model_inputs, add_goodput_options, add_tokens_option, load_inputs,
                                    strategy_from)
 from comet_dse.errors import InputError
 from comet_dse.overrides import add_override_options
@@ -18,6 +18,7 @@ def add_parser(sub) -> None:
     add_knob_options(p, many=False)
     add_override_options(p)
     add_tokens_option(p)
+    add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
 

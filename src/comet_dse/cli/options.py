@@ -248,3 +248,35 @@ def add_tokens_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=token_count, default=None, metavar="N",
                         help="tokens to train on, e.g. 15T: also print time to train, device-hours, energy and "
                              "cost (docs/economics.md)")
+
+
+# The goodput settings with an option of their own (each is also ``--set <name>=...``): option -> (setting, help).
+GOODPUT_OPTIONS = {
+    "--goodput": ("goodput", "on|off", "count failures, restarts and checkpoints in the time to train (default on; "
+                                       "off: a perfect run)"),
+    "--mtbf": ("mtbf", "T", "mean time between failures per device, e.g. 50000h (default: Llama 3's 16,384 GPUs x "
+                            "54 days / 419 unexpected interruptions = 50,677 h)"),
+    "--restart-time": ("restart_time", "T", "from a failure to training again, re-load aside (default 10min)"),
+    "--checkpoint": ("checkpoint", "sync|async", "sync: training waits for the write; async: for the copy to host "
+                                                 "memory only (default sync)"),
+    "--checkpoint-interval": ("checkpoint_interval", "T", "time between checkpoints (default: the best interval, "
+                                                          "Young's sqrt(2 x stall x job MTBF) printed beside it)"),
+    "--storage-bandwidth": ("storage_bandwidth", "BW", "checkpoint write and read bandwidth per device (default "
+                                                       "122MB/s: Llama 3's 2 TB/s over 16,384 GPUs)"),
+}
+
+
+def add_goodput_options(parser: argparse.ArgumentParser) -> None:
+    """The goodput settings (goodput.py, docs/economics.md "Goodput") as options of their own: each adds
+    ``<setting>=<value>`` to ``--set``, so it is checked and applied the same way."""
+    group = parser.add_argument_group("goodput (with --tokens; docs/economics.md)")
+    for option, (setting, metavar, text) in GOODPUT_OPTIONS.items():
+        group.add_argument(option, dest="overrides", action="append", type=_setting_text(setting),
+                           metavar=metavar, help=text)
+
+
+def _setting_text(setting: str):
+    """argparse type: the option's value as ``--set``'s ``<setting>=<value>``."""
+    def text(value: str) -> str:
+        return f"{setting}={value}"
+    return text

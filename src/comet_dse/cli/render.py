@@ -8,7 +8,7 @@ from comet_dse.estimate import Estimate
 from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
 from comet_dse.text import printable, render_table
 from comet_dse.units import (format_bytes, format_count, format_duration, format_energy, format_hours, format_time,
-                             format_usd, is_finite, or_unknown)
+                             format_usd, is_finite, is_known, or_unknown)
 from comet_dse.vocabulary import (ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource,
                                   training_label)
 
@@ -83,23 +83,28 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
 
 
 def training_lines(training: dict | None) -> list:
-    """What training on the token budget takes (Estimate.training, economics.py): time to train, device-hours,
-    average power, energy and cost, renting and owning, each 'unknown' where a figure is missing; then what
-    was assumed. Nothing without a budget."""
+    """What training on the token budget takes (Estimate.training, economics.py): time to train (with the time
+    the steps take and the goodput: goodput.py), device-hours, average power, energy and cost, renting and
+    owning, each 'unknown' where a figure is missing and with its range under the error band where there is
+    one (errorband.with_ranges); then what was assumed. Nothing without a budget."""
     if not training:
         return []
     t, inputs = training, training
     rent, own = t["training_cost_rent_usd"], t["training_cost_own_usd"]
     draws = inputs["device_power_w"]
-    lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)",
-             f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}",
-             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], format_hours)}",
+    lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)" + _band_note(t),
+             f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}"
+             + _range(t, "time_to_train_s", format_duration),
+             *goodput_lines(t),
+             f"  {training_label('device_time_s'):24s} {_or_unknown(t['device_time_s'], format_hours)}"
+             + _range(t, "device_time_s", format_hours),
              f"  {training_label('average_power_w'):24s} {_or_unknown(t['average_power_w'], lambda w: _watts(w) + ' at the wall')}",
              f"  {training_label('energy_j'):24s} {_or_unknown(t['energy_j'], format_energy)}"
+             + _range(t, "energy_j", format_energy)
              + (f" (leaves out {' and '.join(inputs['energy_excludes'])}: no figure)"
                 if inputs["energy_excludes"] and is_finite(t["energy_j"]) else ""),
              f"  {training_label('training_cost_usd'):24s} {_or_unknown(t['training_cost_usd'], format_usd)} "
-             f"({inputs['cost_basis']}ing)",
+             f"({inputs['cost_basis']}ing)" + _range(t, "training_cost_usd", format_usd),
              f"    {'renting':22s} {_or_unknown(rent, format_usd)}"
              + (f" = device-hours x {resource('rent').text(inputs['rent_usd_per_device_s'])}" if is_finite(rent) else
                 " (no rent figure)"),
@@ -113,6 +118,53 @@ def training_lines(training: dict | None) -> list:
              + f"; PUE {inputs['pue']:g}; {inputs['nodes']:,} nodes",
              ""]
     return lines
+
+
+def goodput_lines(t: dict) -> list:
+    """The lines under the time to train: what the steps take, and the goodput with where the rest goes:
+    failures (the job's MTBF), restarts, work redone, checkpoints and Young's interval (goodput.py)."""
+    g = t.get("goodput_terms")
+    if g is None:
+        return []
+    steps = f"    {'of which steps':22s} {_or_unknown(t['productive_time_s'], format_duration)}"
+    if not g["enabled"]:
+        return [steps + "; goodput not counted (goodput=off: no failure, restart or checkpoint)"]
+    gp = t["goodput"]
+    young = (f"Young's optimum sqrt(2 x {_span(g['checkpoint_stall_s'])} x {_span(g['mtbf_s'])})"
+             f" = {_span(g['young_interval_s'])}")
+    interval = (f"the best interval with restarts counted; {young}" if g["checkpoint_interval_given_s"] is None
+                else f"as given; {young}")
+    return [steps,
+            f"    {'goodput':22s} " + (f"{gp * 100:.1f} %" if is_finite(gp) else "unknown")
+            + (" (failures come faster than the work they redo: the run never ends)" if gp == 0 else ""),
+            f"    {'failures':22s} {g['failures']:,.0f} expected (job MTBF {_span(g['mtbf_s'])}: "
+            f"{resource('mtbf').text(g['mtbf_per_device_s'])} per device / devices), each a "
+            f"{_span(g['restart_time_setting_s'])} restart + {_span(g['checkpoint_write_s'])} re-load"
+            f" + {_span(g['interval_s'] / 2)} of work redone: "
+            f"{_span(g['restart_time_s'] + g['lost_work_s'])}",
+            f"    {'checkpoints':22s} {g['checkpoint']}, {format_bytes(g['checkpoint_bytes'])} each, training stops "
+            f"{_span(g['checkpoint_stall_s'])}, every {_span(g['interval_s'])} of steps ({interval}): "
+            f"{_span(g['checkpoint_time_s'])}"]
+
+
+def _span(seconds: float) -> str:
+    """A duration from seconds to days, three figures: '2.8 s', '4.2 min', '3.1 h', '61.1 days'."""
+    if not is_finite(seconds):
+        return "unknown" if not is_known(seconds) else "never"
+    if abs(seconds) >= 3600:
+        return format_duration(seconds)
+    return f"{seconds / 60:.1f} min" if abs(seconds) >= 60 else f"{seconds:.3g} s"
+
+
+def _range(t: dict, key: str, shown) -> str:
+    """'  (low .. high with the error band)' for a figure that has a range (errorband.with_ranges), else ''."""
+    r = t.get(f"{key}_range")
+    return f"  ({shown(r[0])} .. {shown(r[1])})" if r else ""
+
+
+def _band_note(t: dict) -> str:
+    """What the ranges in parentheses are, where there are any."""
+    return "; (low .. high): as the step time's error band leaves them" if t.get("time_to_train_s_range") else ""
 
 
 def _or_unknown(value, shown) -> str:
@@ -154,8 +206,10 @@ def describe_peak(flops: dict) -> str:
     return f"{resource(f'peak_flops.{key}').text(flops[key])} {key}"
 
 
-def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int) -> str:
-    """Counts, infeasible reasons and the top-k table of an exhaustive search."""
+def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int,
+                  basis: str = "rent") -> str:
+    """Counts, infeasible reasons and the top-k table of an exhaustive search; the cost column on the cluster's
+    cost ``basis``, named in its header."""
     from comet_dse.design_space.table import RULE_TEXT, RULES
 
     cols = result.columns
@@ -181,7 +235,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
                         _or_unknown(cols["training_cost_usd"][i], format_usd)] if budget else []))
     lines += ["", f"Fastest {min(top, result.feasible)}"]
     headers = (["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
-               + [training_label(k) for k in ("time_to_train_s", "energy_j", "training_cost_usd")] * budget)
+               + [training_label("time_to_train_s"), training_label("energy_j"), _cost_header(basis)] * budget)
     left = tuple(i + 1 for i, k in enumerate(shown) if issubclass(k.kind, Choice) or k.kind is bool)
     lines.append(render_table(headers, rows, left=left))
     lines += ["", legend_line([(k.short, k.meaning) for k in shown])]
@@ -209,6 +263,7 @@ def render_sweep(ranking: dict, seconds: float) -> str:
              + (f", {ranking['skipped']} chunks resumed" if ranking["skipped"] else ""),
              f"baseline: {ranking['baseline']}", ""]
     budget = ranking.get("token_budget")
+    basis = ranking.get("cost_basis", "rent")
     rows = []
     for g in ranking["variants"]:
         best = g["best"]
@@ -219,18 +274,20 @@ def render_sweep(ranking: dict, seconds: float) -> str:
                      f"{g['speedup']:.2f}x" if g["speedup"] else "-"]
                     + ([_known(best, "time_to_train_s", format_duration), _known(best, "energy_j", format_energy),
                         _known(best, "training_cost_usd", format_usd)] if budget else []))
-    extra = [training_label(k) for k in ("time_to_train_s", "energy_j", "training_cost_usd")] if budget else []
+    extra = [training_label("time_to_train_s"), training_label("energy_j"), _cost_header(basis)] if budget else []
     lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
                                "speedup"] + extra, rows, left=(0, 2, 6)))
     if budget:
-        lines.append(f"Training on {format_count(budget)} tokens; unknown: no price or power figure (docs/economics.md)")
+        lines.append(f"Training on {format_count(budget)} tokens, goodput included; cost {basis}ing for every variant "
+                     f"(the baseline's basis); unknown: no {basis} figure, price or power (docs/economics.md)")
     lines += _legend([r[6] for r in rows])
     for f in FRONTS:
         column, shown = f.column_for(budget), _FRONT_SHOWN[f.key]
         front = (ranking.get(f.key) or []) if column else []
         if front:
-            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {f.label}:"]
-            lines.append(render_table(["model", "devices", "cluster variant", f.label, "time"],
+            label = _cost_header(basis) if f.key == "pareto_training_cost" else f.label
+            lines += ["", f"Pareto front, {'time to train' if budget else 'step time'} vs {label}:"]
+            lines.append(render_table(["model", "devices", "cluster variant", label, "time"],
                                       [[p["model"], p["devices"], p["label"], shown(p[column]),
                                         format_duration(p["time_s"]) if budget else format_time(p["time_s"])]
                                        for p in front], left=(0, 2)))
@@ -240,6 +297,11 @@ def render_sweep(ranking: dict, seconds: float) -> str:
 # How a value of each Pareto front's column is shown (the fronts, their labels and columns: vocabulary.FRONTS).
 _FRONT_SHOWN = {"pareto_cost": format_usd, "pareto_power": lambda w: f"{w / 1e3:,.0f} kW",
                 "pareto_training_cost": format_usd, "pareto_energy": format_energy}
+
+
+def _cost_header(basis: str) -> str:
+    """The header of a cost column: its label and the one basis of the table ('cost (renting)')."""
+    return f"{training_label('training_cost_usd')} ({basis}ing)"
 
 
 def _known(best, key: str, shown) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from comet_dse import jsonout
-from comet_dse.cli.options import add_search_inputs, add_tokens_option, load_inputs, positive_int, space_from
+from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, positive_int, space_from
 
 
 def add_parser(sub) -> None:
@@ -16,6 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=positive_int, default=10, help="how many of the fastest to show (default 10)")
     p.add_argument("--output", default=None, help="write every evaluated point to a .parquet or .csv file")
     add_tokens_option(p)
+    add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print JSON (top-k and counts)")
 
 
@@ -46,7 +47,10 @@ def run(args) -> int:
                                             for name, (rank, row) in per_dtype.items()},
                           "best": best.to_dict() if best else None}, indent=2))
         return 0
-    print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top))
+    from comet_dse.economics import cost_basis
+
+    print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top,
+                        cost_basis(cluster)))
     if len(per_dtype) > 1:
         print(render_best_by(result, per_dtype, "precision"))
     if best:

@@ -25,7 +25,7 @@ def run(args) -> int:
     from comet_dse.text import render_table
     from comet_dse.errorband import bands_of
     from comet_dse.validation import all_comparisons, group_summary, memory_comparisons, memory_summary, recall, \
-        summary, validation_dir
+        summary, validation_dir, whole_run_comparisons, whole_run_summary
 
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
@@ -53,6 +53,12 @@ def run(args) -> int:
     except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
         raise InputError("data", f"memory.csv holds a value that is not valid: {exc}") from None
     fits = recall(comparisons)
+    try:
+        runs = whole_run_comparisons(directory)
+    except KeyError as exc:
+        raise InputError("data", f"whole_runs.csv lacks the column {exc.args[0]!r}") from None
+    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
+        raise InputError("data", f"whole_runs.csv holds a value that is not valid: {exc}") from None
     if args.figure:
         fmt = Path(args.figure).suffix[1:].lower()
         written.write_file(args.figure, lambda tmp: figure(comparisons, memory, tmp, fmt), "--figure", inputs)
@@ -72,6 +78,7 @@ def run(args) -> int:
             "memory": {"rows": [{"label": c.label, "predicted_bytes": c.predicted, "measured_bytes": c.measured,
                                  "measures": c.measures, "error": c.error, "source": c.source} for c in memory],
                        "summary": memory_summary(memory)},
+            "whole_runs": {"rows": [whole_run_dict(r) for r in runs], "summary": whole_run_summary(runs)},
         }, indent=2))
         return 0
     print(f"Validation against published runs in {directory} (cluster preset {args.cluster})\n")
@@ -103,9 +110,63 @@ def run(args) -> int:
     if mem["rows"]:
         print(f"\nmemory: {mem['rows']} rows, mean |error| {mem['mean_abs_error'] * 100:.1f}%, "
               f"max |error| {mem['max_abs_error'] * 100:.1f}%")
+    print("\n" + "\n".join(whole_run_lines(runs)))
     if args.figure:
         print(f"\nWrote {args.figure}")
     return 0
+
+
+def _run_band(run) -> dict:
+    """The error band of a whole run's accelerator and precision (errorband.band_for)."""
+    from comet_dse.errorband import band_for
+
+    return band_for(run.hardware, run.dtype)
+
+
+def whole_run_dict(run) -> dict:
+    """One whole run as JSON: published and predicted device-hours (with goodput, and of the steps alone), the
+    range the step time's error band leaves, the errors, and each phase's strategy and where it came from."""
+    from comet_dse.errorband import band_range
+
+    band = _run_band(run)
+    low_high = band_range(run.predicted_device_hours, band)
+    return {"run": run.run, "hardware": run.hardware, "dtype": run.dtype, "published": run.published,
+            "published_device_hours": run.published_device_hours,
+            "predicted_device_hours": run.predicted_device_hours, "steps_device_hours": run.steps_device_hours,
+            "predicted_device_hours_range": low_high, "goodput": run.goodput, "error": run.error,
+            "steps_error": run.steps_error,
+            "within_band": (low_high[0] <= run.published_device_hours <= low_high[1]) if low_high else None,
+            "error_band": band["text"], "source": run.source,
+            "phases": [{"phase": p.name, "strategy": p.strategy_text, "strategy_source": p.strategy_source,
+                        "device_time_s": p.device_time_s, "time_to_train_s": p.time_to_train_s,
+                        "energy_j": p.energy_j} for p in run.phases]}
+
+
+def whole_run_lines(runs: list) -> list:
+    """The whole-run table of ``validate``: published against predicted device-hours, with goodput and the error
+    band's range, and the summary."""
+    from comet_dse.text import render_table
+    from comet_dse.validation import whole_run_summary
+
+    rows = []
+    for run in runs:
+        d = whole_run_dict(run)
+        band = d["predicted_device_hours_range"]
+        rows.append([run.run, run.hardware.replace("NVIDIA ", ""), "+".join(sorted({p.strategy_source for p in run.phases})),
+                     f"{run.published_device_hours / 1e6:.3f}M", f"{run.steps_device_hours / 1e6:.3f}M",
+                     f"{run.goodput * 100:.1f}%", f"{run.predicted_device_hours / 1e6:.3f}M",
+                     f"{run.error * 100:+.1f}%",
+                     f"{band[0] / 1e6:.2f}M .. {band[1] / 1e6:.2f}M" if band else "not validated",
+                     ("yes" if d["within_band"] else "no") if band else "-"])
+    s = whole_run_summary(runs)
+    return ["Whole training runs: device-hours, published vs predicted (whole_runs.csv; goodput.py's sourced "
+            "defaults; strategy as stated, or the searched best where the source states none)", "",
+            render_table(["run", "hardware", "strategy", "published", "steps", "goodput", "predicted", "error",
+                          "error band range", "published in range"], rows, left=(0, 1, 2)),
+            "",
+            f"device-hours: {s['with_goodput']['rows']} runs, mean |error| {s['with_goodput']['mean_abs_error'] * 100:.1f}%, "
+            f"max {s['with_goodput']['max_abs_error'] * 100:.1f}%, mean {s['with_goodput']['mean_error'] * 100:+.1f}% "
+            f"(steps alone: mean |error| {s['steps_only']['mean_abs_error'] * 100:.1f}%)"]
 
 
 def _gib(nbytes: float) -> str:

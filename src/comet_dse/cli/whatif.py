@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from comet_dse import jsonout, written
-from comet_dse.cli.options import add_search_inputs, add_tokens_option, load_inputs, space_from
+from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, space_from
 from comet_dse.errors import InputError
 from comet_dse.strategy import legend
 from comet_dse.units import format_bytes, format_time
@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-capacity search")
     p.add_argument("--figure", default=None, metavar="F.png|F.svg", help="also draw the speedups to this file")
     add_tokens_option(p)
+    add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
 
@@ -61,9 +62,12 @@ def run(args) -> int:
         if Path(args.figure).suffix.lower() not in (".png", ".svg"):
             raise InputError("--figure", f"{args.figure} must end in .png or .svg")
         written.check_file(args.figure, "--figure", _file_inputs(args))
+    from comet_dse.api import whatif_with_band
+
     model, cluster = load_inputs(args)
-    result = whatif(model, cluster, args.devices, args.global_batch, space_from(args, cluster), args.resources,
-                    args.scale, None if args.no_fit else args.capacity, tokens=args.tokens)
+    result = whatif_with_band(whatif(model, cluster, args.devices, args.global_batch, space_from(args, cluster),
+                                     args.resources, args.scale, None if args.no_fit else args.capacity,
+                                     tokens=args.tokens), cluster, model)
     if args.figure:
         written.write_file(args.figure, lambda tmp: figure(result, tmp, Path(args.figure).suffix[1:].lower()),
                            "--figure", _file_inputs(args))
@@ -96,6 +100,10 @@ def render(result: WhatIf) -> str:
     if b.step_time_s is not None:
         lines.append(f"As it is: {format_time(b.step_time_s)} per step, {b.tokens_per_second:,.0f} tokens/s, "
                      f"with {b.strategy_text}")
+        if b.training:
+            from comet_dse.cli.render import training_lines
+
+            lines += ["", *training_lines(b.training)[:-1]]
     else:
         lines.append(f"As it is: {b.note}")
     if result.cells:
@@ -128,24 +136,35 @@ def per_added_lines(result: WhatIf) -> list:
                 -(c.speedup_per_kw or 0.0))
 
     tokens = result.tokens
-    headers = ["resource", "scale", "speedup", "added price", training_label("speedup_per_musd"), "added power",
-               training_label("speedup_per_kw")]
+    headers = ["resource", "scale", "speedup", "added price", training_label("speedup_per_musd"),
+               "saved per 1 % slower", "added power", training_label("speedup_per_kw"), "saved per 1 % slower"]
     if tokens:
-        headers += [training_label("time_to_train_s"), training_label("training_cost_usd")]
+        basis = (result.baseline.training or {}).get("cost_basis", "rent")
+        headers += [training_label("time_to_train_s"), f"{training_label('training_cost_usd')} ({basis}ing)"]
     rows = []
     for c in sorted(result.cells, key=key):
         row = [c.resource, f"x{c.factor:g}", f"{c.speedup:.2f}x" if c.speedup is not None else "-",
                format_usd(c.added_usd) if c.added_usd is not None else "-",
                f"{c.speedup_per_musd:+.3g}" if c.speedup_per_musd is not None else "-",
+               _saved(c.usd_saved_per_slowdown_pct, format_usd),
                f"{c.added_w / 1e3:+,.1f} kW" if c.added_w is not None else "-",
-               f"{c.speedup_per_kw:+.3g}" if c.speedup_per_kw is not None else "-"]
+               f"{c.speedup_per_kw:+.3g}" if c.speedup_per_kw is not None else "-",
+               _saved(c.w_saved_per_slowdown_pct, lambda w: f"{w / 1e3:,.2f} kW")]
         if tokens:
             row += [format_duration(c.time_to_train_s) if c.time_to_train_s is not None else "unknown",
                     format_usd(c.training_cost_usd) if c.training_cost_usd is not None else "unknown"]
         rows.append(row)
-    head = "Per added dollar and watt (speedup - 1 per $1M / per kW the change adds; '-': no per-unit price or power"
+    head = ("Per added dollar and watt (speedup - 1 per $1M / per kW a scale-up adds; a scale-down: what it saves per "
+            "1 % of speed it costs; '-': no per-unit price or power, or not that direction")
     head += f"; training on {format_count(result.tokens)} tokens):" if tokens else "):"
     return ["", head, "", render_table(headers, rows, left=(0,))]
+
+
+def _saved(value: float | None, shown) -> str:
+    """A scale-down's saving per 1 % slower, 'free' where it costs no speed, '-' where there is none."""
+    if value is None:
+        return "-"
+    return "no slowdown" if math.isinf(value) else shown(value)
 
 
 def _label(resource: str) -> str:

@@ -135,7 +135,8 @@ def run_chunk(study: Study, chunk: Chunk, st) -> pa.Table:
            "variant": np.full(n, chunk.variant_index, dtype=np.int64)}
     for axis, value in variant.values.items():
         ids[f"axis_{axis}"] = np.full(n, value) if not isinstance(value, str) else np.full(n, value, dtype=object)
-    ids.update(economic_columns(variant.cluster, chunk.devices, cols, study.token_budget))
+    ids.update(economic_columns(variant.cluster, chunk.devices, cols, study.token_budget,
+                                model.total_params()))
     bad = cols["feasible"] & ~(np.isfinite(cols["step_time_s"]) & (cols["step_time_s"] > 0))
     if np.any(bad):      # never rank a wrong answer: input validation should make this impossible
         raise RuntimeError(f"comet-dse bug: a feasible point of {variant.label} has step time "

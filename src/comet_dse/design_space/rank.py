@@ -18,7 +18,8 @@ from comet_dse.vocabulary import FRONTS   # the Pareto fronts: key, column with 
 # Every strategy knob, then the results kept for each of the best rows.
 ROW_FIELDS = tuple(k.name for k in KNOBS) + (
     "step_time_s", "tokens_per_second", "mfu", "hfu", "memory_per_device_bytes", "expansion_bytes", "cost_usd",
-    "power_w", "time_to_train_s", "device_time_s", "average_power_w", "energy_j", "training_cost_usd")
+    "power_w", "productive_time_s", "goodput", "time_to_train_s", "device_time_s", "average_power_w", "energy_j",
+    "training_cost_rent_usd", "training_cost_own_usd", "training_cost_usd")
 
 
 def chunk_summary(table: pa.Table, top_k: int) -> dict:
@@ -42,7 +43,12 @@ def chunk_summary(table: pa.Table, top_k: int) -> dict:
 
 
 def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budget: float | None) -> dict:
-    """Per (model, devices, variant): counts, top_k, best; speedup over the baseline; Pareto fronts."""
+    """Per (model, devices, variant): counts, top_k, best; speedup over the baseline; Pareto fronts. The cost
+    of training (``training_cost_usd`` of every row) is on one basis for the whole table, the baseline
+    cluster's (``cost_basis``): a variant without a figure for it has none (null), never its own basis's."""
+    from comet_dse.economics import cost_basis, cost_column
+
+    basis = cost_basis(variants[baseline].cluster)
     groups = {}
     for s in summaries:
         key = (s["model"], s["devices"], s["variant"])
@@ -54,6 +60,10 @@ def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budg
         for code, n in s["infeasible_by_rule"].items():
             g["infeasible_by_rule"][code] = g["infeasible_by_rule"].get(code, 0) + n
         g["top"] = sorted(g["top"] + s["top"], key=lambda r: r["step_time_s"])[:top_k]
+    for g in groups.values():
+        for row in g["top"]:
+            if cost_column(basis) in row:
+                row["training_cost_usd"] = row[cost_column(basis)]
     rows = sorted(groups.values(), key=lambda g: (g["model"], g["devices"], g["variant"]))
     for g in rows:
         g["best"] = g["top"][0] if g["top"] else None
@@ -63,10 +73,11 @@ def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budg
         g["speedup"] = (base_best["step_time_s"] / g["best"]["step_time_s"]
                         if g["best"] and base_best else None)
         if g["best"] and token_budget:
-            g["time_to_train_s"] = token_budget / g["best"]["tokens_per_second"]
+            g["time_to_train_s"] = g["best"].get("time_to_train_s")
     fronts = {f.key: pareto(rows, f.column_for(token_budget), token_budget) if f.column_for(token_budget) else []
               for f in FRONTS}
-    return {"variants": rows, "baseline": variants[baseline].label, "token_budget": token_budget, **fronts}
+    return {"variants": rows, "baseline": variants[baseline].label, "token_budget": token_budget,
+            "cost_basis": basis, **fronts}
 
 
 def pareto(rows: list, resource: str, token_budget: float | None) -> list:
@@ -81,7 +92,11 @@ def pareto(rows: list, resource: str, token_budget: float | None) -> list:
                   and r["best"].get(resource) is not None and not math.isnan(r["best"][resource])]
 
         def time_of(r):
-            return token_budget / r["best"]["tokens_per_second"] if token_budget else r["best"]["step_time_s"]
+            """Time to train (goodput included: economics.py) with a budget, else the step time."""
+            if token_budget:
+                known = r["best"].get("time_to_train_s")
+                return known if known is not None else token_budget / r["best"]["tokens_per_second"]
+            return r["best"]["step_time_s"]
 
         points.sort(key=lambda r: (r["best"][resource], time_of(r)))
         best_time = math.inf

@@ -38,7 +38,7 @@ def search(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
-    cols.update(economic_columns(cluster, devices, cols, tokens))
+    cols.update(economic_columns(cluster, devices, cols, tokens, model.total_params()))
     feasible = np.flatnonzero(cols["feasible"])
     ranked = feasible[np.argsort(cols["step_time_s"][feasible], kind="stable")]
     infeasible = cols["infeasible_mask"][~cols["feasible"]]

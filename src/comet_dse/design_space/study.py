@@ -386,7 +386,7 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
     for item in items:
         where = f"axes.{name}.{mode}"
         if mode == "scale":
-            if kind == "text" or name == "cost_basis":
+            if kind == "text" or name in econ.CHOICES:
                 raise InputError(where, f"{name} takes named values, not multipliers")
             number = parse_quantity(item, KIND_COUNT, where)          # finite
             if number <= 0:

@@ -72,17 +72,19 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
     return cols
 
 
-def economic_columns(cluster, devices: int, cols: dict, tokens: float | None) -> dict:
+def economic_columns(cluster, devices: int, cols: dict, tokens: float | None, parameters: float) -> dict:
     """The price and power of each point's cluster at its design (economics.py: per-unit prices and powers
     follow the scaled resources): ``cost_usd`` = devices x the device price, ``power_w`` = the rated draw
     (every device compute-bound, nodes and switches with a figure, times PUE); with a token budget also
-    economics.COLUMNS (time to train, energy, cost). NaN where unknown."""
+    economics.COLUMNS (time to train, energy, cost; ``parameters``: the model's, what a checkpoint holds).
+    NaN where unknown."""
     r = economics.rates(cluster, devices)
     n = len(cols["step_time_s"])
     out = {"cost_usd": np.full(n, r.cluster_price_usd), "power_w": np.full(n, r.rated_power_w)}
     if tokens:
         breakdown = {k[len("time_"):-len("_s")]: v for k, v in cols.items() if k.startswith("time_") and k.endswith("_s")}
-        out.update(economics.training(r, cols["step_time_s"], cols["tokens_per_second"], breakdown, tokens))
+        out.update(economics.training(r, cols["step_time_s"], cols["tokens_per_second"], breakdown, tokens,
+                                           parameters))
     return out
 
 

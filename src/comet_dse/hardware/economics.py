@@ -14,6 +14,14 @@ A cluster file's ``economics:`` block (every field optional; SI units inside, un
       energy_price: 0.08 USD/kWh
       lifetime: 5 years          # the purchase price is spread over it
       cost_basis: rent           # rent | own; default: rent where a rent is given
+      mtbf: 50677 h              # goodput (goodput.py): mean time between failures per device
+      restart_time: 10 min       # ... from a failure to training again, re-load aside
+      checkpoint_interval: 1 h   # ... default: Young's optimum sqrt(2 x checkpoint stall x job MTBF)
+      storage_bandwidth: 122 MB/s   # ... checkpoint write and read bandwidth per device
+      host_bandwidth: 31.5 GB/s     # ... device-to-host copy per device (async checkpoints)
+      checkpoint_bytes: 14       # ... bytes per parameter a checkpoint holds
+      checkpoint: sync           # sync | async
+      goodput: on                # on | off (off: every step trains, a perfect run)
       unit_price: {hbm_capacity: 15 USD/GiB}      # price follows the design
       unit_power: {hbm_bandwidth: 31 W/(TB/s)}    # power follows the design
 
@@ -33,6 +41,7 @@ from dataclasses import dataclass, field
 
 from comet_dse.bounds import BOUNDS
 from comet_dse.errors import InputError
+from comet_dse.goodput import CHECKPOINT_MODES, SWITCHES
 from comet_dse.loading import Fields
 from comet_dse.units import (KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_DURATION, KIND_ENERGY_PRICE, KIND_FLOPS,
                              KIND_POWER, KIND_RENT, parse_per_unit, parse_quantity)
@@ -48,8 +57,17 @@ FIELDS = {
     "pue": (KIND_COUNT, "pue", "pue"),
     "energy_price": (KIND_ENERGY_PRICE, "energy_price", "energy_price_usd_per_j"),
     "lifetime": (KIND_DURATION, "lifetime", "lifetime_s"),
+    # goodput (goodput.py, docs/economics.md "Goodput")
+    "mtbf": (KIND_DURATION, "mtbf", "mtbf_s"),
+    "restart_time": (KIND_DURATION, "restart_time", "restart_s"),
+    "checkpoint_interval": (KIND_DURATION, "checkpoint_interval", "checkpoint_interval_s"),
+    "storage_bandwidth": (KIND_BANDWIDTH, "storage_bandwidth", "storage_bandwidth"),
+    "host_bandwidth": (KIND_BANDWIDTH, "storage_bandwidth", "host_bandwidth"),
+    "checkpoint_bytes": (KIND_COUNT, "checkpoint_bytes", "checkpoint_bytes_per_parameter"),
 }
 COST_BASES = ("rent", "own")
+# The settings that take a name, not a number -> the names they take.
+CHOICES = {"cost_basis": COST_BASES, "checkpoint": CHECKPOINT_MODES, "goodput": SWITCHES}
 # The resources a price or power per unit may be given for -> their unit kind; and network.<dim>.bandwidth
 # (per device, per direction) for every network dimension.
 PRICED = {"peak_flops": KIND_FLOPS, "hbm_capacity": KIND_BYTES, "hbm_bandwidth": KIND_BANDWIDTH,
@@ -85,6 +103,14 @@ class Economics:
     energy_price_usd_per_j: float | None = None
     lifetime_s: float | None = None
     cost_basis: str | None = None
+    mtbf_s: float | None = None                 # goodput (goodput.py); None: its default
+    restart_s: float | None = None
+    checkpoint_interval_s: float | None = None  # None: Young's optimum
+    storage_bandwidth: float | None = None
+    host_bandwidth: float | None = None
+    checkpoint_bytes_per_parameter: float | None = None
+    checkpoint: str | None = None
+    goodput: str | None = None
     unit_price: dict = field(default_factory=dict)
     unit_power: dict = field(default_factory=dict)
     reference: dict = field(default_factory=dict)
@@ -127,11 +153,12 @@ def unit_kind(resource: str) -> str:
 def parse_setting(name: str, value, where: str):
     """The SI value of one economics setting as ``--set``, a study axis or a cluster file gives it
     (``rent``, ``pue``, ``unit_price.hbm_capacity``, ...), checked against its row of bounds.BOUNDS;
-    ``cost_basis`` a name. InputError naming ``where`` otherwise."""
-    if name == "cost_basis":
-        if str(value) not in COST_BASES:
-            raise InputError(where, f"must be one of {', '.join(COST_BASES)}, got {value!r}")
-        return str(value)
+    ``cost_basis``, ``checkpoint`` and ``goodput`` a name (CHOICES). InputError naming ``where`` otherwise."""
+    if name in CHOICES:
+        text = _choice_text(value)
+        if text not in CHOICES[name]:
+            raise InputError(where, f"must be one of {', '.join(CHOICES[name])}, got {value!r}")
+        return text
     if name.startswith(("unit_price.", "unit_power.")):
         head, resource = name.split(".", 1)
         number = parse_per_unit(value, "USD" if head == "unit_price" else "W", unit_kind(resource), where)
@@ -146,19 +173,28 @@ def parse_setting(name: str, value, where: str):
         raise InputError(where, exc.message + hint) from None
 
 
-_EXAMPLE = {"rent": "'2 USD/h'", "energy_price": "'0.08 USD/kWh'", "lifetime": "'5 years'"}
+_EXAMPLE = {"rent": "'2 USD/h'", "energy_price": "'0.08 USD/kWh'", "lifetime": "'5 years'", "mtbf": "'50000 h'",
+            "restart_time": "'10 min'", "checkpoint_interval": "'1 h'", "storage_bandwidth": "'122 MB/s'",
+            "host_bandwidth": "'31.5 GB/s'"}
+
+
+def _choice_text(value) -> str:
+    """A named setting's value as text; YAML reads a bare on/off as a bool."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def is_setting(name: str) -> bool:
     """Whether ``name`` is an economics setting (``rent``, ``unit_price.<resource>``, ...)."""
-    return name in FIELDS or name == "cost_basis" or name.startswith(("unit_price.", "unit_power."))
+    return name in FIELDS or name in CHOICES or name.startswith(("unit_price.", "unit_power."))
 
 
 def current(cluster, name: str):
     """The cluster's present value of an economics setting (None: unknown)."""
     econ = cluster.economics
-    if name == "cost_basis":
-        return econ.cost_basis
+    if name in CHOICES:
+        return getattr(econ, name)
     if name.startswith(("unit_price.", "unit_power.")):
         head, resource = name.split(".", 1)
         return getattr(econ, head).get(resource)
@@ -169,8 +205,8 @@ def with_setting(cluster, name: str, value):
     """``cluster`` with one economics setting set to ``value`` (SI, already checked). A per-unit figure for
     a resource the cluster had none for is anchored at the resource's present amount."""
     econ = cluster.economics
-    if name == "cost_basis":
-        return dc.replace(cluster, economics=dc.replace(econ, cost_basis=value))
+    if name in CHOICES:
+        return dc.replace(cluster, economics=dc.replace(econ, **{name: value}))
     if name.startswith(("unit_price.", "unit_power.")):
         head, resource = name.split(".", 1)
         figures = {**getattr(econ, head), resource: value}
@@ -186,8 +222,9 @@ def economics_from(fields: Fields, network_names: tuple) -> Economics:
     for name, (_, _, attr) in FIELDS.items():
         if fields.has(name):
             values[attr] = parse_setting(name, fields.raw(name), fields.name(name))
-    if fields.has("cost_basis"):
-        values["cost_basis"] = parse_setting("cost_basis", fields.raw("cost_basis"), fields.name("cost_basis"))
+    for name in CHOICES:
+        if fields.has(name):
+            values[name] = parse_setting(name, fields.raw(name), fields.name(name))
     known = list(PRICED) + [f"network.{n}.bandwidth" for n in network_names]
     for head in ("unit_price", "unit_power"):
         if not fields.has(head):

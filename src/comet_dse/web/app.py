@@ -184,7 +184,11 @@ def _training(view):
 
     label = training_label
     return html.Span([f"Training rank {view.chosen.get('rank') or '-'} on {format_count(t['tokens'])} tokens: ",
-                      html.Span(shown("time_to_train_s", format_duration), id="time-to-train"), f" ({label('time_to_train_s')}), ",
+                      html.Span(shown("time_to_train_s", format_duration), id="time-to-train"), f" ({label('time_to_train_s')}"
+                      + (f", goodput {t['goodput'] * 100:.1f} %" if is_known(t.get("goodput")) else "")
+                      + (f"; {format_duration(t['time_to_train_s_range'][0])} .. "
+                         f"{format_duration(t['time_to_train_s_range'][1])} with the error band"
+                         if t.get("time_to_train_s_range") else "") + "), ",
                       f"{shown('device_time_s', format_hours)} {label('device_time_s')}, ",
                       f"{label('energy_j')} {shown('energy_j', format_energy)}"
                       + (f" (leaves out {' and '.join(t['energy_excludes'])}: no figure), "

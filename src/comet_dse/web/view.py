@@ -292,7 +292,7 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
             "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes),
             "labels": breakdown_labels(est.inputs["strategy"], model.tied_embeddings),
-            "training": est.to_dict()["training"]}
+            "training": economics.with_ranges(est.to_dict()["training"], band)}
 
 
 def _splits(cols: dict, cluster: Cluster) -> list:

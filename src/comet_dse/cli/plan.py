@@ -1,0 +1,112 @@
+"""``comet-dse plan``: the cheapest design (cluster, size, strategy) that trains a token budget within a number
+of days, and the fastest within a budget in dollars, across cluster presets and sizes (planner.py)."""
+from __future__ import annotations
+
+import argparse
+
+from comet_dse import jsonout
+from comet_dse.bounds import BOUNDS
+from comet_dse.cli.options import add_goodput_options, bounded_int, positive_int, positive_ints, token_count
+from comet_dse.errors import InputError
+
+BASES = ("rent", "own")
+
+
+def add_parser(sub) -> None:
+    from comet_dse.planner import DEFAULT_DEVICES
+
+    p = sub.add_parser("plan", help="the cheapest design that trains N tokens within D days, or the fastest "
+                                    "within $B, across cluster presets and sizes")
+    p.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
+    p.add_argument("--global-batch", required=True, type=bounded_int("global_batch"), help="sequences per step")
+    p.add_argument("--seq-len", type=bounded_int("seq_len"), default=None, help="sequence length (overrides the model's)")
+    p.add_argument("--tokens", required=True, type=token_count, metavar="N", help="tokens to train on, e.g. 15T")
+    p.add_argument("--days", type=_days, default=None, metavar="D", help="the deadline: the cheapest design "
+                   "whose time to train (goodput included) is at most D days")
+    p.add_argument("--budget", type=_usd, default=None, metavar="USD",
+                   help="the budget: the fastest design whose cost is at most this, e.g. 50M or 5e7 (k, M, G)")
+    p.add_argument("--clusters", type=_names, default=None, metavar="NAME[,...]",
+                   help="cluster presets or files to compare (default: every cluster preset)")
+    p.add_argument("--devices", type=positive_ints, default=DEFAULT_DEVICES, metavar="N[,...]",
+                   help="device counts to try; a count a cluster cannot lay out is replaced by the nearest multiple "
+                        "of its fixed network dimensions (default " + ",".join(map(str, DEFAULT_DEVICES)) + ")")
+    p.add_argument("--basis", choices=BASES, default="rent",
+                   help="what every cost is: rent (device-hours x rent) or own (price over lifetime + energy); a "
+                        "cluster without that figure is unknown, never costed the other way (default rent)")
+    p.add_argument("--slow-end", action="store_true",
+                   help="judge the deadline and the budget at the slow end of each design's error band (a design "
+                        "without a validated band: as predicted, and the answer says so)")
+    p.add_argument("--top", type=positive_int, default=15, help="how many designs to list (default 15)")
+    add_goodput_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
+
+
+def _days(text: str) -> float:
+    try:
+        return BOUNDS["deadline_days"].check("--days", float(text), text)
+    except (ValueError, InputError) as exc:
+        raise argparse.ArgumentTypeError(getattr(exc, "message", f"expected a number of days, got {text!r}")) from None
+
+
+def _usd(text: str) -> float:
+    """A budget in USD: a number with an optional k, M or G suffix and an optional $ or USD."""
+    from comet_dse.units import KIND_TOKENS, parse_quantity
+
+    bare = text.strip().lstrip("$").removesuffix("USD").strip()
+    try:
+        return BOUNDS["budget_usd"].check("--budget", parse_quantity(bare, KIND_TOKENS, "--budget"), text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(exc.message if "outside" in exc.message
+                                         else f"expected USD like 50M or 5e7, got {text!r}") from None
+
+
+def _names(text: str) -> tuple:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated cluster names, got {text!r}")
+    return names
+
+
+def run(args) -> int:
+    from comet_dse.api import plan
+
+    if args.days is None and args.budget is None:
+        raise InputError("--days", "give a deadline (--days) or a budget (--budget), or both")
+    result = plan(args.model, args.tokens, args.global_batch, days=args.days, budget=args.budget,
+                  clusters=args.clusters, devices=args.devices, basis=args.basis, seq_len=args.seq_len,
+                  overrides=[tuple(t.split("=", 1)) for t in args.overrides or []], slow_end=args.slow_end)
+    if args.json:
+        print(jsonout.dumps(result.to_dict(), indent=2))
+    else:
+        print(render(result, args.top))
+    return 0
+
+
+def render(result, top: int) -> str:
+    """The answer lines, then the designs by cost on the plan's basis (unknown costs last)."""
+    from comet_dse.text import printable, render_table
+    from comet_dse.units import format_count, format_duration, format_usd
+
+    basis = result.basis
+    lines = [f"{result.model}: {format_count(result.tokens)} tokens, global batch {result.global_batch:,}; "
+             f"{len(result.candidates)} designs ({len(result.clusters)} clusters x sizes), the fastest strategy of each; "
+             f"time to train with goodput; cost {basis}ing for all (unknown: "
+             f"{'no rent figure' if basis == 'rent' else 'no device price or power'})", ""]
+    lines += result.answer_lines()
+    ranked = sorted([c for c in result.candidates if c.training],
+                    key=lambda c: (c.cost(basis) is None, c.cost(basis) or 0.0, c.training["time_to_train_s"]))
+    rows = []
+    for c in ranked[:top]:
+        t, cost, cr = c.training, c.cost(basis), c.cost_range(basis)
+        tr = c.time_range()
+        rows.append([c.cluster, f"{c.devices:,}", c.strategy_text, format_duration(t["time_to_train_s"]),
+                     f"{format_duration(tr[0])} .. {format_duration(tr[1])}" if tr else "not validated",
+                     f"{t['goodput'] * 100:.1f}%",
+                     format_usd(cost) if cost is not None else "unknown",
+                     f"{format_usd(cr[0])} .. {format_usd(cr[1])}" if cr and cost is not None else "-"])
+    lines += ["", render_table(["cluster", "devices", "strategy", "time to train", "band range", "goodput",
+                                f"cost ({basis}ing)", "band range"], rows, left=(0, 2))]
+    skipped = [c for c in result.candidates if not c.training]
+    if skipped:
+        lines += ["", "No fit: " + ", ".join(f"{c.cluster} x {c.devices:,}" for c in skipped)]
+    return printable("\n".join(lines))

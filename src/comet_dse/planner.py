@@ -1,0 +1,190 @@
+"""A deadline or a budget in one question: the cheapest design (cluster, size, strategy) that trains a token
+budget within a number of days, or the fastest within a number of dollars, across cluster presets and sizes.
+
+For every cluster and device count the search (design_space.search, the command line's defaults) finds the
+fastest strategy that fits; with the global batch and the token budget fixed, the fastest is also the
+cheapest on that cluster and size (every cost grows with the time to train). Each candidate's time to train
+includes the goodput (goodput.py) and carries the range of its error band (``band_of``: errorband's, given by
+the caller, which sits on the same floor). Costs are on ONE basis for every candidate (``basis``: rent or
+own); a cluster without a figure for that basis has an unknown cost and is never chosen on cost.
+
+Floor 8 (docs/architecture.md): a question, like whatif.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from comet_dse.design_space.search import search, strategy_at
+from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
+from comet_dse.economics import cost_column, with_ranges
+from comet_dse.errors import InputError
+from comet_dse.estimate import estimate
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import compact_text
+
+DEFAULT_DEVICES = (512, 1024, 2048, 4096, 8192, 16384)   # the sizes tried unless asked otherwise
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The fastest strategy on one cluster at one size, and what training on the budget takes there
+    (``training``: economics.training_of with its ranges, errorband.with_ranges; None when nothing fits or
+    the size does not suit the cluster, ``note`` says why)."""
+
+    cluster: str
+    devices: int
+    strategy_text: str | None
+    step_time_s: float | None
+    training: dict | None
+    band_text: str = ""
+    note: str = ""
+
+    @property
+    def days(self) -> float | None:
+        return self.training["time_to_train_s"] / 86400.0 if self.training else None
+
+    def cost(self, basis: str) -> float | None:
+        """The cost of training on ``basis`` (None: unknown, no figure for it)."""
+        if not self.training:
+            return None
+        value = self.training[cost_column(basis)]
+        return None if value is None or math.isnan(value) else value
+
+    def cost_range(self, basis: str) -> list | None:
+        return self.training.get(f"{cost_column(basis)}_range") if self.training else None
+
+    def time_range(self) -> list | None:
+        return self.training.get("time_to_train_s_range") if self.training else None
+
+
+def sizes_for(cluster: Cluster, wanted) -> list:
+    """The device counts of ``wanted`` that ``cluster`` can lay out, each one that it cannot replaced by the
+    nearest multiple of its bounded network dimensions (a TPU pod's torus, an NVL72 rack), without repeats."""
+    unit = math.prod(d.size for d in cluster.network if d.size is not None)
+    out = []
+    for n in wanted:
+        for count in (n, max(unit, round(n / unit) * unit)):
+            try:
+                cluster.dim_sizes(count)
+            except InputError:
+                continue
+            if count not in out:
+                out.append(count)
+            break
+    return out
+
+
+def candidate(model: Transformer, cluster: Cluster, devices: int, global_batch: int, tokens: float,
+              band_of) -> Candidate:
+    """The fastest strategy that fits on ``devices`` devices of ``cluster`` and its training figures with their
+    ranges (``band_of(cluster, dtype, moe)``: the error band, errorband.band_of_cluster)."""
+    space = with_cluster_defaults(SearchSpace(), cluster, devices, False)
+    found = search(model, cluster, devices, global_batch, space)
+    if not found.feasible:
+        return Candidate(cluster.name, devices, None, None, None, note="no strategy fits")
+    strategy = strategy_at(found.columns, int(found.ranked[0]))
+    result = estimate(model, cluster, devices, strategy, tokens=tokens)
+    band = band_of(cluster, strategy.dtype.value, bool(model.moe))
+    return Candidate(cluster.name, devices, compact_text(strategy.to_dict()), result.step_time_s,
+                     with_ranges(result.training, band), band["text"])
+
+
+def candidates(model: Transformer, clusters: list, devices, global_batch: int, tokens: float, band_of) -> list:
+    """Every cluster at every size it can take (``sizes_for``): a Candidate each."""
+    out = []
+    for cluster in clusters:
+        for n in sizes_for(cluster, devices):
+            out.append(candidate(model, cluster, n, global_batch, tokens, band_of))
+    return out
+
+
+def _judged(c: Candidate, key: str, value: float | None, slow_end: bool) -> float | None:
+    """A candidate's figure as a question judges it: as predicted, or with ``slow_end`` at the slow (high) end
+    of its error band where it has one."""
+    if value is None or not slow_end:
+        return value
+    band = c.training.get(f"{key}_range")
+    return band[1] if band else value
+
+
+def cheapest_within(cands: list, deadline_s: float, basis: str, slow_end: bool = False) -> Candidate | None:
+    """The cheapest candidate on ``basis`` whose time to train is within ``deadline_s``; None if none is. With
+    ``slow_end`` time and cost are judged at the slow end of each error band (a design without a validated
+    band as predicted)."""
+    ok = [c for c in cands if c.training and c.cost(basis) is not None
+          and _judged(c, "time_to_train_s", c.training["time_to_train_s"], slow_end) <= deadline_s]
+    return min(ok, key=lambda c: (_judged(c, cost_column(basis), c.cost(basis), slow_end),
+                                  c.training["time_to_train_s"])) if ok else None
+
+
+def fastest_within(cands: list, budget_usd: float, basis: str, slow_end: bool = False) -> Candidate | None:
+    """The fastest candidate whose cost on ``basis`` is within ``budget_usd``; None if none is (``slow_end``: as
+    cheapest_within)."""
+    ok = [c for c in cands if c.training and c.cost(basis) is not None
+          and _judged(c, cost_column(basis), c.cost(basis), slow_end) <= budget_usd]
+    return min(ok, key=lambda c: (_judged(c, "time_to_train_s", c.training["time_to_train_s"], slow_end),
+                                  c.cost(basis))) if ok else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan's question and answers: every candidate, the cheapest within ``deadline_s`` and the fastest within
+    ``budget_usd`` (None: not asked, or nothing qualifies), all costs on ``basis``."""
+
+    model: str
+    tokens: float
+    global_batch: int
+    clusters: tuple
+    basis: str
+    deadline_s: float | None
+    budget_usd: float | None
+    candidates: list
+    slow_end: bool = False        # judge the deadline and the budget at the slow end of each error band
+
+    @property
+    def cheapest(self) -> Candidate | None:
+        return (cheapest_within(self.candidates, self.deadline_s, self.basis, self.slow_end)
+                if self.deadline_s else None)
+
+    @property
+    def fastest(self) -> Candidate | None:
+        return fastest_within(self.candidates, self.budget_usd, self.basis, self.slow_end) if self.budget_usd else None
+
+    def answer_lines(self) -> list:
+        """One line per question asked: the design that answers it with its time and cost and their ranges
+        under the error band, or that none does."""
+        from comet_dse.units import format_duration, format_usd
+
+        def shown(c: Candidate) -> str:
+            tr, cr = c.time_range(), c.cost_range(self.basis)
+            band = (f" (error band: {format_duration(tr[0])} .. {format_duration(tr[1])}, "
+                    f"{format_usd(cr[0])} .. {format_usd(cr[1])})" if tr and cr else " (not validated)")
+            late = (" - at the band's slow end it misses the deadline" if tr and self.deadline_s
+                    and tr[1] > self.deadline_s else "")
+            return (f"{c.cluster} x {c.devices:,}, {c.strategy_text}: {format_duration(c.training['time_to_train_s'])},"
+                    f" {format_usd(c.cost(self.basis))} ({self.basis}ing){band}{late}")
+
+        lines = (["Judged at the slow end of each error band (a design without a validated band: as predicted)"]
+                 if self.slow_end else [])
+        if self.deadline_s:
+            c = self.cheapest
+            lines.append(f"Cheapest within {format_duration(self.deadline_s)}: "
+                         + (shown(c) if c else "none of these designs meets the deadline with a known cost"))
+        if self.budget_usd:
+            c = self.fastest
+            lines.append(f"Fastest within {format_usd(self.budget_usd)}: "
+                         + (shown(c) if c else "none of these designs fits the budget"))
+        return lines
+
+    def to_dict(self) -> dict:
+        """The JSON of ``comet-dse plan --json`` (SI units; each candidate's ``training`` as estimate's)."""
+        def one(c: Candidate | None):
+            return None if c is None else {"cluster": c.cluster, "devices": c.devices, "strategy": c.strategy_text,
+                                           "step_time_s": c.step_time_s, "training": c.training,
+                                           "error_band": c.band_text, "note": c.note}
+        return {"model": self.model, "tokens": self.tokens, "global_batch": self.global_batch,
+                "clusters": list(self.clusters), "cost_basis": self.basis, "deadline_s": self.deadline_s,
+                "budget_usd": self.budget_usd, "slow_end": self.slow_end, "cheapest_within_deadline": one(self.cheapest),
+                "fastest_within_budget": one(self.fastest), "candidates": [one(c) for c in self.candidates]}

@@ -1,0 +1,93 @@
+"""comet-dse plan (planner.py): the cheapest design within a deadline and the fastest within a budget, across
+cluster presets and sizes, costs on one basis, time to train with goodput and the error band."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import comet_dse
+from comet_dse.planner import sizes_for
+from comet_dse.presets import load_cluster
+from cli_run import one_line_error, run
+
+SMALL = ["--model", "llama3-8b", "--global-batch", "512", "--tokens", "100G", "--clusters", "dgx-h100,dgx-a100-80gb,mi300x",
+         "--devices", "64,128,256"]
+
+
+@pytest.fixture(scope="module")
+def answer():
+    return comet_dse.plan("llama3-8b", "100G", 512, days=3, budget=30_000, clusters=["dgx-h100", "dgx-a100-80gb", "mi300x"],
+                          devices=[64, 128, 256])
+
+
+def test_the_cheapest_within_the_deadline_is_the_cheapest_that_meets_it(answer):
+    c = answer.cheapest
+    assert c is not None and c.training["time_to_train_s"] <= 3 * 86400
+    meeting = [x for x in answer.candidates if x.training and x.training["time_to_train_s"] <= 3 * 86400
+               and x.cost("rent") is not None]
+    assert c.cost("rent") == min(x.cost("rent") for x in meeting)
+    assert all(x.cluster != "mi300x" for x in meeting)       # no rent figure: unknown cost, never ranked on cost
+
+
+def test_the_fastest_within_the_budget_is_the_fastest_that_fits_it(answer):
+    f = answer.fastest
+    assert f is not None and f.cost("rent") <= 30_000
+    fitting = [x for x in answer.candidates if x.cost("rent") is not None and x.cost("rent") <= 30_000]
+    assert f.training["time_to_train_s"] == min(x.training["time_to_train_s"] for x in fitting)
+
+
+def test_every_candidate_has_goodput_and_its_band(answer):
+    for c in answer.candidates:
+        if c.training:
+            assert c.training["time_to_train_s"] > c.training["productive_time_s"]
+            if c.cluster in ("dgx-h100", "dgx-a100-80gb"):
+                low, high = c.time_range()
+                assert low <= high
+            else:
+                assert c.time_range() is None            # mi300x: not validated
+
+
+def test_owning_basis_ranks_on_owning_costs():
+    own = comet_dse.plan("llama3-8b", "100G", 512, days=30, clusters=["dgx-h100", "mi300x"], devices=[64], basis="own")
+    assert own.cheapest is not None
+    assert own.cheapest.cost("own") == min(c.cost("own") for c in own.candidates if c.cost("own") is not None)
+
+
+def test_sizes_a_cluster_cannot_take_become_its_nearest_multiple():
+    # GB200 jobs of 128 and 512 GPUs run in parts of racks (2 x 64, 8 x 64: Cluster.dim_sizes); 100 cannot
+    assert sizes_for(load_cluster("gb200-nvl72"), [64, 128, 512]) == [64, 128, 512]
+    gb200 = load_cluster("gb200-nvl72")
+    assert [gb200.dim_sizes(n)[0] for n in sizes_for(gb200, [102])] == [72]    # 102 = 2 x 51: no whole trays
+    assert sizes_for(load_cluster("dgx-h100"), [64, 101, 64]) == [64, 104]   # 8 per node; no repeats
+
+
+def test_plan_command_text_and_json(capsys):
+    code, out, err = run(capsys, "plan", *SMALL, "--days", "3", "--budget", "30k")
+    assert code == 0, err
+    assert "Cheapest within 3.0 days:" in out and "Fastest within $30k:" in out and "cost (renting)" in out
+    code, out, err = run(capsys, "plan", *SMALL, "--days", "3", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["cost_basis"] == "rent" and data["cheapest_within_deadline"]["training"]["time_to_train_s"] <= 3 * 86400
+    assert data["fastest_within_budget"] is None
+
+
+def test_plan_bad_input_is_one_line(capsys):
+    one_line_error(run(capsys, "plan", *SMALL), "--days", "deadline")
+    one_line_error(run(capsys, "plan", *SMALL, "--days", "-1"), "days")
+    one_line_error(run(capsys, "plan", *SMALL, "--budget", "lots"), "budget")
+
+
+def test_judged_at_the_bands_slow_end_a_design_must_meet_the_deadline_there():
+    kwargs = dict(clusters=["dgx-h100"], devices=[64, 128, 256])
+    probe = comet_dse.plan("llama3-8b", "100G", 512, days=1000, **kwargs)
+    slowest = max(probe.candidates, key=lambda c: c.training["time_to_train_s"])     # the cheapest: fewest devices
+    days = (slowest.training["time_to_train_s"] + slowest.time_range()[1]) / 2 / 86400   # between its two times
+    loose = comet_dse.plan("llama3-8b", "100G", 512, days=days, **kwargs)
+    strict = comet_dse.plan("llama3-8b", "100G", 512, days=days, slow_end=True, **kwargs)
+    assert loose.cheapest.devices == slowest.devices                  # meets the deadline as predicted
+    assert strict.cheapest.devices != slowest.devices                 # not at its band's slow end
+    assert strict.cheapest.time_range()[1] <= days * 86400
+    assert strict.cheapest.cost("rent") >= loose.cheapest.cost("rent")
+    assert "slow end" in "\n".join(strict.answer_lines())
