@@ -93,8 +93,8 @@ def main() -> None:
     result = ladder(args.data or validation_dir())
     families = sorted(next(iter(result.values())))
     if args.markdown:
-        print("| family | runs | " + " | ".join(RUNGS) + " |")
-        print("| --- | --- | " + " | ".join("---" for _ in RUNGS) + " |")
+        print("| accelerator | precision | kind | runs | " + " | ".join(RUNGS) + " |")
+        print("| --- | --- | --- | --- | " + " | ".join("---" for _ in RUNGS) + " |")
     for family in families:
         cells = []
         for name in RUNGS:
