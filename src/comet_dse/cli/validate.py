@@ -101,8 +101,13 @@ def run(args) -> int:
              f"{b['low'] * 100:+.1f}% .. {b['high'] * 100:+.1f}%", b["frameworks"]] for b in bands]
     print(render_table(["hardware", "precision", "kind", "runs", "mean |error|", "error range", "frameworks"], rows,
                        left=(0, 1, 2, 6)))
-    print(f"\nFeasibility recall: {fits['judged_to_fit']} of {fits['runs']} published runs judged to fit "
-          f"(with each preset's reserved memory)" + (f"; not: {', '.join(fits['missed'])}" if fits["missed"] else ""))
+    print("\nFeasibility recall (with each preset's reserved memory):")
+    for dataset in dict.fromkeys(c.dataset for c in comparisons if c.fits is not None):
+        part = recall([c for c in comparisons if c.dataset == dataset])
+        missed = part["missed"]
+        shown = ", ".join(missed[:6]) + (f" and {len(missed) - 6} more" if len(missed) > 6 else "")
+        print(f"  {dataset.removesuffix('.csv')}: {part['judged_to_fit']} of {part['runs']} published runs judged "
+              f"to fit" + (f"; not: {shown}" if missed else ""))
     print("\nPeak memory per device, predicted vs measured (memory.csv)\n")
     rows = [[c.label, c.measures, _gib(c.predicted), _gib(c.measured), f"{c.error * 100:+.1f}%"] for c in memory]
     print(render_table(["run", "measured as", "predicted GiB", "measured GiB", "error"], rows, left=(0, 1)))
