@@ -237,6 +237,9 @@ class PartStore:
             raise written.failure("output", "create", self.folder, exc) from None
         if not self.folder.is_dir() or self.folder.is_symlink():
             raise InputError("output", f"{self.folder} exists and is not a folder this tool made; move it away")
+        if hasattr(os, "getuid") and self.folder.stat().st_uid != os.getuid():
+            raise InputError("output", f"{self.folder} belongs to another user; comet-dse continues only a parts "
+                             "folder of its own; move it away")
         self.lock = _lock(self.folder, self.output)
         return created
 
