@@ -21,7 +21,8 @@ import difflib
 import re
 
 from comet_dse.errors import InputError
-from comet_dse.bounds import BOUNDS
+from comet_dse.bounds import BOUNDS, shown
+from comet_dse.economics import check_design
 from comet_dse.hardware import economics
 from comet_dse.hardware.load import tier_from
 from comet_dse.hardware.spec import DTYPES, Cluster
@@ -63,8 +64,9 @@ def apply_overrides(cluster: Cluster, settings, expansion=None, where: str = "--
     where: how errors name the settings ("--set" on the command line, "overrides" in the Python API).
     The returned cluster's name records what was changed, e.g. ``tpu-v4[hbm_capacity=51.2GiB]``.
     """
-    pairs = list(settings.items()) if isinstance(settings, dict) else [tuple(p) for p in settings or ()]
+    pairs = _pairs(settings, where)
     _refuse_repeats(pairs, where)
+    _refuse_overlaps(pairs, where)
     changed = []
     if expansion is not None:
         cluster = with_expansion(cluster, expansion, "--expansion" if where == "--set" else "expansion")
@@ -74,7 +76,56 @@ def apply_overrides(cluster: Cluster, settings, expansion=None, where: str = "--
         changed.append(f"{name}={value}")
     if not changed:
         return cluster
+    check_design(cluster, where)
     return dc.replace(cluster, name=f"{cluster.name}[{', '.join(changed)}]")
+
+
+def _pairs(settings, where: str) -> list:
+    """``settings`` as a list of (name, value) pairs: a mapping, or pairs; anything else (text such as
+    'hbm_capacity=80GiB', a number) is an InputError naming ``where`` (it was a bare ValueError)."""
+    if settings is None:
+        return []
+    if isinstance(settings, dict):
+        return list(settings.items())
+    if isinstance(settings, (str, bytes)) or not isinstance(settings, (list, tuple)):
+        raise InputError(where, "must be a mapping of resource name to value, such as {'hbm_capacity': '51.2 GiB', "
+                         f"'peak_flops': 'x2'}}, got {shown(settings)}")
+    pairs = []
+    for pair in settings:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise InputError(where, f"each setting must be a (name, value) pair, got {shown(pair)}")
+        pairs.append(tuple(pair))
+    return pairs
+
+
+def _scope(name: str) -> tuple:
+    """(what a setting changes, which part of it: None for all of it). peak_flops sets every dtype's peak,
+    peak_flops.<dtype> one; network_bandwidth every dimension's link bandwidth, network.<dim>.bandwidth and
+    .link_bandwidth one dimension's (two ways to write it); network_latency every dimension's latency."""
+    if name == "peak_flops" or name.startswith("peak_flops."):
+        return "peak_flops", name.partition(".")[2] or None
+    if name in ("network_bandwidth", "network_latency"):
+        return name, None
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "network" and parts[2] in ("bandwidth", "link_bandwidth", "latency"):
+        return f"network_{'latency' if parts[2] == 'latency' else 'bandwidth'}", parts[1]
+    return name, None
+
+
+def _refuse_overlaps(pairs: list, where: str) -> None:
+    """Refuse two settings of the same quantity, a whole and one of its parts (peak_flops=x2 and
+    peak_flops.bf16=x2 compounded to x4, and their order changed the answer) or one part written two ways:
+    each quantity is set by one setting, so the order of --set never matters."""
+    seen = {}
+    for name, _ in pairs:
+        scope = _scope(str(name))
+        for (group, part), earlier in seen.items():
+            if group == scope[0] and (part is None or scope[1] is None or part == scope[1]):
+                parts = (f"network.<dim>.{group.removeprefix('network_')}" if group.startswith("network_")
+                         else f"{group}.<dtype>")
+                raise InputError(f"{where} {name}", f"changes what {where} {earlier} changes already; set a "
+                                 f"resource either whole ({group}) or by its parts ({parts}), once each")
+        seen[scope] = str(name)
 
 
 def _refuse_repeats(pairs: list, where: str) -> None:
