@@ -47,7 +47,7 @@ except ImportError:          # not POSIX: no lock between runs
 from comet_dse.allocator import keep_freed_memory
 from comet_dse import jsonout, written
 from comet_dse.errors import InputError, RunFailed
-from comet_dse.design_space.output import (check_output_file, output_parent, remove_stale_temps,
+from comet_dse.design_space.output import (check_output_file, csv_table, output_parent, remove_stale_temps,
                                      to_arrow, write_dataset)
 from comet_dse.design_space.parquet_concat import ParquetJoinError, join
 from comet_dse.design_space.rank import chunk_summary, merge
@@ -374,8 +374,7 @@ def _csv_parts(parts: Folder, total: int, handle) -> None:
     for i in range(total):
         with parts.open(PartStore.name(i)) as source:
             table = pq.read_table(source)
-        plain = pa.Table.from_arrays([c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c
-                                      for c in table.columns], names=table.column_names)
+        plain = csv_table(table)
         writer = writer or pacsv.CSVWriter(handle, plain.schema)
         writer.write_table(plain)
     if writer is not None:

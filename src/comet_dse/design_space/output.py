@@ -167,6 +167,27 @@ def write_atomically(table: pa.Table, path: Path, inputs=()) -> None:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    """CSV cannot hold dictionary columns: decode them to strings."""
-    cols = [c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+    """``table`` as a CSV file holds it (``csv_table``)."""
+    return csv_table(table)
+
+
+# A text cell a spreadsheet would read as a formula (OWASP, "CSV Injection"): it starts with = + - @, a tab or
+# a carriage return. Such a cell is written with a ' in front, which spreadsheets take as "text, not a formula"
+# and do not show; numbers are number columns and are never touched (-1.5 stays a number).
+FORMULA_START = r"^([=+\-@\t\r])"
+
+
+def csv_table(table: pa.Table) -> pa.Table:
+    """``table`` as a CSV file holds it: dictionary columns decoded to strings (CSV has none), and every text
+    cell that starts like a formula (FORMULA_START: a model named '=HYPERLINK(...)' was written as is into
+    every row) prefixed with a '."""
+    import pyarrow.compute as pc
+
+    cols = []
+    for column in table.columns:
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = pc.replace_substring_regex(column, pattern=FORMULA_START, replacement="'\\1")
+        cols.append(column)
     return pa.Table.from_arrays(cols, names=table.column_names)
