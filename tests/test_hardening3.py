@@ -177,6 +177,17 @@ def test_no_link_at_any_temporary_looking_name_is_followed(tmp_path_factory, tai
     assert all((folder / f".out.txt.tmp-{t}").is_symlink() for t in tails)
 
 
+def test_an_output_folder_reached_through_a_link_is_written_and_locked(tmp_path):
+    """A link to a folder above the output (a home folder's results -> /data/results) is the user's own
+    layout, not a planted temporary: files are written there, recorded and replaced as anywhere."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "results").symlink_to(real)
+    for text in ("one", "two"):
+        written.write_file(tmp_path / "results" / "a.txt", lambda tmp, t=text: Path(tmp).write_text(t))
+    assert (real / "a.txt").read_text() == "two" and written.owns_file(real / "a.txt")
+
+
 # --- 2. the ledger -------------------------------------------------------------------------------------
 
 def test_a_fifo_in_place_of_the_ledger_is_one_line_and_never_blocks(tmp_path, capsys):

@@ -114,11 +114,6 @@ def temp_file(path, field: str = "output"):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def temp_path(path: Path) -> Path:
-    """A new private temporary folder beside ``path`` (``temp_folder``), for a result folder being built."""
-    return temp_folder(path)
-
-
 def process_alive(pid: int) -> bool:
     """Whether a process ``pid`` runs on this machine (a process of another user counts)."""
     if pid == os.getpid():
@@ -241,7 +236,7 @@ def folder_lock(folder: Path, field: str = "output"):
         yield
         return
     try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))   # a folder reached by a link is fine
     except OSError as exc:
         raise failure(field, "lock", folder, exc) from None
     try:
@@ -410,19 +405,22 @@ def _content_mark(path: str, size: int) -> list:
     return [size, content_hash(path)]
 
 
-def _listing(folder: Path, marker: str) -> dict:
-    """Relative path -> ``_content_mark`` of every file under ``folder`` but the manifest; a link or any
-    other entry that is neither file nor folder is listed as None (it is never ours)."""
-    out = {}
+def _entries(folder: Path, marker: str):
+    """(relative path, full path, lstat) of every entry under ``folder`` but the manifest and the folders
+    (a link to a folder is an entry)."""
     for root, dirs, files in os.walk(folder, followlinks=False):
         for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             full = os.path.join(root, name)
             rel = os.path.relpath(full, folder)
-            if rel == marker:
-                continue
-            st = os.lstat(full)
-            out[rel] = _content_mark(full, st.st_size) if stat.S_ISREG(st.st_mode) else None
-    return out
+            if rel != marker:
+                yield rel, full, os.lstat(full)
+
+
+def _listing(folder: Path, marker: str) -> dict:
+    """Relative path -> ``_content_mark`` of every file under ``folder`` but the manifest; a link or any
+    other entry that is neither file nor folder is listed as None (it is never ours)."""
+    return {rel: _content_mark(full, st.st_size) if stat.S_ISREG(st.st_mode) else None
+            for rel, full, st in _entries(folder, marker)}
 
 
 def seal(folder, marker: str, kind: str, **extra) -> None:
@@ -443,8 +441,11 @@ def foreign_entry(folder, marker: str, kind: str, field: str = "output") -> str 
     listed = manifest.get("files", {})
     if not isinstance(listed, dict):
         return f"its {marker} manifest is not one comet-dse wrote"
-    for rel, fingerprint in sorted(_listing(folder, marker).items()):
-        if fingerprint is None or listed.get(rel) != fingerprint:
+    for rel, full, st in sorted(_entries(folder, marker)):
+        mark = listed.get(rel)
+        foreign = (not stat.S_ISREG(st.st_mode) or not isinstance(mark, list) or not mark
+                   or mark[0] != st.st_size or mark != _content_mark(full, st.st_size))   # hashed only if the size fits
+        if foreign:
             return f"it holds {folder / rel}, which comet-dse did not write or which changed since"
     return None
 

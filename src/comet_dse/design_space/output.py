@@ -1,9 +1,9 @@
 """Writing result columns to Parquet or CSV, never half-written under the final name.
 
-A file is written to a temporary name beside it (``written.temp_path``: ``.<name>.tmp-<pid>``,
-or ``storage.temp_name``: ``.<name>.tmp-<pid>@<host>``) and renamed into place
-when complete; a temporary left by a process of this machine that no longer runs
-is removed by the next writer (``remove_stale_temps``). A sweep's output is one
+A file is written inside a private temporary folder beside it (``written.temp_file``, or for a sweep's parts
+``storage.Folder``: ``.<name>.tmp-<pid>-<random>[@<host>]``, made by mkdir with mode 0700, never a predictable
+name nor a link) and renamed into place when complete; a temporary left by a process of this machine that no
+longer runs is removed by the next writer (``remove_stale_temps``). A sweep's output is one
 file (``.parquet``, ``.csv``) or, for a name without a suffix, a dataset folder
 of Parquet parts marked by ``DATASET_MARKER`` (``write_dataset``). What may be replaced follows
 written.py: only a file or folder this tool wrote, unchanged since.
