@@ -188,6 +188,27 @@ def test_an_output_folder_reached_through_a_link_is_written_and_locked(tmp_path)
     assert (real / "a.txt").read_text() == "two" and written.owns_file(real / "a.txt")
 
 
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_private_temporaries_of_dead_processes_are_removed_and_foreign_folders_kept(tmp_path):
+    dead = _dead_pid()
+    stale = tmp_path / f".out.txt.tmp-{dead}-abcd1234"
+    stale.mkdir()
+    (stale / "out.txt").write_text("half")
+    foreign = tmp_path / f".out.txt.tmp-{dead}-zzzz9999"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("mine")
+    written.write_file(tmp_path / "out.txt", lambda tmp: Path(tmp).write_text("whole"))
+    assert not stale.exists() and (foreign / "thesis.tex").read_text() == "mine"
+
+
 # --- 2. the ledger -------------------------------------------------------------------------------------
 
 def test_a_fifo_in_place_of_the_ledger_is_one_line_and_never_blocks(tmp_path, capsys):
