@@ -261,7 +261,8 @@ def test_a_ledger_larger_than_the_limit_is_refused_after_a_bounded_read(tmp_path
 def _write_five(args):
     folder, worker = args
     for i in range(5):
-        written.write_file(Path(folder) / f"w{worker}-{i}.txt", lambda tmp, w=worker, i=i: Path(tmp).write_text(f"{w} {i}"))
+        text = f"{worker} {i}"
+        written.write_file(Path(folder) / f"w{worker}-{i}.txt", lambda tmp, t=text: Path(tmp).write_text(t))
     return worker
 
 
@@ -835,7 +836,8 @@ def test_two_network_dimensions_with_one_name_are_refused(tmp_path, capsys):
     one_line_error(run(capsys, *(a if a != "dgx-h100" else path for a in ESTIMATE)),
                    "cluster.network[1].name", "names an earlier dimension too")
     network = preset_data("clusters", "dgx-a100-80gb")["network"]
-    study = write_study(tmp_path / "s.yaml", networks={"twice": [network[0], {**network[1], "name": network[0]["name"]}]},
+    twice = [network[0], {**network[1], "name": network[0]["name"]}]
+    study = write_study(tmp_path / "s.yaml", networks={"twice": twice},
                         axes={"network": ["base", "twice"]})
     one_line_error(run(capsys, "sweep", study, "--output", tmp_path / "r.parquet", "--no-progress"),
                    "networks.twice[1].name")

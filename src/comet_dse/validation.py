@@ -194,9 +194,10 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
         times = layer_times(model, cluster, 8, strategy)
         name = row["experiment"]
         where = {"hardware": cluster.accelerator.name, "framework": MEGATRON_2022, "dtype": "fp16"}
-        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, measured_value(row, "forward_ms", TABLE4, scale=1e-3) / 1e3, **where))
-        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, measured_value(row, "backward_ms", TABLE4, scale=1e-3) / 1e3,
-                              **where))
+        forward_s = measured_value(row, "forward_ms", TABLE4, scale=1e-3) / 1e3
+        backward_s = measured_value(row, "backward_ms", TABLE4, scale=1e-3) / 1e3
+        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, forward_s, **where))
+        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, backward_s, **where))
     return out
 
 
@@ -334,8 +335,8 @@ def memory_comparisons(directory: Path | None = None) -> list:
         elif row["measures"] == "max_allocated":     # the last rank's footprint and the workspaces among it
             predicted = footprint_bytes(result.memory_last_stage_bytes, cluster.reserved_memory,
                                         cluster.fragmentation, cluster.workspace_memory) + cluster.workspace_memory
-        out.append(MemoryComparison(row["id"], predicted, measured_value(row, "measured_gib", MEMORY, "hbm_capacity", 2.0**30) * 2.0**30, row["measures"],
-                                    row["source"]))
+        measured = measured_value(row, "measured_gib", MEMORY, "hbm_capacity", 2.0**30) * 2.0**30
+        out.append(MemoryComparison(row["id"], predicted, measured, row["measures"], row["source"]))
     return out
 
 

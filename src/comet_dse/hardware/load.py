@@ -9,6 +9,8 @@ explorer's controls check the values they set against the same rows.
 """
 from __future__ import annotations
 
+import math
+
 from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.hardware.economics import Economics, anchored, economics_from
@@ -256,7 +258,7 @@ def _fitted_value(entry: Fields) -> None:
     """One fitted parameter: its value and preset finite numbers, sigma a number or null, a unit."""
     for key in ("value", "preset"):
         value = entry.raw(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InputError(entry.name(key), f"must be a finite number, got {shown(value)}")
     sigma = entry.raw("sigma", None)
     if sigma is not None and (isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0):
