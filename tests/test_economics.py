@@ -242,7 +242,7 @@ def test_whatif_ranks_by_speedup_per_added_dollar_and_watt(capsys):
 @pytest.mark.parametrize("setting, needle", [
     ("pue=0.9", "--set pue: '0.9' is outside the plausible range [1, 3]"),
     ("rent=-2USD/h", "--set rent: cannot read '-2USD/h'"),
-    ("energy_price=0.08", "write it with a unit, like '0.08 USD/kWh'"),
+    ("energy_price=0.08", "needs a unit, like '0.08 USD/kWh'"),
     ("lifetime=10s", "--set lifetime"),
     ("unit_price.hbm_capacity=-1USD/GiB", "--set unit_price.hbm_capacity: cannot read"),
     ("unit_price.hbm_capacity=1W/GiB", "--set unit_price.hbm_capacity: cannot read"),

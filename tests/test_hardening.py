@@ -670,7 +670,7 @@ def test_unwritable_folder_is_one_line(tmp_path, capsys):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     path = write_study(tmp_path / "s.yaml")
-    one_line_error(run(capsys, "sweep", path, "--output", locked / "r.parquet"), "output: ")
+    one_line_error(run(capsys, "sweep", path, "--output", locked / "r.parquet"), "output: ", status=74)
 
 
 @pytest.mark.parametrize("edit,needle", [

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comet_dse import presets
-from comet_dse.bounds import BOUNDS
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.estimate import Estimate
 from comet_dse.estimate import estimate as _estimate
@@ -68,6 +68,9 @@ def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = No
     strategy is a result (``feasible`` False, ``reasons``), not an exception.
     """
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    if strategy is not None and not isinstance(strategy, (Strategy, dict)):
+        raise InputError("strategy", f"must be a Strategy or a dict of knobs such as {{'tp': 8, 'pp': 2}} (or give "
+                         f"the knobs as keywords: tp=8), got {shown(strategy)}")
     given = dict(strategy.to_dict() if isinstance(strategy, Strategy) else strategy or {})
     given.update(knobs)
     _check_knobs(given, "estimate")

@@ -137,4 +137,6 @@ BOUNDS = {
     "measured_time": Bound(1e-6, 1e6, "a measured step time (iter_s, or tokens/s and MFU turned into one): "
                                       "1 us to 11.6 days"),
     "mfu": Bound(1e-6, 1.0, "a measured model FLOPs utilisation (calibrate): a fraction of the peak"),
+    "relative_error": Bound(0.0, 1000.0, "an |error| a calibrated cluster file's `calibration:` block records (a "
+                                         "fraction): a prediction 1,000x off is no fit to record"),
 }

@@ -185,11 +185,15 @@ def read_runs(path: Path) -> list:
     if unknown:
         raise InputError(f"runs.{unknown[0]}", f"unknown column; known: model or model_style and the architecture "
                          f"columns, gpus, metric, measured, id, and the strategy knobs ({', '.join(KNOB)})")
-    runs = []
+    runs, lines = [], {}
     for i, row in enumerate(rows, start=2):
         where = f"runs line {i}"
         _check_fields(row, len(header), where)
         label = row.get("id") or row.get("label") or f"line {i}"
+        if label in lines:        # --holdout names runs by id: a repeated id held out both runs
+            raise InputError(f"{where}: id", f"{shown(label)} is the id of line {lines[label]} too; give each run "
+                             "its own id")
+        lines[label] = i
         try:
             runs.append(_run(row, label, path.parent, load_model))
         except InputError as exc:

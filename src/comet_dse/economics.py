@@ -36,6 +36,7 @@ import numpy as np
 
 from comet_dse import goodput
 from comet_dse.bounds import BOUNDS
+from comet_dse.errors import InputError
 from comet_dse.hardware.economics import amount, state_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.units import KIND_TOKENS, KWH, YEAR, parse_quantity
@@ -136,6 +137,32 @@ def device_price(cluster: Cluster) -> float:
     where the per-unit prices would take it below 0 (a design far smaller than the one priced: the linear
     per-unit model says nothing there)."""
     return _not_negative(_number(cluster.device_price_usd) + price_delta(cluster))
+
+
+def _unknown_below_zero(cost) -> np.ndarray:
+    """``cost`` (USD, an array) with NaN (unknown) where it is below 0: a rent lowered by per-unit prices past
+    nothing (a design far smaller than the one priced: -146,367 USD was shown) is no figure at all."""
+    cost = np.asarray(cost, dtype=float)
+    return np.where(cost < 0, np.nan, cost)
+
+
+def check_design(cluster: Cluster, field: str) -> None:
+    """An InputError naming ``field`` when the per-unit prices and powers take a design's device price past
+    the ``device_price_usd`` bound or a draw past the ``device_power_w`` bound (bounds.BOUNDS): a unit price
+    times a scaled resource was unbounded (1e12 to 1e20 USD devices). Below 0 stays unknown (NaN), as
+    ``device_price`` and ``device_draws`` say."""
+    econ = cluster.economics
+    if not econ.unit_price and not econ.unit_power:
+        return
+    price, price_bound = device_price(cluster), BOUNDS["device_price_usd"]
+    if price > price_bound.high:
+        raise InputError(field, f"the per-unit prices make one device cost {price:.4g} USD at this design, beyond "
+                         f"{price_bound.high:g} USD (the device_price_usd bound); check unit_price and its units")
+    power_bound = BOUNDS["device_power_w"]
+    for state, watts in device_draws(cluster).items():
+        if watts > power_bound.high:
+            raise InputError(field, f"the per-unit powers make one device draw {watts:.4g} W while {state} at this "
+                             f"design, beyond {power_bound.high:g} W (the device_power_w bound); check unit_power")
 
 
 def _not_negative(x: float) -> float:
@@ -268,8 +295,8 @@ def training_parts(r: Rates, step_time, tokens_per_second, breakdown: dict, toke
     with np.errstate(divide="ignore", invalid="ignore"):
         power = np.where(time > 0, energy / np.where(time > 0, time, 1.0), busy)
     device_time = r.devices * time
-    own = r.devices * r.device_price_usd * time / r.lifetime_s + energy * r.energy_price_usd_per_j
-    rent = device_time * (r.rent_usd_per_s + r.price_delta_usd / r.lifetime_s)
+    own = _unknown_below_zero(r.devices * r.device_price_usd * time / r.lifetime_s + energy * r.energy_price_usd_per_j)
+    rent = _unknown_below_zero(device_time * (r.rent_usd_per_s + r.price_delta_usd / r.lifetime_s))
     shape = np.broadcast_shapes(step.shape, np.shape(time))
     cols = {"productive_time_s": productive, "goodput": lost["goodput"], "time_to_train_s": time, "device_time_s": device_time, "average_power_w": power, "energy_j": energy,
             "training_cost_rent_usd": rent, "training_cost_own_usd": own,

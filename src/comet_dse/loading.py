@@ -167,7 +167,20 @@ def read_json(path: Path, what: str) -> dict:
         raise InputError(what, f"{path} holds a number of more than {_MAX_DIGITS:,} digits") from None
     if not isinstance(data, dict):
         raise InputError(what, f"{path} must hold a JSON object")
+    if _json_depth(data) > MAX_DEPTH:
+        raise InputError(what, f"{path} nests lists or objects more than {MAX_DEPTH} deep")
     return data
+
+
+def _json_depth(root) -> int:
+    """How deep lists and objects nest in ``root`` (an object of scalars: 1), without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 class Fields:

@@ -16,12 +16,14 @@ file's reader (``tier_from``). Errors name the option, e.g.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses as dc
 import difflib
 import re
 
 from comet_dse.errors import InputError
-from comet_dse.bounds import BOUNDS
+from comet_dse.bounds import BOUNDS, shown
+from comet_dse.economics import check_design
 from comet_dse.hardware import economics
 from comet_dse.hardware.load import tier_from
 from comet_dse.hardware.spec import DTYPES, Cluster
@@ -56,25 +58,105 @@ def parse_assignment(text: str, option: str = "--set") -> tuple:
 def apply_overrides(cluster: Cluster, settings, expansion=None, where: str = "--set") -> Cluster:
     """``cluster`` with an expansion tier added (``expansion``) and then each resource of ``settings`` set.
 
-    settings: a mapping or a list of (name, value) pairs, applied in order; a value is a number in SI
-      units, a string with units or a topology name, or a multiplier written ``x2`` / ``0.5x``.
+    settings: a mapping or a list of (name, value) pairs; a value is a number in SI units, a string with
+      units or a topology name, or a multiplier written ``x2`` / ``0.5x``. Their order never matters: every
+      multiplier scales the cluster's own value (as given, with the expansion tier), price and power settings
+      are anchored at the cluster as given, and a part (``peak_flops.bf16``, ``network.<dim>.bandwidth``)
+      set beside its whole (``peak_flops``, ``network_bandwidth``) takes its own value, not the whole's
+      compounded (``apply_in_order``).
     expansion: ``'512GiB@64GB/s'`` (optionally ``@latency``), or a mapping with capacity, bandwidth and
       optionally latency, as a study's ``expansion:``.
     where: how errors name the settings ("--set" on the command line, "overrides" in the Python API).
     The returned cluster's name records what was changed, e.g. ``tpu-v4[hbm_capacity=51.2GiB]``.
     """
-    pairs = list(settings.items()) if isinstance(settings, dict) else [tuple(p) for p in settings or ()]
+    pairs = _pairs(settings, where)
     _refuse_repeats(pairs, where)
+    _refuse_overlaps(pairs, where)
     changed = []
     if expansion is not None:
         cluster = with_expansion(cluster, expansion, "--expansion" if where == "--set" else "expansion")
         changed.append(f"expansion={_text(expansion)}")
-    for name, value in pairs:
-        cluster = _set_one(cluster, str(name), value, where)
-        changed.append(f"{name}={value}")
+    cluster = apply_in_order(cluster, pairs, where)
+    changed += [f"{name}={value}" for name, value in pairs]
     if not changed:
         return cluster
+    check_design(cluster, where)
     return dc.replace(cluster, name=f"{cluster.name}[{', '.join(changed)}]")
+
+
+def apply_in_order(cluster: Cluster, pairs: list, where: str) -> Cluster:
+    """``cluster`` with every setting of ``pairs`` applied so that their order does not matter: first the
+    price and power settings (anchored at ``cluster``), then the other settings of a whole resource or of
+    an ungrouped one, then each part of a grouped resource, computed on ``cluster`` itself (a multiplier of
+    ``peak_flops.bf16`` scales the cluster's bf16 peak, not a peak another setting already scaled) and
+    written over what its whole set."""
+    first = [p for p in pairs if economics.is_setting(str(p[0]))]
+    parts = [p for p in pairs if _scope(str(p[0]))[1] is not None]
+    rest = [p for p in pairs if p not in first and p not in parts]
+    out = cluster
+    for name, value in first + rest:
+        out = _set_one(out, str(name), value, where)
+    for name, value in parts:
+        out = _copy_part(out, _set_one(cluster, str(name), value, where), str(name))
+    return out
+
+
+def _copy_part(target: Cluster, source: Cluster, name: str) -> Cluster:
+    """``target`` with the one part ``name`` sets (a dtype's peak, a dimension's link bandwidth or latency)
+    taken from ``source``."""
+    group, part = _scope(name)
+    if group == "peak_flops":
+        peaks = {**target.accelerator.peak_flops, part: source.accelerator.peak_flops[part]}
+        return dc.replace(target, accelerator=dc.replace(target.accelerator, peak_flops=peaks))
+    attr = "latency" if group == "network_latency" else "link_bandwidth"
+    new = {d.name: getattr(d, attr) for d in source.network}
+    dims = tuple(dc.replace(d, **{attr: new[d.name]}) if d.name == part else d for d in target.network)
+    return dc.replace(target, network=dims)
+
+
+def _pairs(settings, where: str) -> list:
+    """``settings`` as a list of (name, value) pairs: a mapping, or pairs; anything else (text such as
+    'hbm_capacity=80GiB', a number) is an InputError naming ``where`` (it was a bare ValueError)."""
+    if settings is None:
+        return []
+    if isinstance(settings, dict):
+        return list(settings.items())
+    if isinstance(settings, (str, bytes)) or not isinstance(settings, (list, tuple)):
+        raise InputError(where, "must be a mapping of resource name to value, such as {'hbm_capacity': '51.2 GiB', "
+                         f"'peak_flops': 'x2'}}, got {shown(settings)}")
+    pairs = []
+    for pair in settings:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise InputError(where, f"each setting must be a (name, value) pair, got {shown(pair)}")
+        pairs.append(tuple(pair))
+    return pairs
+
+
+def _scope(name: str) -> tuple:
+    """(what a setting changes, which part of it: None for all of it). peak_flops sets every dtype's peak,
+    peak_flops.<dtype> one; network_bandwidth every dimension's link bandwidth, network.<dim>.bandwidth and
+    .link_bandwidth one dimension's (two ways to write it); network_latency every dimension's latency."""
+    if name == "peak_flops" or name.startswith("peak_flops."):
+        return "peak_flops", name.partition(".")[2] or None
+    if name in ("network_bandwidth", "network_latency"):
+        return name, None
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "network" and parts[2] in ("bandwidth", "link_bandwidth", "latency"):
+        return f"network_{'latency' if parts[2] == 'latency' else 'bandwidth'}", parts[1]
+    return name, None
+
+
+def _refuse_overlaps(pairs: list, where: str) -> None:
+    """Refuse one part set twice under two names (network.<dim>.bandwidth and network.<dim>.link_bandwidth
+    are one quantity, per device and per link): one of them would silently win. A whole and one of its parts
+    together are fine: the part takes its own value (apply_in_order)."""
+    seen = {}
+    for name, _ in pairs:
+        scope = _scope(str(name))
+        if scope[1] is not None and scope in seen:
+            raise InputError(f"{where} {name}", f"sets what {where} {seen[scope]} sets already (the same "
+                             "quantity, per device or per link); give one of them")
+        seen[scope] = str(name)
 
 
 def _refuse_repeats(pairs: list, where: str) -> None:
@@ -155,6 +237,17 @@ def _set_peak(cluster: Cluster, dtype: str, value, factor: float | None, field: 
     return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
 
 
+class GivenOnce(argparse.Action):
+    """An option that may be given once: a second ``--expansion`` was silently last-wins (one tier is added,
+    so two are a mistake, not a list)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            raise argparse.ArgumentError(self, f"is given twice ({getattr(namespace, self.dest)!r} and {values!r}); "
+                                         "give it once")
+        setattr(namespace, self.dest, values)
+
+
 def add_override_options(parser) -> None:
     """The ``--set`` and ``--expansion`` options of estimate, search and whatif."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
@@ -169,7 +262,7 @@ def add_override_options(parser) -> None:
                              "checkpoint=async, checkpoint_interval=1h, storage_bandwidth=122MB/s, "
                              "checkpoint_bytes=14, goodput=off (docs/economics.md) "
                              "(the study axes, studies/README.md)")
-    parser.add_argument("--expansion", default=None, metavar="CAP@BW[@LAT]",
+    parser.add_argument("--expansion", default=None, metavar="CAP@BW[@LAT]", action=GivenOnce,
                         help="add an expansion memory tier (CXL-like), e.g. 512GiB@64GB/s or 512GiB@64GB/s@1us")
 
 

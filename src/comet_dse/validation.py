@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses as dc
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.cost.memory import footprint_bytes
 from comet_dse.cost.step import model_flops
@@ -117,6 +119,24 @@ def _read(directory: Path, name: str) -> list:
         return list(csv.DictReader(handle))
 
 
+def measured_value(row: dict, column: str, dataset: str, bound: str = "measured_time", scale: float = 1.0) -> float:
+    """The measured value in ``column`` of a validation CSV row, as written (``scale`` turns it into SI: 1e-3
+    for ms, 2**30 for GiB): a finite positive number whose SI value lies in the ``bound`` row of
+    bounds.BOUNDS, as calibrate checks its runs. measured=0 was a ZeroDivisionError traceback; nan, inf, -1
+    and 1e-300 were accepted and gave a meaningless error."""
+    text = row[column]
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    limits = BOUNDS[bound]
+    if not (math.isfinite(value) and value > 0 and limits.low <= value * scale <= limits.high):
+        label = row.get("id") or row.get("model") or row.get("experiment") or row.get("params_b") or "?"
+        raise InputError("data", f"{dataset}: {column} of row {shown(str(label))} must be a positive number in "
+                         f"[{limits.low / scale:g}, {limits.high / scale:g}], got {shown(text)}")
+    return value
+
+
 def _gpt(row: dict, name: str) -> Transformer:
     """Megatron GPT: GELU MLP, learned positions, tied embeddings, dropout unless the row says 0 (validation README)."""
     hidden, heads = int(row["hidden"]), int(row["heads"])
@@ -155,7 +175,7 @@ def table5_comparisons(cluster: Cluster, directory: Path) -> list:
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         mode = "selective+SP" if strategy.sequence_parallel else row["recompute"]
         label = f"{row['model']} {mode} {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
-        out.append(_compared(TABLE5, label, result, float(row["measured_iteration_time_s"]), cluster,
+        out.append(_compared(TABLE5, label, result, measured_value(row, "measured_iteration_time_s", TABLE5), cluster,
                              MEGATRON_2022, strategy.dtype.value))
     return out
 
@@ -170,7 +190,7 @@ def table1_comparisons(cluster: Cluster, directory: Path) -> list:
                              placement=RANK_ORDER[MEGATRON_2021])
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         label = f"{row['params_b']}B {row['gpus']} GPUs (t{row['tp']} p{row['pp']} d{row['dp']})"
-        out.append(_compared(TABLE1, label, result, float(row["derived_iteration_time_s"]), cluster,
+        out.append(_compared(TABLE1, label, result, measured_value(row, "derived_iteration_time_s", TABLE1), cluster,
                              MEGATRON_2021, strategy.dtype.value))
     return out
 
@@ -187,9 +207,10 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
         times = layer_times(model, cluster, 8, strategy)
         name = row["experiment"]
         where = {"hardware": cluster.accelerator.name, "framework": MEGATRON_2022, "dtype": "fp16"}
-        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, float(row["forward_ms"]) / 1e3, **where))
-        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, float(row["backward_ms"]) / 1e3,
-                              **where))
+        forward_s = measured_value(row, "forward_ms", TABLE4, scale=1e-3) / 1e3
+        backward_s = measured_value(row, "backward_ms", TABLE4, scale=1e-3) / 1e3
+        out.append(Comparison(TABLE4, f"{name} forward", times.forward_s, forward_s, **where))
+        out.append(Comparison(TABLE4, f"{name} backward", times.backward_s, backward_s, **where))
     return out
 
 
@@ -233,11 +254,11 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
         strategy = h100_strategy(row)
         result = estimate(model, cluster, int(row["gpus"]), strategy)
         if row["metric"] == "iter_s":
-            measured = float(row["measured"])
+            measured = measured_value(row, "measured", H100)
         else:
             peak = cluster.accelerator.flops(strategy.dtype.value)
             reported = model_flops(model, strategy.global_batch, causal=False)
-            measured = reported / (int(row["gpus"]) * peak * float(row["measured"]))
+            measured = reported / (int(row["gpus"]) * peak * measured_value(row, "measured", H100, "mfu"))
         out.append(_compared(H100, row["id"], result, measured, cluster,
                              NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3, strategy.dtype.value))
     return out
@@ -363,8 +384,8 @@ def memory_comparisons(directory: Path | None = None) -> list:
         elif row["measures"] == "max_allocated":     # the last rank's footprint and the workspaces among it
             predicted = footprint_bytes(result.memory_last_stage_bytes, cluster.reserved_memory,
                                         cluster.fragmentation, cluster.workspace_memory) + cluster.workspace_memory
-        out.append(MemoryComparison(row["id"], predicted, float(row["measured_gib"]) * 2.0**30, row["measures"],
-                                    row["source"]))
+        measured = measured_value(row, "measured_gib", MEMORY, "hbm_capacity", 2.0**30) * 2.0**30
+        out.append(MemoryComparison(row["id"], predicted, measured, row["measures"], row["source"]))
     return out
 
 

@@ -1,5 +1,6 @@
 """The ``comet-dse`` entry point: the parser of every command, and one place that turns errors into exit
-statuses (2 bad input, 1 the machine, 130 interrupted)."""
+statuses (2 bad input, 74 the operating system refused to store or read a file, 1 a run the machine stopped,
+130 interrupted)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,8 @@ import sys
 
 from comet_dse.allocator import keep_freed_memory
 from comet_dse.cli import calibrate, estimate, explore, plan, presets, report, search, sweep, validate, whatif
-from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, Parser
-from comet_dse.errors import InputError
+from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_STORAGE, Parser
+from comet_dse.errors import InputError, RunFailed, StorageError
 
 # In the order `comet-dse --help` lists them.
 COMMANDS = {"estimate": estimate, "search": search, "whatif": whatif, "plan": plan, "sweep": sweep, "report": report,
@@ -40,10 +41,18 @@ def main(argv: list | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except RunFailed as exc:
+        # the machine stopped the run (a worker killed): one line, exit status 1
+        _error_line(f"comet-dse: error: {exc}")
+        return EXIT_RUN_FAILED
+    except StorageError as exc:
+        # the system would not store a result (a full disk, a read-only file system): its own status
+        _error_line(f"comet-dse: error: {exc}")
+        return EXIT_STORAGE
     except OSError as exc:
-        # the machine, not the input (a full disk, a vanished folder): one line, exit status 1
+        # any other error the system reports on a file (a vanished folder): the same status, path and cause
         _error_line(f"comet-dse: error: {f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc}")
-        return 1
+        return EXIT_STORAGE
 
 
 def _error_line(text: str) -> None:

@@ -15,6 +15,8 @@ from comet_dse.overrides import add_override_options, cluster_from_args
 from comet_dse.strategy import GIVEN, KNOBS
 
 EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 1          # the machine stopped a run (a worker killed): errors.RunFailed
+EXIT_STORAGE = 74            # the system would not store or read a file (EX_IOERR of sysexits.h): errors.StorageError
 EXIT_INTERRUPTED = 130
 DEFAULT_MAX_POINTS = 10**9       # sweep and report refuse a larger study unless --max-points says otherwise
 DRY_RUN_POINTS = 10              # design points --dry-run lists

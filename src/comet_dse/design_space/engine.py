@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -45,7 +47,7 @@ except ImportError:          # not POSIX: no lock between runs
 from comet_dse.allocator import keep_freed_memory
 from comet_dse import jsonout, written
 from comet_dse.errors import InputError, RunFailed
-from comet_dse.design_space.output import (check_output_file, output_parent, remove_stale_temps, stale_temps,
+from comet_dse.design_space.output import (check_output_file, csv_table, output_parent, remove_stale_temps,
                                      to_arrow, write_dataset)
 from comet_dse.design_space.parquet_concat import ParquetJoinError, join
 from comet_dse.design_space.rank import chunk_summary, merge
@@ -216,8 +218,7 @@ class PartStore:
         else:
             self._check_resume(marker, resume)
         if not self.url:
-            for tmp in stale_temps(self.folder / "x"):
-                tmp.unlink(missing_ok=True)
+            written.remove_stale_temps_in(self.folder)
             remove_stale_temps(self.output)
             remove_stale_temps(summary_path(self.output))
         self.finished = {i for i in range(len(chunks)) if self._complete(i)}
@@ -227,16 +228,19 @@ class PartStore:
         try:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InputError("output", f"cannot create {self.folder.parent}: {exc.strerror}") from None
+            raise written.failure("output", "create", self.folder.parent, exc) from None
         try:
             self.folder.mkdir()
             created = True
         except FileExistsError:
             created = False
         except OSError as exc:
-            raise InputError("output", f"cannot create {self.folder}: {exc.strerror}") from None
+            raise written.failure("output", "create", self.folder, exc) from None
         if not self.folder.is_dir() or self.folder.is_symlink():
             raise InputError("output", f"{self.folder} exists and is not a folder this tool made; move it away")
+        if hasattr(os, "getuid") and self.folder.stat().st_uid != os.getuid():
+            raise InputError("output", f"{self.folder} belongs to another user; comet-dse continues only a parts "
+                             "folder of its own; move it away")
         self.lock = _lock(self.folder, self.output)
         return created
 
@@ -325,7 +329,9 @@ class PartStore:
                     remove_stale_temps(self.output)
                     written.write_file(self.output, lambda tmp: _into_local(tmp, lambda h: writer(self.parts, total, h)))
         except OSError as exc:
-            raise InputError("output", f"cannot write {self.output}: {exc.strerror or exc}") from None
+            if self.url:
+                raise InputError("output", f"cannot write {self.output}: {exc.strerror or exc}") from None
+            raise written.failure("output", "write", self.output, exc) from None
         self.parts.remove_all()
 
     def release(self) -> None:
@@ -369,8 +375,7 @@ def _csv_parts(parts: Folder, total: int, handle) -> None:
     for i in range(total):
         with parts.open(PartStore.name(i)) as source:
             table = pq.read_table(source)
-        plain = pa.Table.from_arrays([c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c
-                                      for c in table.columns], names=table.column_names)
+        plain = csv_table(table)
         writer = writer or pacsv.CSVWriter(handle, plain.schema)
         writer.write_table(plain)
     if writer is not None:
@@ -379,8 +384,20 @@ def _csv_parts(parts: Folder, total: int, handle) -> None:
 
 def _lock(folder: Path, output: Path):
     """An exclusive lock on ``folder``/lock, held while the returned file stays open (the kernel
-    drops it when the process dies); an InputError names the run that holds it."""
-    handle = open(folder / "lock", "a+", encoding="utf-8")
+    drops it when the process dies); an InputError names the run that holds it. The lock file is opened
+    through no link and must be a regular file (a link planted there is never written through)."""
+    path = folder / "lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0),
+                     0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError("output", f"{path} is a symbolic link; move {folder} away") from None
+        raise written.failure("output", "create", path, exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError("output", f"{path} is not a regular file; move {folder} away")
+    handle = open(fd, "a+", encoding="utf-8")
     if fcntl is None:
         return handle
     try:

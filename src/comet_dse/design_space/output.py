@@ -1,9 +1,9 @@
 """Writing result columns to Parquet or CSV, never half-written under the final name.
 
-A file is written to a temporary name beside it (``written.temp_path``: ``.<name>.tmp-<pid>``,
-or ``storage.temp_name``: ``.<name>.tmp-<pid>@<host>``) and renamed into place
-when complete; a temporary left by a process of this machine that no longer runs
-is removed by the next writer (``remove_stale_temps``). A sweep's output is one
+A file is written inside a private temporary folder beside it (``written.temp_file``, or for a sweep's parts
+``storage.Folder``: ``.<name>.tmp-<pid>-<random>[@<host>]``, made by mkdir with mode 0700, never a predictable
+name nor a link) and renamed into place when complete; a temporary left by a process of this machine that no
+longer runs is removed by the next writer (``remove_stale_temps``). A sweep's output is one
 file (``.parquet``, ``.csv``) or, for a name without a suffix, a dataset folder
 of Parquet parts marked by ``DATASET_MARKER`` (``write_dataset``). What may be replaced follows
 written.py: only a file or folder this tool wrote, unchanged since.
@@ -25,7 +25,6 @@ from comet_dse import written
 from comet_dse.errors import InputError
 from comet_dse.design_space.storage import Folder, is_url, parquet_options, temp_name
 from comet_dse.strategy import KNOBS, Choice
-from comet_dse.written import stale_temps
 
 DATASET_MARKER = "_comet-dse.json"      # in a dataset folder this tool wrote; readers skip names starting with _
 # Choice knobs: their code columns are written as dictionary-encoded names.
@@ -59,13 +58,10 @@ def output_format(path) -> str:
 
 
 def remove_stale_temps(path: Path) -> None:
-    """Remove the temporary files of ``path`` left by dead processes; a temporary folder only if it is a
-    dataset this tool was writing (it holds DATASET_MARKER); other folders are left to their owner."""
-    for tmp in stale_temps(path):
-        if tmp.is_file():
-            tmp.unlink(missing_ok=True)
-        elif tmp.is_dir() and (tmp / DATASET_MARKER).is_file():
-            shutil.rmtree(tmp, ignore_errors=True)
+    """Remove the temporaries of ``path`` left by dead processes (written.remove_stale_temps); a temporary
+    folder only if it is a private file folder or a dataset this tool was writing (it holds DATASET_MARKER);
+    other folders are left to their owner."""
+    written.remove_stale_temps(path, DATASET_MARKER)
 
 
 def check_output_file(path, inputs=()) -> str:
@@ -120,14 +116,14 @@ def write_dataset(parts: Folder, names: list, output) -> None:
     DATASET_MARKER, assembled under a temporary name and moved into place (an earlier dataset of this tool
     is replaced). Readers (pyarrow, pandas, DuckDB, polars, Dask) take the folder as one table."""
     parent, name = output_parent(output)
+    if not is_url(str(output)):
+        _write_local_dataset(parts, names, Path(parent.root) / name)
+        return
     tmp = Folder(parent.path(temp_name(name)))
     tmp.make()
     for part in names:
         parts.copy_to(part, tmp, part)
-    if is_url(tmp.where):
-        tmp.write_bytes(DATASET_MARKER, json.dumps({"format": "comet-dse dataset", "parts": len(names)}).encode())
-    else:       # a manifest of every part: the folder is replaced later only while it holds just these
-        written.seal(tmp.root, DATASET_MARKER, "dataset", format="comet-dse dataset", parts=len(names))
+    tmp.write_bytes(DATASET_MARKER, json.dumps({"format": "comet-dse dataset", "parts": len(names)}).encode())
     fs = parent.fs
     if parent.kind(name) == "folder":
         old = parent.path(f".{name}.tmp-old-{os.getpid()}@{socket.gethostname()}")     # a stale_temps name
@@ -136,6 +132,23 @@ def write_dataset(parts: Folder, names: list, output) -> None:
         Folder(old).remove_all()
     else:
         fs.move(tmp.root, parent.path(name))
+
+
+def _write_local_dataset(parts: Folder, names: list, path: Path) -> None:
+    """write_dataset on a local path: the parts are linked into a private temporary folder
+    (written.temp_folder: a name nobody can predict, never reached through a link), sealed with a manifest of
+    every part (the folder is replaced later only while it holds just these, unchanged) and moved into
+    place, the output rule checked again just before the move."""
+    tmp = written.temp_folder(path, host=True)
+    try:
+        target = Folder(tmp)
+        for part in names:
+            parts.copy_to(part, target, part)
+        written.seal(tmp, DATASET_MARKER, "dataset", format="comet-dse dataset", parts=len(names))
+        written.replace_folder(tmp, path, lambda: written.check_folder(path, DATASET_MARKER, "dataset"))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_atomically(table: pa.Table, path: Path, inputs=()) -> None:
@@ -154,6 +167,27 @@ def write_atomically(table: pa.Table, path: Path, inputs=()) -> None:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    """CSV cannot hold dictionary columns: decode them to strings."""
-    cols = [c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+    """``table`` as a CSV file holds it (``csv_table``)."""
+    return csv_table(table)
+
+
+# A text cell a spreadsheet would read as a formula (OWASP, "CSV Injection"): it starts with = + - @, a tab or
+# a carriage return. Such a cell is written with a ' in front, which spreadsheets take as "text, not a formula"
+# and do not show; numbers are number columns and are never touched (-1.5 stays a number).
+FORMULA_START = r"^([=+\-@\t\r])"
+
+
+def csv_table(table: pa.Table) -> pa.Table:
+    """``table`` as a CSV file holds it: dictionary columns decoded to strings (CSV has none), and every text
+    cell that starts like a formula (FORMULA_START: a model named '=HYPERLINK(...)' was written as is into
+    every row) prefixed with a '."""
+    import pyarrow.compute as pc
+
+    cols = []
+    for column in table.columns:
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = pc.replace_substring_regex(column, pattern=FORMULA_START, replacement="'\\1")
+        cols.append(column)
     return pa.Table.from_arrays(cols, names=table.column_names)

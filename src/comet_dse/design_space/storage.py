@@ -4,21 +4,26 @@ A ``Folder`` is a local path or a URL that fsspec understands (``file://``,
 ``s3://``, ``gs://``, ``abfs://``, ... with the matching fsspec package), seen
 through a pyarrow file system, so that the driver and every worker, local or on
 another machine, read and write it the same way. A file is written under a
-temporary name (``.<name>.tmp-<pid>@<host>``) and moved to its name when
-complete: on a local or shared POSIX file system the move is a rename, so a
-final name never holds half a file; on an object store a file appears whole
-when its upload ends.
+temporary name and moved to its name when complete: on a local or shared POSIX
+file system inside a private temporary folder (``written.temp_folder``:
+``.<name>.tmp-<pid>-<random>@<host>``, made by mkdir with mode 0700, so never a
+predictable name nor a planted link) and renamed, so a final name never holds
+half a file; at a URL as ``.<name>.tmp-<pid>@<host>`` (an object store has no
+links), where a file appears whole when its upload ends.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from comet_dse import written
 from comet_dse.errors import InputError
 
 
@@ -112,6 +117,9 @@ class Folder:
             return pq.read_metadata(handle).num_rows
 
     def _atomic(self, name: str, write) -> None:
+        if not is_url(self.where):
+            self._atomic_local(name, write)
+            return
         tmp = self.path(temp_name(name))
         try:
             with self.fs.open_output_stream(tmp) as handle:
@@ -120,6 +128,21 @@ class Folder:
         except BaseException:
             self.remove(temp_name(name))
             raise
+
+    def _atomic_local(self, name: str, write) -> None:
+        """_atomic on a local folder: written in a private temporary folder beside ``name``
+        (written.temp_folder: a random name made by mkdir, never reached through a link), then renamed."""
+        final = Path(self.path(name))
+        try:
+            folder = written.temp_folder(final, host=True)
+        except OSError as exc:
+            raise written.failure("output", "write in", final.parent, exc) from None
+        try:
+            with self.fs.open_output_stream(str(folder / name)) as handle:
+                write(handle)
+            os.replace(folder / name, final)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write ``data`` as ``name``: under a temporary name, then moved into place."""

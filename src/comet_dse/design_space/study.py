@@ -21,8 +21,9 @@ from pathlib import Path
 from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.design_space.space import SearchSpace, count_strategies, with_study_defaults
+from comet_dse.economics import check_design
 from comet_dse.hardware import economics as econ
-from comet_dse.hardware.load import network_dim_from, tier_from
+from comet_dse.hardware.load import network_dim_from, refuse_repeated_names, tier_from
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.loading import Fields, parse_yaml, read_text_file
 from comet_dse.presets import load_cluster, load_model, preset_names
@@ -370,6 +371,7 @@ def _networks(f: Fields, base: Cluster) -> dict:
             raise InputError(f"networks.{name}", "must be a non-empty list of dimensions, innermost first")
         out[str(name)] = tuple(network_dim_from(Fields(d, f"networks.{name}[{i}]"), i == len(dims) - 1)
                                for i, d in enumerate(dims))
+        refuse_repeated_names(out[str(name)], f"networks.{name}")
     return out
 
 
@@ -519,6 +521,7 @@ def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: d
                 cluster = _apply(cluster, name, label, setting, networks)
                 values[name] = setting[1]
                 labels[name] = label
+            check_design(cluster, f"axes ({', '.join(f'{k}={v}' for k, v in labels.items())})")
             variants.append(Variant(index=len(variants), labels=labels, values=values,
                                     cluster=cluster, devices=tuple(devices[base.name]),
                                     global_batch=batches[base.name]))

@@ -164,18 +164,19 @@ def parse_setting(name: str, value, where: str):
         number = parse_per_unit(value, "USD" if head == "unit_price" else "W", unit_kind(resource), where)
         return BOUNDS[head].check(where, number, repr(value))
     kind, bound, _ = FIELDS[name]
+    if name in _EXAMPLE and _bare(value):
+        raise InputError(where, f"needs a unit, like {_EXAMPLE[name]}, got {value!r} (a bare number would be read in "
+                         f"SI units, {_SI_UNIT[name]})")
     number = parse_quantity(value, kind, where)
-    try:
-        return BOUNDS[bound].check(where, number, repr(value))
-    except InputError as exc:
-        bare = not isinstance(value, str) or value.strip().replace(".", "", 1).isdigit()
-        hint = f"; a bare number is in SI units: write it with a unit, like {_EXAMPLE[name]}" if bare and name in _EXAMPLE else ""
-        raise InputError(where, exc.message + hint) from None
+    return BOUNDS[bound].check(where, number, repr(value))
 
 
 _EXAMPLE = {"rent": "'2 USD/h'", "energy_price": "'0.08 USD/kWh'", "lifetime": "'5 years'", "mtbf": "'50000 h'",
             "restart_time": "'10 min'", "checkpoint_interval": "'1 h'", "storage_bandwidth": "'122 MB/s'",
             "host_bandwidth": "'31.5 GB/s'"}
+_SI_UNIT = {"rent": "USD per device-second", "energy_price": "USD per joule", "lifetime": "seconds",
+            "mtbf": "seconds", "restart_time": "seconds", "checkpoint_interval": "seconds",
+            "storage_bandwidth": "bytes per second", "host_bandwidth": "bytes per second"}
 
 
 def _choice_text(value) -> str:
@@ -183,6 +184,19 @@ def _choice_text(value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
+
+
+def _bare(value) -> bool:
+    """Whether ``value`` is a number without a unit (a YAML number, or text that is only a number)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    try:
+        float(str(value).strip())
+    except ValueError:
+        return False
+    return True
 
 
 def is_setting(name: str) -> bool:

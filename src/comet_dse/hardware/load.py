@@ -9,6 +9,8 @@ explorer's controls check the values they set against the same rows.
 """
 from __future__ import annotations
 
+import math
+
 from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.hardware.economics import Economics, anchored, economics_from
@@ -156,6 +158,18 @@ def network_dim_from(fields: Fields, outermost: bool) -> NetworkDim:
     return dim
 
 
+def refuse_repeated_names(network: tuple, field: str) -> None:
+    """An InputError naming ``field`` when two network dimensions share a name: a setting names a dimension
+    (--set network.<dim>.bandwidth, a study axis, a per-unit price), and one name for two dimensions was
+    accepted and scaled both."""
+    seen = set()
+    for i, dim in enumerate(network):
+        if dim.name in seen:
+            raise InputError(f"{field}[{i}].name", f"{dim.name!r} names an earlier dimension too; give each network "
+                             "dimension its own name")
+        seen.add(dim.name)
+
+
 def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
     """Build a Cluster from a mapping shaped like presets/clusters/*.yaml."""
     fields = Fields(data, prefix)
@@ -166,6 +180,7 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         network_dim_from(Fields(d, f"{fields.name('network')}[{i}]"), i == len(dims_raw) - 1)
         for i, d in enumerate(dims_raw)
     )
+    refuse_repeated_names(network, fields.name("network"))
     cluster = Cluster(
         name=fields.text("name"),
         accelerator=accelerator_from(fields.sub("accelerator")),
@@ -190,9 +205,63 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
 
 
 
+# The error summaries a `calibration:` block may record (calibrate.calibrated_data).
+CALIBRATION_ERRORS = ("error_before", "error_in_sample", "error_cross_validated", "error_held_out")
+
+
 def _calibration(fields: Fields):
-    """The provenance block a calibrated cluster file carries (free-form mapping, kept as read)."""
+    """The provenance block a calibrated cluster file carries (calibrate.calibrated_data writes it), kept as
+    read once checked: the runs counted, the runs file named, each error summary two |errors| in the
+    ``relative_error`` row of bounds.BOUNDS with the mean at most the max, ``fitted`` values finite numbers.
+    It was never checked: a bad value was a traceback in the error band, or 'max -100 %'."""
     raw = fields.raw("calibration", None)
-    if raw is not None and not isinstance(raw, dict):
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
         raise InputError(fields.name("calibration"), "must be a mapping (written by comet-dse calibrate)")
+    cal = Fields(raw, fields.name("calibration"))
+    cal.integer("runs")
+    for key in ("base", "runs_file", "cross_validation"):
+        if cal.has(key) and not isinstance(cal.raw(key), str):
+            raise InputError(cal.name(key), f"must be text, got {shown(cal.raw(key))}")
+    cal.text("runs_file")
+    digest = cal.raw("runs_sha256", None)
+    if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                   and all(c in "0123456789abcdef" for c in digest)):
+        raise InputError(cal.name("runs_sha256"), f"must be 64 hexadecimal digits, got {shown(digest)}")
+    for key in CALIBRATION_ERRORS:
+        if cal.has(key):
+            _error_summary(cal.sub(key))
+    if cal.has("fitted"):
+        fitted = cal.sub("fitted")
+        for name in fitted.data:
+            _fitted_value(fitted.sub(str(name)) if isinstance(name, str) else fitted.sub(name))
+    left = cal.raw("left_at_preset", [])
+    if not isinstance(left, list) or not all(isinstance(n, str) for n in left):
+        raise InputError(cal.name("left_at_preset"), f"must be a list of parameter names, got {shown(left)}")
+    cal.reject_unknown()
     return raw
+
+
+def _error_summary(block: Fields) -> None:
+    """One error summary of a calibration block: {mean_abs_error, max_abs_error}, each in the
+    ``relative_error`` bounds, mean <= max."""
+    mean = block.quantity("mean_abs_error", KIND_COUNT, bound="relative_error")
+    worst = block.quantity("max_abs_error", KIND_COUNT, bound="relative_error")
+    if mean > worst:
+        raise InputError(block.name("mean_abs_error"), f"{mean:g} exceeds max_abs_error {worst:g}: a mean |error| "
+                         "is at most the largest")
+    block.reject_unknown()
+
+
+def _fitted_value(entry: Fields) -> None:
+    """One fitted parameter: its value and preset finite numbers, sigma a number or null, a unit."""
+    for key in ("value", "preset"):
+        value = entry.raw(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InputError(entry.name(key), f"must be a finite number, got {shown(value)}")
+    sigma = entry.raw("sigma", None)
+    if sigma is not None and (isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0):
+        raise InputError(entry.name("sigma"), f"must be a number of at least 0 or null, got {shown(sigma)}")
+    entry.text("unit", "")
+    entry.reject_unknown()

@@ -150,6 +150,10 @@ def _hf_moe(config: dict, path: Path, layers: int):
     Qwen-MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
       shared_expert_intermediate_size; every layer is MoE (decoder_sparse_step 1).
     """
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        if config.get(key) is not None and _hf_int(config, key, path) == 0:
+            raise InputError(f"{path.name}:{key}", "must be a positive number of experts, got 0 (leave the key out, "
+                             "or null, for a dense model)")
     if config.get("n_routed_experts"):
         expert_ffn = _hf_int(config, "moe_intermediate_size", path)
         return MoE(experts=_hf_int(config, "n_routed_experts", path), top_k=_hf_int(config, "num_experts_per_tok", path),
@@ -301,6 +305,26 @@ def unmodelled_note(model: Transformer) -> str | None:
             f"{', '.join(model.unmodelled)}")
 
 
+# model_types of Hugging Face transformers that are encoders (bidirectional attention, a masked-language or
+# classification head) or encoder-decoders: their step is not the decoder-only (causal) training step the cost
+# model describes, so a config.json of one is refused rather than costed as a decoder.
+ENCODER_TYPES = frozenset({
+    "bert", "roberta", "xlm-roberta", "xlm_roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
+    "camembert", "mpnet", "ernie", "nezha", "modernbert", "longformer", "big_bird", "funnel", "layoutlm",
+    "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "led", "prophetnet", "whisper", "encoder-decoder",
+})
+
+
+def _refuse_encoders(config: dict, model_type: str, path: Path) -> None:
+    """An InputError for a config.json of an encoder or encoder-decoder model (``ENCODER_TYPES``,
+    ``is_encoder_decoder: true``): comet-dse costs decoder-only transformers (a BERT config was accepted and
+    costed as a causal decoder)."""
+    if model_type in ENCODER_TYPES or config.get("is_encoder_decoder") is True:
+        raise InputError(f"{path.name}:model_type", f"{shown(model_type or 'encoder-decoder')} is an encoder or "
+                         "encoder-decoder model; comet-dse models decoder-only (causal) transformers such as "
+                         "llama, mistral, qwen2, gpt2, gpt_neox")
+
+
 def transformer_from_hf_config(path: Path) -> Transformer:
     """Read a local Hugging Face config.json (GPT-2 or Llama style); no network access.
 
@@ -325,6 +349,7 @@ def transformer_from_hf_config(path: Path) -> Transformer:
     layers, hidden = _hf_get(config, "layers", path), _hf_get(config, "hidden", path)
     heads, vocab = _hf_get(config, "heads", path), _hf_get(config, "vocab", path)
     model_type = str(config.get("model_type") or "").lower()
+    _refuse_encoders(config, model_type, path)
     gpt2_style = "n_embd" in config
     variants = {}
     if gpt2_style:
@@ -377,8 +402,11 @@ def transformer_from_hf_config(path: Path) -> Transformer:
         variants.update(sliding_window=window, window_layers=window_layers,
                         attn_logit_softcap=_hf_number(config, "attn_logit_softcapping", path),
                         final_logit_softcap=_hf_number(config, "final_logit_softcapping", path))
-    head_dim = config.get("head_dim")
-    if not head_dim:
+    head_dim = _hf_int(config, "head_dim", path, None)
+    if head_dim == 0:
+        raise InputError(f"{path.name}:head_dim", "must be a positive integer (leave it out, or null, for "
+                         "hidden size / heads), got 0")
+    if head_dim is None:
         if hidden % heads:
             raise InputError(f"{path.name}", f"hidden size {hidden} is not a multiple of {heads} heads and no head_dim is given")
         head_dim = hidden // heads

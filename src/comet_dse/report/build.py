@@ -29,7 +29,6 @@ from comet_dse.report.html import write_html
 from comet_dse.strategy import GIVEN, KNOBS
 from comet_dse.units import is_finite
 from comet_dse.vocabulary import FRONT, resource
-from comet_dse.written import stale_temps, temp_path
 
 REPORT_FILE = "report.yaml"       # the folder's report title, introduction and findings, not a study
 FINDINGS_FILE = "findings.json"   # the findings table as JSON, beside report.html
@@ -94,12 +93,13 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
     written.check_folder(output, MARKER, "report", inputs=inputs)   # every refusal before anything is written
     started = time.perf_counter()
     _remove_stale(output)
-    tmp = temp_path(output)
     try:
-        try:
-            (tmp / "data").mkdir(parents=True)
-        except OSError as exc:
-            raise InputError("output", f"cannot write in {output.parent}: {exc.strerror}") from None
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = written.temp_folder(output)      # private, at a name nobody can predict (never through a link)
+    except OSError as exc:
+        raise written.failure("output", "write in", output.parent, exc) from None
+    try:
+        (tmp / "data").mkdir()
         (tmp / MARKER).write_text("{}")      # a report being written: stale-temporary cleaning may remove it
         (tmp / "figures").mkdir()
         for study in [*studies, *(s for again in reruns.values() for s in again)]:
@@ -133,9 +133,11 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
                    introduction=text.introduction, findings=table, scorecard=card, readings=text.readings)
         written.seal(tmp, MARKER, "report")
         _replace(tmp, output, inputs)
+    except OSError as exc:
+        raise written.failure("output", "write", output, exc) from None
     finally:
-        if tmp.exists() and (tmp / MARKER).exists():
-            shutil.rmtree(tmp)
+        if tmp.exists() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
     return output / "report.html"
 
 
@@ -238,21 +240,15 @@ def _check_clashes(studies: list) -> None:
 
 def _remove_stale(output: Path) -> None:
     """Remove the temporary report folders of ``output`` whose process no longer runs (they hold MARKER)."""
-    for tmp in stale_temps(output):
+    for tmp in written.stale_temps(output):
         if tmp.is_dir() and (tmp / MARKER).exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _replace(tmp: Path, output: Path, inputs: list) -> None:
-    """Move the finished report ``tmp`` to ``output``; an earlier report there, unchanged, is replaced."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    old = output.with_name(f".{output.name}.tmp-old-{os.getpid()}")
-    written.check_folder(output, MARKER, "report", inputs=inputs)   # checked before the run; again before moving
-    if output.exists() and any(output.iterdir()):
-        os.replace(output, old)
-    os.replace(tmp, output)                     # an empty folder is replaced
-    if old.exists():
-        shutil.rmtree(old)
+    """Move the finished report ``tmp`` to ``output``; an earlier report there, unchanged, is replaced
+    (checked before the run, and again just before the move: written.replace_folder)."""
+    written.replace_folder(tmp, output, lambda: written.check_folder(output, MARKER, "report", inputs=inputs))
 
 
 def _speedups(section: Section) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dash
 from dash import ALL, Input, Output, State, dcc, html
 
-from comet_dse.bounds import BOUNDS
+from comet_dse.bounds import BOUNDS, Bound, shown
 from comet_dse.economics import token_budget
 from comet_dse.errors import InputError
 from comet_dse.web import figures
@@ -123,7 +123,10 @@ def _resource_controls(cluster: str) -> list:
 def _callbacks(app: dash.Dash) -> None:
     @app.callback(Output("resource-controls", "children"), Input("cluster", "value"), prevent_initial_call=True)
     def reset_resources(cluster):
-        return _resource_controls(cluster)
+        try:
+            return _resource_controls(_name("cluster", cluster))
+        except InputError as exc:            # a crafted request (null, a number, an unknown preset): a message
+            return [html.P(f"{exc}", className="error", role="alert")]
 
     @app.callback(
         [Output("status", "children"), Output("error", "children"), Output("best-strategy", "children"),
@@ -155,13 +158,48 @@ def controls_from(model, model_file, cluster, devices, global_batch, rank, value
     strategy controls (view.STRATEGY_CONTROLS, and tp_across_nodes), each checked by view.strategy_space."""
     devices = BOUNDS["devices"].check_integer("devices", devices)          # the CLI's and the API's bounds:
     global_batch = BOUNDS["global_batch"].check_integer("global batch", global_batch)   # 1e30 spun a thread
-    resources = {i["key"]: v for i, v in zip(ids, values) if i.get("cluster") == cluster}
+    model, cluster = _name("model", model), _name("cluster", cluster)
+    model_file = "" if model_file is None else _name("model file", model_file, empty=True)
+    rank = RANK.check_integer("rank", 1 if rank is None else rank)
+    resources = _resource_values(values, ids, cluster)
+    if tokens is not None and not isinstance(tokens, (str, int, float)):
+        raise InputError("tokens", f"must be a token count such as 15T, got {shown(tokens)}")
     strategy = dict(strategy or {})
     across = bool(strategy.pop("tp_across_nodes", False))
+    for knob, value in strategy.items():
+        if value is not None and not isinstance(value, str):
+            raise InputError(knob.replace("_", " "), f"must be one of the listed choices, got {shown(value)}")
     chosen = tuple(sorted((k, v) for k, v in strategy.items() if v is not None))
-    return Controls(model=(model_file or "").strip() or model, cluster=cluster, devices=devices,
-                    global_batch=global_batch, resources=resources, rank=int(rank or 1), tokens=_tokens(tokens),
+    return Controls(model=model_file.strip() or model, cluster=cluster, devices=devices,
+                    global_batch=global_batch, resources=resources, rank=rank, tokens=_tokens(tokens),
                     strategy=chosen, tp_across_nodes=across)
+
+
+RANK = Bound(1, TOP, "the ranks the page lists")
+
+
+def _name(field: str, value, empty: bool = False) -> str:
+    """A preset name or a file path as the page sends it: text (a number, a list or null from a crafted
+    request was an HTTP 500), not empty unless ``empty``."""
+    if not isinstance(value, str) or not (empty or value.strip()):
+        raise InputError(field, f"must be {'text' if empty else 'a name'}, got {shown(value)}")
+    return value
+
+
+def _resource_values(values, ids, cluster: str) -> dict:
+    """Resource control key -> value for ``cluster``'s controls (values typed for another cluster are
+    dropped); the ids must be the page's own ({type, key, cluster} objects)."""
+    if not isinstance(values, list) or not isinstance(ids, list) or len(values) != len(ids):
+        raise InputError("resources", "must be the page's list of resource controls")
+    out = {}
+    for ident, value in zip(ids, values):
+        if not isinstance(ident, dict) or not isinstance(ident.get("key"), str):
+            raise InputError("resources", f"a control id must be the page's own, got {shown(ident)}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise InputError(ident["key"], f"must be a number, got {shown(value)}")
+        if ident.get("cluster") == cluster:
+            out[ident["key"]] = value
+    return out
 
 
 def _tokens(text) -> float | None:

@@ -20,9 +20,12 @@ def serve(host: str = "127.0.0.1", port: int = 8050, open_browser: bool = False)
 
     if not 1 <= port <= 65535:
         raise InputError("port", f"must be in [1, 65535], got {port}")
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):      # '[::1]', as a URL writes it: the address inside
+        host = host[1:-1]
     _check_free(host, port)
     app = build_app()
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
+    url = page_url(host, port)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)     # no line per request
     print(f"comet-dse explore: open {url} in a browser (Ctrl-C stops it)", flush=True)
     if open_browser:
@@ -34,6 +37,16 @@ def serve(host: str = "127.0.0.1", port: int = 8050, open_browser: bool = False)
             raise InputError("port", f"cannot serve on {host}:{port} (in use?); choose another with --port") from None
     sys.stdout.flush()
     return 0
+
+
+def page_url(host: str, port: int) -> str:
+    """The address a browser opens for a server bound to ``host``: a wildcard address (0.0.0.0, ::, empty)
+    as this machine's loopback, an IPv6 address in brackets (RFC 3986: ``http://[::1]:8050/``)."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
 
 
 def _check_free(host: str, port: int) -> None:
