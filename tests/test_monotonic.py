@@ -35,6 +35,8 @@ def points(draw):
     dp = DEVICES // (tp * cp * pp)
     ep = draw(hs.sampled_from([e for e in (1, 2, 4, 8) if dp % e == 0])) if moe else 1
     flash = draw(hs.booleans())
+    name = draw(hs.sampled_from(USABLE))
+    kernels = sorted(CLUSTERS[name].accelerator.attention_efficiency) or [AttentionKernel.FA2.value]
     strategy = Strategy(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, global_batch=dp * 4, micro_batch=1,
         recompute=draw(hs.sampled_from(list(Recompute))), sequence_parallel=tp > 1 and draw(hs.booleans()),
@@ -44,9 +46,9 @@ def points(draw):
         interleave=draw(hs.sampled_from([1, 2])) if pp > 1 else 1, dp_overlap=draw(hs.booleans()),
         reshard_after_forward=draw(hs.booleans()), hybrid_shard=draw(hs.booleans()),
         placement=draw(hs.sampled_from(["tp-pp-dp", "dp-tp-pp"])),
-        attention_kernel=AttentionKernel.FA2,
+        attention_kernel=draw(hs.sampled_from(kernels)),     # a kernel the device has a rate for
     )
-    return draw(hs.sampled_from(USABLE)), (MOE if moe else DENSE), strategy
+    return name, (MOE if moe else DENSE), strategy
 
 
 def _scaled(cluster, resource, factor):

@@ -63,7 +63,8 @@ def points(draw):
         interleave=draw(hs.sampled_from([1, 2])) if pp > 1 else 1, dp_overlap=draw(hs.booleans()),
         reshard_after_forward=draw(hs.booleans()), hybrid_shard=draw(hs.booleans()),
         expansion_overlap=draw(hs.booleans()), placement=draw(hs.sampled_from(["tp-pp-dp", "dp-tp-pp"])),
-        attention_kernel=AttentionKernel.FA2)
+        attention_kernel=draw(hs.sampled_from(sorted(CLUSTERS[name].accelerator.attention_efficiency)
+                                              or [AttentionKernel.FA2.value])))     # one the device has a rate for
     return name, model, strategy
 
 
