@@ -1,0 +1,219 @@
+"""One training step of one rank as a graph of Chakra nodes: the pipeline schedule, the collectives, the overlap.
+
+Plain data (``TraceNode``); chakra.py encodes it. Per rank (TP index i, pipeline stage s, DP index d) and
+its m micro-batches, in Megatron-LM's order (Narayanan et al. 2021, Sec. 2.2; Megatron-LM
+schedules.py): 1F1B, warm-up min(p - s - 1, m) forwards; interleaved with v chunks, warm-up
+min(2 (p - s - 1) + (v - 1) p, m v) forwards of virtual micro-batch j = chunk (j mod p v) // p,
+micro-batch (j // p v) p + j mod p (backward chunks counted from the last).
+
+Dependencies (``data_deps``, the only ones ASTRA-sim's feeder follows) form one stream per rank: every
+compute node waits for the node before it; a blocking collective (TP, the loss's, DP without
+dp_overlap) is waited for by the next compute; a non-blocking one (DP with dp_overlap: the gradient
+reduction of a chunk once its last micro-batch's backward is done) only by the optimizer. A receive
+blocks what follows it; a send blocks it unless pp_overlap. Per layer: its forward kernels, then its
+TP collectives (Megatron's g: all-reduces of b s h e bytes; with sequence parallelism an all-gather per
+f and a reduce-scatter per g); its backward (and recomputation: full recomputation repeats the
+forward's collectives first), then the backward's (f all-reduces, or reduce-scatters per f and
+all-gathers per g). Without sequence parallelism a pipeline receive is followed by the TP all-gather of
+the 1/t each rank received (Megatron's scatter-gather), unless the DeepSpeed engine sends it whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from comet_dse.export.plan import Plan, Work
+from comet_dse.strategy import PipelineEngine, Recompute, Zero
+
+COMP, COLL, SEND, RECV = "COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE"
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER"
+TAG_SPACE = 2**31 - 1       # comm_tag is an int32
+
+
+@dataclass
+class TraceNode:
+    """One Chakra node before encoding (seconds, FLOP, bytes; ``group``: a communicator group id)."""
+
+    id: int
+    name: str
+    type: str
+    deps: list
+    seconds: float = 0.0
+    flops: float = 0.0
+    part: str = ""
+    comm: str = ""
+    size: float = 0.0
+    group: int = 0
+    peer: int = -1
+    tag: int = 0
+
+
+@dataclass
+class Groups:
+    """Communicator groups: id (from 1) -> member ranks, and the TP and DP group of each rank."""
+
+    members: dict = field(default_factory=dict)
+    tp: dict = field(default_factory=dict)
+    dp: dict = field(default_factory=dict)
+
+
+def groups_of(plan: Plan) -> Groups:
+    """The TP groups (one per stage and DP index) and DP groups (one per TP index and stage) of size > 1."""
+    out = Groups()
+    kinds = (("tp", plan.tp, lambda a, s, b: plan.rank(b, s, a), plan.dp),
+             ("dp", plan.dp, lambda a, s, b: plan.rank(a, s, b), plan.tp))
+    for kind, size, rank_of, other in kinds:
+        if size == 1:
+            continue
+        for s in range(plan.pp):
+            for a in range(other):
+                gid = len(out.members) + 1
+                ranks = [rank_of(a, s, b) for b in range(size)]
+                out.members[gid] = ranks
+                for r in ranks:
+                    getattr(out, kind)[r] = gid
+    return out
+
+
+def order(plan: Plan, stage: int) -> list:
+    """(phase "F" or "B", micro-batch, chunk) in the order stage ``stage`` runs them."""
+    p, v, m = plan.pp, plan.chunks, plan.microbatches
+    total = m * v
+    if v == 1:
+        warm = min(p - stage - 1, m)
+    else:
+        warm = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p, total)
+
+    def item(phase: str, j: int) -> tuple:
+        chunk = (j % (p * v)) // p
+        return phase, (j // (p * v)) * p + j % p, chunk if phase == "F" else v - 1 - chunk
+
+    out = [item("F", j) for j in range(warm)]
+    for j in range(total - warm):
+        out += [item("F", warm + j), item("B", j)]
+    return out + [item("B", j) for j in range(total - warm, total)]
+
+
+class _Stream:
+    """The nodes of one rank, and the node the next blocking one waits for."""
+
+    def __init__(self):
+        self.nodes, self.last = [], None
+
+    def add(self, node_type: str, name: str, blocking: bool = True, extra_deps=(), **fields) -> TraceNode:
+        deps = ([self.last.id] if self.last is not None else []) + list(extra_deps)
+        node = TraceNode(id=len(self.nodes), name=name, type=node_type, deps=deps, **fields)
+        self.nodes.append(node)
+        if blocking:
+            self.last = node
+        return node
+
+    def compute(self, name: str, work: Work, part: str) -> None:
+        self.add(COMP, name, seconds=work.seconds, flops=work.flops, part=part)
+
+
+def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: int) -> list:
+    """The TraceNodes of one rank's step, in an order where every node follows its dependencies."""
+    st = plan.strategy
+    p, v, m = plan.pp, plan.chunks, plan.microbatches
+    me = plan.rank(tp_index, stage, dp_index)
+    tp_group, dp_group = groups.tp.get(me, 0), groups.dp.get(me, 0)
+    f_ops, g_ops = plan.model.tp_operators
+    sp, whole = st.sequence_parallel and st.tp > 1, st.pipeline_engine is PipelineEngine.DEEPSPEED
+    s = _Stream()
+    if plan.weight_cast > 0:
+        s.compute("fp8_weight_cast", Work(plan.weight_cast, 0.0), "weight_cast")
+    first_layer = _first_layers(plan)
+
+    def tp_collectives(label: str, forward: bool) -> None:
+        if not tp_group:
+            return
+        if sp:    # forward: an all-gather per f, a reduce-scatter per g; backward the other way round
+            kinds = [ALL_GATHER] * f_ops + [REDUCE_SCATTER] * g_ops
+            if not forward:
+                kinds = [REDUCE_SCATTER] * f_ops + [ALL_GATHER] * g_ops
+        else:
+            kinds = [ALL_REDUCE] * (g_ops if forward else f_ops)
+        for n, kind in enumerate(kinds):
+            s.add(COLL, f"{label}.tp_{kind.lower()}{n}", comm=kind, size=plan.tp_bytes, group=tp_group)
+
+    def peer_rank(virtual: int) -> int:
+        return plan.rank(tp_index, virtual % p, dp_index)
+
+    def tag(k: int, boundary: int, backward: bool) -> int:
+        return ((k * p * v + boundary) * 2 + backward) % TAG_SPACE
+
+    def p2p(kind: str, name: str, virtual_peer: int, k: int, boundary: int, backward: bool) -> None:
+        blocking = kind == RECV or not st.pp_overlap
+        s.add(kind, name, blocking=blocking, size=plan.p2p_bytes, peer=peer_rank(virtual_peer),
+              tag=tag(k, boundary, backward))
+        if kind == RECV and not sp and not whole and tp_group:     # Megatron's scatter-gather: re-gather 1/t
+            s.add(COLL, f"{name}.tp_regather", comm=ALL_GATHER, size=plan.tp_bytes, group=tp_group)
+
+    dp_pending = []
+    for phase, k, c in order(plan, stage):
+        g = c * p + stage                       # virtual stage
+        last_virtual = p * v - 1
+        layers = range(first_layer[stage][c], first_layer[stage][c] + plan.chunk_layers[stage][c])
+        head = f"mb{k}.chunk{c}"
+        if phase == "F":
+            if g > 0:
+                p2p(RECV, f"{head}.recv_activation", g - 1, k, g - 1, False)
+            if g == 0:
+                s.compute(f"mb{k}.embedding.fwd", plan.emb_f, "forward")
+                if tp_group:
+                    s.add(COLL, f"mb{k}.embedding.tp_{'reduce_scatter' if sp else 'all_reduce'}",
+                          comm=REDUCE_SCATTER if sp else ALL_REDUCE, size=plan.tp_bytes, group=tp_group)
+            for layer in layers:
+                s.compute(f"mb{k}.layer{layer}.fwd", plan.layer_f, "forward")
+                tp_collectives(f"mb{k}.layer{layer}.fwd", True)
+            if g == last_virtual:
+                if sp and tp_group:
+                    s.add(COLL, f"mb{k}.head.tp_all_gather", comm=ALL_GATHER, size=plan.tp_bytes, group=tp_group)
+                s.compute(f"mb{k}.head_loss.fwd", plan.head_f, "forward")
+                for n in range(3 if tp_group else 0):
+                    s.add(COLL, f"mb{k}.loss.tp_all_reduce{n}", comm=ALL_REDUCE, size=plan.loss_bytes,
+                          group=tp_group)
+            else:
+                p2p(SEND, f"{head}.send_activation", g + 1, k, g, False)
+        else:
+            if g < last_virtual:
+                p2p(RECV, f"{head}.recv_gradient", g + 1, k, g, True)
+            else:
+                s.compute(f"mb{k}.head_loss.bwd", plan.head_b, "backward")
+                if tp_group:
+                    s.add(COLL, f"mb{k}.head.tp_{'all_gather' if sp else 'all_reduce'}",
+                          comm=ALL_GATHER if sp else ALL_REDUCE, size=plan.tp_bytes, group=tp_group)
+            for layer in reversed(layers):
+                if st.recompute is Recompute.FULL:
+                    tp_collectives(f"mb{k}.layer{layer}.recompute", True)
+                s.compute(f"mb{k}.layer{layer}.bwd", plan.layer_b, "backward")
+                tp_collectives(f"mb{k}.layer{layer}.bwd", False)
+            if g == 0:
+                s.compute(f"mb{k}.embedding.bwd", plan.emb_b, "backward")
+            if plan.accumulate > 0:
+                s.compute(f"{head}.grad_accumulate", Work(plan.accumulate / v, 0.0), "backward")
+            if g > 0:
+                p2p(SEND, f"{head}.send_gradient", g - 1, k, g - 1, True)
+            if k == m - 1 and dp_group:         # the chunk's gradients are final: reduce them over DP
+                kind = REDUCE_SCATTER if st.zero >= Zero.OPTIMIZER else ALL_REDUCE
+                dp_pending.append(s.add(COLL, f"chunk{c}.dp_gradient_{kind.lower()}", blocking=not st.dp_overlap,
+                                        comm=kind, size=plan.chunk_params(stage, c) * plan.grad_bytes_per_param,
+                                        group=dp_group))
+    s.add(COMP, "optimizer", extra_deps=[n.id for n in dp_pending if n is not s.last],
+          seconds=plan.optimizer, part="optimizer")
+    if dp_group and st.zero >= Zero.OPTIMIZER:
+        params = sum(plan.chunk_params(stage, c) for c in range(v))
+        s.add(COLL, "dp_weight_all_gather", comm=ALL_GATHER, size=2.0 * params, group=dp_group)
+    return s.nodes
+
+
+def _first_layers(plan: Plan) -> list:
+    """[stage][chunk] -> the global index of the chunk's first layer (virtual stage c p + s holds the
+    c p + s'th block of layers)."""
+    p, v = plan.pp, plan.chunks
+    starts, at = [[0] * v for _ in range(p)], 0
+    for c in range(v):
+        for stage in range(p):
+            starts[stage][c] = at
+            at += plan.chunk_layers[stage][c]
+    return starts
