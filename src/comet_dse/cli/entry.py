@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from comet_dse.allocator import keep_freed_memory
-from comet_dse.cli import calibrate, estimate, explore, presets, report, search, sweep, validate, whatif
+from comet_dse.cli import calibrate, estimate, explore, export, presets, report, search, sweep, validate, whatif
 from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, Parser
 from comet_dse.errors import InputError
 
 # In the order `comet-dse --help` lists them.
 COMMANDS = {"estimate": estimate, "search": search, "whatif": whatif, "sweep": sweep, "report": report,
-            "explore": explore, "presets": presets, "validate": validate, "calibrate": calibrate}
+            "explore": explore, "presets": presets, "validate": validate, "calibrate": calibrate,
+            "export": export}
 
 
 def build_parser() -> argparse.ArgumentParser:
