@@ -16,9 +16,7 @@ network JSON (link bandwidth in GiB/s, latency in ns).
 """
 from __future__ import annotations
 
-import json
-
-from comet_dse import astrasim
+from comet_dse import astrasim, jsonout
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.model.spec import Transformer
 
@@ -68,15 +66,15 @@ def system_v2(cluster: Cluster, devices: int, dtype: str) -> str:
         "roofline-enabled": 0,
         "boost-mode": 0,
     }
-    return json.dumps(config, indent=4) + "\n"
+    return jsonout.dumps(config, indent=4) + "\n"
 
 
-REMOTE_MEMORY_V2 = json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=4) + "\n"
+REMOTE_MEMORY_V2 = jsonout.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=4) + "\n"
 
 
 def comm_groups_v2(members: dict) -> str:
     """The communicator-group JSON: {"id": [ranks]}."""
-    return json.dumps({str(k): v for k, v in members.items()}, indent=1) + "\n"
+    return jsonout.dumps({str(k): v for k, v in members.items()}, indent=1) + "\n"
 
 
 # --- ASTRA-sim 1.0, the COMET authors' fork ---------------------------------------------------------------
@@ -173,4 +171,4 @@ def network_v1(cluster: Cluster, devices: int) -> str:
         "nic-latency": [0] * n, "router-latency": [0] * n, "hbm-latency": [1] * n, "hbm-bandwidth": [1] * n,
         "hbm-scale": [0] * n,
     }
-    return json.dumps(config, indent=2) + "\n"
+    return jsonout.dumps(config, indent=2) + "\n"

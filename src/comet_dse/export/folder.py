@@ -13,7 +13,6 @@ changed since (written.check_folder), or empty.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -98,7 +97,7 @@ def _write_all(root: Path, plan: Plan, model, cluster, devices, strategy, result
             nodes = rank_trace(plan, groups, i, s, d)
             (chakra / f"{WORKLOAD}.{rank}.et").write_bytes(encode_rank(nodes, rank, peak, bandwidth))
             table[str(rank)] = {"tp": i, "pp": s, "dp": d, "nodes": len(nodes)}
-        (chakra / "ranks.json").write_text(json.dumps(table, indent=1) + "\n")
+        (chakra / "ranks.json").write_text(jsonout.dumps(table, indent=1) + "\n")
     v2 = root / "astrasim2"
     v2.mkdir()
     (v2 / "network.yml").write_text(asi.network_v2(cluster, devices))
