@@ -30,6 +30,7 @@ def run(args) -> int:
     strategy = strategy_from(args, args.devices)
     folder = export(model, cluster, args.devices, strategy, args.output, inputs=inputs,
                     max_nodes=args.max_nodes or MAX_NODES, traces=args.traces)
-    parts = (["chakra/ (one ET per rank)"] if args.traces else []) + ["astrasim2/"] + (["astrasim1/"] if (folder / "astrasim1").exists() else [])
+    parts = (["chakra/ (one ET per rank)"] if args.traces else []) + ["astrasim2/"]
+    parts += ["astrasim1/"] if (folder / "astrasim1").exists() else []
     print(f"wrote {folder}: {', '.join(parts)}, estimate.json; run astrasim2/run.sh (docs/export.md)")
     return 0
