@@ -150,9 +150,11 @@ def test_sends_match_receives_and_groups_agree(exported):
 
 
 def _run_to_completion(traces: dict, groups: dict) -> float:
-    """Execute every rank's graph: compute takes its duration, communication no time; the k-th collective a
-    rank issues on a group ends when every member issued its k-th (ASTRA-sim pairs them by order), a receive
-    once its send was issued (eager sends). Returns the finishing time [us]; raises on a deadlock."""
+    """Execute every rank's graph as ASTRA-sim's workload layer issues it, with communication taking no time:
+    compute takes its duration; the k-th collective a rank issues on a group ends when every member issued its
+    k-th (ASTRA-sim pairs them by order); a receive once its send was issued (the analytical backend's sends
+    are eager); and, as ASTRA-sim's HardwareResource, one communication node other than a receive in flight
+    per rank, ready nodes issued in id order. Returns the finishing time [us]; raises on a deadlock."""
     s = schema()
     done = {r: {} for r in traces}
     issued = {r: set() for r in traces}
@@ -165,6 +167,8 @@ def _run_to_completion(traces: dict, groups: dict) -> float:
             for n in nodes:
                 if n.id in done[rank] or n.id in issued[rank] or not all(d in done[rank] for d in n.data_deps):
                     continue
+                if n.type in (s.COMM_COLL_NODE, s.COMM_SEND_NODE) and issued[rank]:
+                    continue                    # a collective of this rank is in flight
                 start = max([done[rank][d] for d in n.data_deps], default=0.0)
                 a = attrs(n)
                 if n.type == s.COMP_NODE:
