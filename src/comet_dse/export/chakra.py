@@ -12,7 +12,8 @@ rounded running sums of the exact durations, so the rank's total is the exact to
 microsecond however many nodes there are. tensor_size is an effective byte count: the bytes that make a
 roofline of the accelerator's peak P and HBM bandwidth B give the node comet-dse's duration T,
     tensor_size = max(T, F / P) B
-(ASTRA-sim's roofline mode, system "roofline-enabled": 1, then reproduces T; docs/export.md).
+(ASTRA-sim's roofline mode, system "roofline-enabled": 1, then reproduces T; docs/export.md). num_ops is at
+least 1: the roofline divides it by min(P, B num_ops / tensor_size), which is 0 for 0 FLOP (Roofline.cc).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def encode_rank(nodes: list, rank: int, peak: float, bandwidth: float) -> bytes:
             before = round(running * 1e6)
             running += n.seconds
             node.duration_micros = round(running * 1e6) - before
-            node.attr.extend([attr(name="num_ops", int64_val=round(n.flops)),
+            node.attr.extend([attr(name="num_ops", int64_val=max(round(n.flops), 1)),
                               attr(name="tensor_size", uint64_val=round(max(n.seconds, n.flops / peak) * bandwidth)),
                               attr(name="comet_dse_part", string_val=n.part)])
         elif n.type == COLL:

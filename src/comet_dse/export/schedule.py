@@ -181,8 +181,8 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
             else:
                 s.compute(f"mb{k}.head_loss.bwd", plan.head_b, "backward")
                 if tp_group:
-                    s.add(COLL, f"mb{k}.head.tp_{'all_gather' if sp else 'all_reduce'}",
-                          comm=ALL_GATHER if sp else ALL_REDUCE, size=plan.tp_bytes, group=tp_group)
+                    s.add(COLL, f"mb{k}.head.tp_{'reduce_scatter' if sp else 'all_reduce'}",
+                          comm=REDUCE_SCATTER if sp else ALL_REDUCE, size=plan.tp_bytes, group=tp_group)
             for layer in reversed(layers):
                 if st.recompute is Recompute.FULL:
                     tp_collectives(f"mb{k}.layer{layer}.recompute", True)
