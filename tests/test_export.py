@@ -320,3 +320,28 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, extra, needl
     out = tmp_path / "out"
     one_line_error(run(capsys, *ARGS, *extra, "-o", out), *needles)
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+# --- the schedule --------------------------------------------------------------------------------------------
+
+def _order(pp, interleave, microbatches, stage):
+    from comet_dse.export.plan import plan_of
+    from comet_dse.export.schedule import order
+
+    strategy = Strategy(pp=pp, interleave=interleave, global_batch=microbatches, micro_batch=1)
+    return [f"{phase}{k}.{c}" for phase, k, c in order(plan_of(MODEL, DGX, pp, strategy), stage)]
+
+
+def test_1f1b_order_by_hand():
+    """Stage 0 of 4 with 6 micro-batches: 3 warm-up forwards, then one forward one backward, then the drain."""
+    assert _order(4, 1, 6, 0) == ["F0.0", "F1.0", "F2.0", "F3.0", "B0.0", "F4.0", "B1.0", "F5.0", "B2.0",
+                                  "B3.0", "B4.0", "B5.0"]
+    assert _order(4, 1, 6, 3) == [x for k in range(6) for x in (f"F{k}.0", f"B{k}.0")]
+
+
+def test_interleaved_order_by_hand():
+    """Megatron-LM's interleaved schedule, last of 2 stages, 2 chunks, 4 micro-batches: warm-up 2 (p - s - 1) +
+    (v - 1) p = 2 forwards of chunk 0; forward virtual micro-batch j runs chunk (j mod 4) // 2 of micro-batch
+    (j // 4) 2 + j mod 2, backward chunks counted from the last."""
+    assert _order(2, 2, 4, 1) == ["F0.0", "F1.0", "F0.1", "B0.1", "F1.1", "B1.1", "F2.0", "B0.0", "F3.0", "B1.0",
+                                  "F2.1", "B2.1", "F3.1", "B3.1", "B2.0", "B3.0"]
