@@ -270,10 +270,12 @@ def test_the_v1_files_are_the_authors_formats():
 
 def test_the_v2_network_is_comet_dses_per_device_bandwidth():
     """ASTRA-sim reads GB/s as 2^30 bytes/s: DGX A100's NVLink, 12 x 25 GB/s x 0.78, is 217.93 there
-    (234e9 / 2^30); dimensions of one NPU are left out (the parser refuses them)."""
+    (234e9 / 2^30); its 7 us per step is 3.5 us per link, a message crossing two (to the switch and out);
+    dimensions of one NPU are left out (the parser refuses them)."""
     text = asi.network_v2(DGX, 8)
     assert "npus_count: [ 8 ]" in text and "topology: [ Switch ]" in text
-    assert "bandwidth: [ 217.929" in text and "latency: [ 7000.000 ]" in text
+    assert "bandwidth: [ 217.929" in text and "latency: [ 3500.000 ]" in text
+    assert "latency: [ 1000.000, 1000.000, 1000.000 ]" in asi.network_v2(load_cluster("tpu-v4"), 4096)
     assert "npus_count: [ 8, 2 ]" in asi.network_v2(DGX, 16)
 
 

@@ -31,14 +31,22 @@ def used_dims(cluster: Cluster, devices: int) -> list:
     return [(d, n) for d, n in zip(cluster.network, cluster.dim_sizes(devices)) if n > 1]
 
 
+# Links a message crosses between two NPUs of a dimension in ASTRA-sim's analytical backend, each costing the
+# dimension's latency (compute_hops_count: a switch 2, src -> switch -> dest; fully connected 1; a ring the
+# hops between them, 1 for neighbours). comet-dse's latency is per message step, so it is split over them.
+HOPS_PER_STEP = {"Switch": 2, "Ring": 1, "FullyConnected": 1}
+
+
 def network_v2(cluster: Cluster, devices: int) -> str:
     """ASTRA-sim 2.0 analytical network YAML: per dimension comet-dse's per-device bandwidth
-    (links x link bandwidth x efficiency, NetworkDim.device_bandwidth) in GiB/s and its latency in ns."""
+    (links x link bandwidth x efficiency, NetworkDim.device_bandwidth) in GiB/s and its latency per message
+    step in ns, per link crossed (``HOPS_PER_STEP``)."""
     dims = used_dims(cluster, devices) or [(cluster.network[0], 1)]
-    topo = ", ".join(TOPOLOGY_V2[d.topology] for d, _ in dims)
+    names = [TOPOLOGY_V2[d.topology] for d, _ in dims]
+    topo = ", ".join(names)
     count = ", ".join(str(n) for _, n in dims)
     bw = ", ".join(f"{d.device_bandwidth / GIB:.6f}" for d, _ in dims)
-    lat = ", ".join(f"{d.latency * 1e9:.3f}" for d, _ in dims)
+    lat = ", ".join(f"{d.latency * 1e9 / HOPS_PER_STEP[name]:.3f}" for (d, _), name in zip(dims, names))
     return (f"# {cluster.name}, {devices} NPUs (written by comet-dse export; docs/export.md)\n"
             f"topology: [ {topo} ]\nnpus_count: [ {count} ]\n"
             f"bandwidth: [ {bw} ]  # GB/s as ASTRA-sim reads it: 2^30 bytes/s\nlatency: [ {lat} ]  # ns\n")
