@@ -347,3 +347,17 @@ def test_interleaved_order_by_hand():
     (j // 4) 2 + j mod 2, backward chunks counted from the last."""
     assert _order(2, 2, 4, 1) == ["F0.0", "F1.0", "F0.1", "B0.1", "F1.1", "B1.1", "F2.0", "B0.0", "F3.0", "B1.0",
                                   "F2.1", "B2.1", "F3.1", "B3.1", "B2.0", "B3.0"]
+
+
+def test_no_traces_writes_the_papers_split_without_4096_traces(tmp_path, capsys):
+    """--no-traces: the configurations and the 1.0 workload of a 4,096-device split, no chakra/ folder; the
+    workload is the one workload_v1 writes for MP 128 x DP 32."""
+    out = tmp_path / "comet"
+    code, text, err = run(capsys, "export", "--model", "comet-transformer-1t", "--cluster", "tpu-v4", "--devices",
+                          4096, "--tp", 128, "--global-batch", 2048, "--seq-len", 2048, "--no-traces", "-o", out)
+    assert code == 0, err
+    assert not (out / "chakra").exists() and (out / "astrasim2" / "network.yml").exists()
+    tpu = load_cluster("tpu-v4")
+    assert (out / "astrasim1" / "workload.txt").read_text() == asi.workload_v1(
+        load_model("comet-transformer-1t").with_seq_len(2048), tpu, 128, 32, 2048)
+    assert json.loads((out / "astrasim1" / "network.json").read_text()) == json.loads(asi.network_v1(tpu, 4096))
