@@ -99,7 +99,8 @@ def test_flops_over_all_ranks_are_the_estimates_hardware_flops(exported):
 
 
 def test_bytes_of_every_collective_and_transfer(exported):
-    """TP collectives move b s h e bytes, pipeline transfers 1/t of it (Megatron's scatter-gather), the DP gradient
+    """TP collectives are on b s h e bytes (an all-gather's comm_size the 1/t each rank brings, as ASTRA-sim reads
+    it), pipeline transfers 1/t of it (Megatron's scatter-gather), the DP gradient
     reductions fp32 gradients of every parameter once over the stages of one TP rank (the tied embedding's
     copy on the last stage included; the layers' norms, replicated on every TP rank, t times)."""
     devices, strategy, folder, traces = exported
@@ -112,8 +113,8 @@ def test_bytes_of_every_collective_and_transfer(exported):
             a = attrs(n)
             if n.type == s.COMM_COLL_NODE:
                 assert rank in groups[a["pg_name"]]
-                if ".tp_" in n.name and "loss" not in n.name:
-                    assert a["comm_size"] == act
+                if ".tp_" in n.name and "loss" not in n.name:     # an all-gather: each rank's piece (ASTRA-sim)
+                    assert a["comm_size"] == (act // strategy.tp if a["comm_type"] == s.ALL_GATHER else act)
                 if "dp_gradient" in n.name:
                     dp_bytes[rank] += a["comm_size"]
             elif n.type in (s.COMM_SEND_NODE, s.COMM_RECV_NODE):

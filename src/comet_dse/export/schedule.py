@@ -74,6 +74,14 @@ def groups_of(plan: Plan) -> Groups:
     return out
 
 
+def comm_size(kind: str, tensor_bytes: float, members: int) -> float:
+    """comm_size of a collective on the tensor of ``tensor_bytes`` bytes (the whole of it, as comet-dse's cost
+    terms count it) over ``members`` ranks, in ASTRA-sim's sense: the input each rank contributes. All-reduce
+    and reduce-scatter: the whole tensor; all-gather: its 1/n piece (ASTRA-sim's Ring all-gather sends
+    comm_size per step and ends with n comm_size, astra-sim/system/astraccl/.../Ring.cc)."""
+    return tensor_bytes / members if kind == ALL_GATHER else tensor_bytes
+
+
 def order(plan: Plan, stage: int) -> list:
     """(phase "F" or "B", micro-batch, chunk) in the order stage ``stage`` runs them."""
     p, v, m = plan.pp, plan.chunks, plan.microbatches
@@ -134,7 +142,8 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
         else:
             kinds = [ALL_REDUCE] * (g_ops if forward else f_ops)
         for n, kind in enumerate(kinds):
-            s.add(COLL, f"{label}.tp_{kind.lower()}{n}", comm=kind, size=plan.tp_bytes, group=tp_group)
+            s.add(COLL, f"{label}.tp_{kind.lower()}{n}", comm=kind, size=comm_size(kind, plan.tp_bytes, plan.tp),
+                  group=tp_group)
 
     def peer_rank(virtual: int) -> int:
         return plan.rank(tp_index, virtual % p, dp_index)
@@ -147,7 +156,7 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
         s.add(kind, name, blocking=blocking, size=plan.p2p_bytes, peer=peer_rank(virtual_peer),
               tag=tag(k, boundary, backward))
         if kind == RECV and not sp and not whole and tp_group:     # Megatron's scatter-gather: re-gather 1/t
-            s.add(COLL, f"{name}.tp_regather", comm=ALL_GATHER, size=plan.tp_bytes, group=tp_group)
+            s.add(COLL, f"{name}.tp_regather", comm=ALL_GATHER, size=plan.tp_bytes / plan.tp, group=tp_group)
 
     dp_pending = []
     for phase, k, c in order(plan, stage):
@@ -168,7 +177,8 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
                 tp_collectives(f"mb{k}.layer{layer}.fwd", True)
             if g == last_virtual:
                 if sp and tp_group:
-                    s.add(COLL, f"mb{k}.head.tp_all_gather", comm=ALL_GATHER, size=plan.tp_bytes, group=tp_group)
+                    s.add(COLL, f"mb{k}.head.tp_all_gather", comm=ALL_GATHER, size=plan.tp_bytes / plan.tp,
+                          group=tp_group)
                 s.compute(f"mb{k}.head_loss.fwd", plan.head_f, "forward")
                 for n in range(3 if tp_group else 0):
                     s.add(COLL, f"mb{k}.loss.tp_all_reduce{n}", comm=ALL_REDUCE, size=plan.loss_bytes,
@@ -203,7 +213,7 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
           seconds=plan.optimizer, part="optimizer")
     if dp_group and st.zero >= Zero.OPTIMIZER:
         params = sum(plan.chunk_params(stage, c) for c in range(v))
-        s.add(COLL, "dp_weight_all_gather", comm=ALL_GATHER, size=2.0 * params, group=dp_group)
+        s.add(COLL, "dp_weight_all_gather", comm=ALL_GATHER, size=2.0 * params / plan.dp, group=dp_group)
     return s.nodes
 
 
