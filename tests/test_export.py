@@ -27,8 +27,12 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "comet-astrasim"
 ROWS = list(csv.DictReader(resources.files("comet_dse").joinpath("data", "validation", "comet_astrasim.csv")
                            .read_text().splitlines()))
 
-STRATEGIES = {
+H100 = load_cluster("dgx-h100")
+STRATEGIES = {        # name -> (devices, strategy[, cluster]); DGX A100 unless a cluster is given
     "tp2-pp4-dp2-interleaved": (16, Strategy(tp=2, pp=4, dp=2, global_batch=16, micro_batch=1, interleave=2)),
+    "fp8-dp-pp-tp-placement-separate-accumulation": (8, Strategy(
+        tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, dtype="fp8", placement="dp-pp-tp", grad_accumulation="separate",
+        flash_attention=True), H100),
     "tp2-pp2-dp2-sp-zero1-full": (8, Strategy(tp=2, pp=2, dp=2, global_batch=8, micro_batch=2,
                                               sequence_parallel=True, zero=1, recompute="full", dp_overlap=False)),
     "tp4-dp2": (8, Strategy(tp=4, dp=2, global_batch=8, micro_batch=2, flash_attention=True)),
@@ -53,15 +57,16 @@ def attrs(node) -> dict:
 
 @pytest.fixture(scope="module", params=list(STRATEGIES))
 def exported(request, tmp_path_factory):
-    devices, strategy = STRATEGIES[request.param]
-    folder = export(MODEL, DGX, devices, strategy, tmp_path_factory.mktemp("export") / "out")
-    return devices, strategy, folder, load(folder)
+    devices, strategy, *cluster = STRATEGIES[request.param]
+    cluster = cluster[0] if cluster else DGX
+    folder = export(MODEL, cluster, devices, strategy, tmp_path_factory.mktemp("export") / "out")
+    return devices, strategy, folder, load(folder), cluster
 
 
 def test_every_rank_decodes_and_reads_as_chakras_feeder_reads_it(exported):
     """One file per rank; the metadata first; ids unique; every data dependency on an earlier node (the feeder
     resolves them, and a graph in file order has no cycle); every node type one the workload layer issues."""
-    devices, _, folder, traces = exported
+    devices, _, folder, traces, _ = exported
     s = schema()
     assert sorted(traces) == list(range(devices))
     for rank, (meta, nodes) in traces.items():
@@ -78,8 +83,8 @@ def test_every_rank_decodes_and_reads_as_chakras_feeder_reads_it(exported):
 def test_compute_durations_add_up_to_the_estimates_compute(exported):
     """The busiest rank's forward and backward nodes sum to the estimate's forward + backward + recompute (whole
     microseconds, rounded once per rank); no rank computes more; the optimizer node is the estimate's."""
-    devices, strategy, _, traces = exported
-    result = estimate(MODEL, DGX, devices, strategy)
+    devices, strategy, _, traces, cluster = exported
+    result = estimate(MODEL, cluster, devices, strategy)
     expected = sum(result.phases_s.values()) * 1e6
     per_rank = {}
     for rank, (_, nodes) in traces.items():
@@ -93,9 +98,9 @@ def test_compute_durations_add_up_to_the_estimates_compute(exported):
 
 
 def test_flops_over_all_ranks_are_the_estimates_hardware_flops(exported):
-    devices, strategy, _, traces = exported
+    devices, strategy, _, traces, cluster = exported
     total = sum(attrs(n).get("num_ops", 0) for _, nodes in traces.values() for n in nodes)
-    assert total == pytest.approx(estimate(MODEL, DGX, devices, strategy).hardware_flops_per_step, rel=1e-9)
+    assert total == pytest.approx(estimate(MODEL, cluster, devices, strategy).hardware_flops_per_step, rel=1e-9)
 
 
 def test_bytes_of_every_collective_and_transfer(exported):
@@ -103,7 +108,7 @@ def test_bytes_of_every_collective_and_transfer(exported):
     it), pipeline transfers 1/t of it (Megatron's scatter-gather), the DP gradient
     reductions fp32 gradients of every parameter once over the stages of one TP rank (the tied embedding's
     copy on the last stage included; the layers' norms, replicated on every TP rank, t times)."""
-    devices, strategy, folder, traces = exported
+    devices, strategy, folder, traces, cluster = exported
     s = schema()
     act = strategy.micro_batch * MODEL.seq_len * MODEL.hidden * 2
     groups = json.loads((folder / "astrasim2" / "comm_groups.json").read_text())
@@ -120,7 +125,8 @@ def test_bytes_of_every_collective_and_transfer(exported):
             elif n.type in (s.COMM_SEND_NODE, s.COMM_RECV_NODE):
                 assert a["comm_size"] == act // strategy.tp
     if strategy.dp > 1:
-        per_tp_rank = sum(v for r, v in dp_bytes.items() if r % strategy.tp == 0 and r < devices // strategy.dp)
+        table = json.loads((folder / "chakra" / "ranks.json").read_text())
+        per_tp_rank = sum(v for r, v in dp_bytes.items() if table[str(r)]["tp"] == 0 and table[str(r)]["dp"] == 0)
         tied = MODEL.vocab * MODEL.hidden if (MODEL.tied_embeddings and strategy.pp > 1) else 0
         norms = (strategy.tp - 1) * MODEL.layers * MODEL.layer_norm_params()
         assert per_tp_rank * strategy.tp / 4 == pytest.approx(MODEL.total_params() + tied + norms, rel=1e-9)
@@ -129,7 +135,7 @@ def test_bytes_of_every_collective_and_transfer(exported):
 def test_sends_match_receives_and_groups_agree(exported):
     """Every send has one receive of the same bytes and tag on its destination; every member of a group issues
     the same collectives in the same order (ASTRA-sim pairs them by order)."""
-    _, _, folder, traces = exported
+    _, _, folder, traces, _ = exported
     s = schema()
     sends, recvs, seq = defaultdict(int), defaultdict(int), defaultdict(list)
     for rank, (_, nodes) in traces.items():
@@ -206,9 +212,9 @@ def test_the_step_runs_to_completion(exported):
     critical rank's kernels and the optimizer when there is no pipeline, and with one no longer than those plus
     comet-dse's bubble, (p - 1)/v slowest-stage micro-batches: the traces' stages other than the slowest are
     faster, so their share of the warm-up and drain is shorter."""
-    devices, strategy, folder, traces = exported
+    devices, strategy, folder, traces, cluster = exported
     end = _run_to_completion(traces, json.loads((folder / "astrasim2" / "comm_groups.json").read_text()))
-    result = estimate(MODEL, DGX, devices, strategy)
+    result = estimate(MODEL, cluster, devices, strategy)
     b = result.breakdown_s
     kernels = sum(result.phases_s.values()) + b["optimizer"]
     if strategy.pp == 1:
