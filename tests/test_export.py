@@ -31,8 +31,8 @@ H100 = load_cluster("dgx-h100")
 STRATEGIES = {        # name -> (devices, strategy[, cluster]); DGX A100 unless a cluster is given
     "tp2-pp4-dp2-interleaved": (16, Strategy(tp=2, pp=4, dp=2, global_batch=16, micro_batch=1, interleave=2)),
     "fp8-dp-pp-tp-placement-separate-accumulation": (8, Strategy(
-        tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, dtype="fp8", placement="dp-pp-tp", grad_accumulation="separate",
-        flash_attention=True), H100),
+        tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, dtype="fp8", placement="dp-pp-tp",
+        grad_accumulation="separate", flash_attention=True), H100),
     "tp2-pp2-dp2-sp-zero1-full": (8, Strategy(tp=2, pp=2, dp=2, global_batch=8, micro_batch=2,
                                               sequence_parallel=True, zero=1, recompute="full", dp_overlap=False)),
     "tp4-dp2": (8, Strategy(tp=4, dp=2, global_batch=8, micro_batch=2, flash_attention=True)),
