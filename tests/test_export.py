@@ -37,6 +37,9 @@ STRATEGIES = {        # name -> (devices, strategy[, cluster]); DGX A100 unless 
                                               sequence_parallel=True, zero=1, recompute="full", dp_overlap=False)),
     "tp4-dp2": (8, Strategy(tp=4, dp=2, global_batch=8, micro_batch=2, flash_attention=True)),
     "pp5-uneven": (5, Strategy(pp=5, global_batch=10, micro_batch=1)),
+    "zero3-fsdp": (8, Strategy(tp=2, pp=2, dp=2, global_batch=8, micro_batch=2, zero=3)),
+    "zero3-kept-gathered-step-sync": (8, Strategy(dp=8, global_batch=16, micro_batch=1, zero=3,
+                                                  reshard_after_forward=False, grad_sync="step")),
     "pp4-embedding-loss": (4, Strategy(pp=4, global_batch=8, micro_batch=2, pipeline_split="embedding-loss",
                                        pipeline_engine="deepspeed")),
 }
@@ -112,7 +115,7 @@ def test_bytes_of_every_collective_and_transfer(exported):
     s = schema()
     act = strategy.micro_batch * MODEL.seq_len * MODEL.hidden * 2
     groups = json.loads((folder / "astrasim2" / "comm_groups.json").read_text())
-    dp_bytes = defaultdict(float)
+    dp_bytes, gathered = defaultdict(float), defaultdict(float)
     for rank, (_, nodes) in traces.items():
         for n in nodes:
             a = attrs(n)
@@ -122,6 +125,8 @@ def test_bytes_of_every_collective_and_transfer(exported):
                     assert a["comm_size"] == (act // strategy.tp if a["comm_type"] == s.ALL_GATHER else act)
                 if "dp_gradient" in n.name:
                     dp_bytes[rank] += a["comm_size"]
+                if "dp_weight_all_gather" in n.name:
+                    gathered[rank] += a["comm_size"] * strategy.dp
             elif n.type in (s.COMM_SEND_NODE, s.COMM_RECV_NODE):
                 assert a["comm_size"] == act // strategy.tp
     if strategy.dp > 1:
@@ -129,7 +134,17 @@ def test_bytes_of_every_collective_and_transfer(exported):
         per_tp_rank = sum(v for r, v in dp_bytes.items() if table[str(r)]["tp"] == 0 and table[str(r)]["dp"] == 0)
         tied = MODEL.vocab * MODEL.hidden if (MODEL.tied_embeddings and strategy.pp > 1) else 0
         norms = (strategy.tp - 1) * MODEL.layers * MODEL.layer_norm_params()
-        assert per_tp_rank * strategy.tp / 4 == pytest.approx(MODEL.total_params() + tied + norms, rel=1e-9)
+        reductions = 1     # per step; ZeRO 3 reduce-scatters every micro-batch unless grad_sync step
+        if strategy.zero >= 3 and strategy.grad_sync.value == "micro-batch":
+            reductions = strategy.global_batch // (strategy.dp * strategy.micro_batch)
+        params = MODEL.total_params() + tied + norms
+        assert per_tp_rank * strategy.tp / 4 / reductions == pytest.approx(params, rel=1e-9)
+        # 16-bit weights gathered: once a step (ZeRO 1/2, after the optimizer); ZeRO 3 each micro-batch's
+        # forward, and its backward again when they were freed after forward
+        m = strategy.global_batch // (strategy.dp * strategy.micro_batch)
+        times = {0: 0, 1: 1, 2: 1, 3: m * (1 + strategy.reshard_after_forward)}[int(strategy.zero)]
+        gathered_tp0 = sum(v for r, v in gathered.items() if table[str(r)]["tp"] == 0 and table[str(r)]["dp"] == 0)
+        assert gathered_tp0 * strategy.tp / 2 == pytest.approx(times * params, rel=1e-9)
 
 
 def test_sends_match_receives_and_groups_agree(exported):
@@ -322,7 +337,7 @@ def test_the_command_writes_replaces_its_own_and_refuses_the_rest(tmp_path, caps
 @pytest.mark.parametrize("extra, needles", [
     (("--model", "mixtral-8x7b"), ("model", "mixture-of-experts")),
     (("--cp", 2, "--tp", 2), ("cp", "context parallelism")),
-    (("--zero", 3), ("zero", "ZeRO 3")),
+    (("--zero", 1, "--hybrid-shard"), ("hybrid-shard", "hybrid sharding")),
     (("--max-nodes", 10), ("max-nodes", "nodes")),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, extra, needles):

@@ -106,7 +106,6 @@ def check_supported(model: Transformer, strategy: Strategy) -> None:
                          "only (expert all-to-alls are not written yet)")
     unsupported = (
         (strategy.cp > 1, "cp", "context parallelism is not exported yet; use cp 1"),
-        (strategy.zero >= Zero.PARAMETERS, "zero", "ZeRO 3 is not exported yet; use zero 0, 1 or 2"),
         (strategy.hybrid_shard, "hybrid-shard", "hybrid sharding is not exported yet"),
         (strategy.grad_buffer is GradBuffer.LAYER, "grad-buffer", "per-layer gradient reduction is not exported "
          "yet; use grad-buffer whole"),

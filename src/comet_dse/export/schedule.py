@@ -16,13 +16,18 @@ f and a reduce-scatter per g); its backward (and recomputation: full recomputati
 forward's collectives first), then the backward's (f all-reduces, or reduce-scatters per f and
 all-gathers per g). Without sequence parallelism a pipeline receive is followed by the TP all-gather of
 the 1/t each rank received (Megatron's scatter-gather), unless the DeepSpeed engine sends it whole.
+ZeRO 3 (FSDP) replaces the chunk's reduction: each layer's weights are all-gathered before its forward
+(and again before its backward with reshard_after_forward), the next layer's gather issued beside the
+current layer's compute (prefetch depth 1, as cost/step.py: _sharded_layers), and each layer's
+gradients reduce-scattered after its backward, every micro-batch (grad_sync micro-batch) or in the
+last one (step), waited for only by the optimizer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from comet_dse.export.plan import Plan, Work
-from comet_dse.strategy import PipelineEngine, Recompute, Zero
+from comet_dse.strategy import GradSync, PipelineEngine, Recompute, Zero
 
 COMP, COLL, SEND, RECV = "COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE"
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER"
@@ -115,8 +120,8 @@ class _Stream:
             self.last = node
         return node
 
-    def compute(self, name: str, work: Work, part: str) -> None:
-        self.add(COMP, name, seconds=work.seconds, flops=work.flops, part=part)
+    def compute(self, name: str, work: Work, part: str, extra_deps=()) -> None:
+        self.add(COMP, name, extra_deps=extra_deps, seconds=work.seconds, flops=work.flops, part=part)
 
 
 def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: int) -> list:
@@ -158,6 +163,40 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
         if kind == RECV and not sp and not whole and tp_group:     # Megatron's scatter-gather: re-gather 1/t
             s.add(COLL, f"{name}.tp_regather", comm=ALL_GATHER, size=plan.tp_bytes / plan.tp, group=tp_group)
 
+    zero3 = bool(dp_group) and st.zero >= Zero.PARAMETERS
+
+    def gathers(label: str, chunk: int, units: list) -> dict:
+        """ZeRO 3: the all-gather of each of ``units``' 16-bit weights (a chunk's parameters, its embedding or head
+        included, in equal units of a layer, as cost/layout.py splits a stage's), issued without blocking the
+        stream; unit -> the node its compute waits for."""
+        if not zero3 or not units:
+            return {}
+        size = 2.0 * plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] / plan.dp
+        return {u: s.add(COLL, f"{label}.layer{u}.dp_weight_all_gather", blocking=False, comm=ALL_GATHER,
+                         size=size, group=dp_group) for u in units}
+
+    def layer_pass(label: str, chunk: int, units: list, forward: bool, gather: bool, k: int) -> None:
+        """The units' compute in order, each with its TP collectives (and, backward, ZeRO 3's reduce-scatter)."""
+        waits = {}
+        for n, unit in enumerate(units):
+            if gather and zero3:
+                if n == 0:                                    # the first unit's weights: now
+                    waits.update(gathers(label, chunk, units[:1]))
+                waits.update(gathers(label, chunk, units[n + 1:n + 2]))    # the next unit's, beside this one
+            extra = [waits[unit].id] if unit in waits else []
+            if forward:
+                s.compute(f"{label}.layer{unit}.fwd", plan.layer_f, "forward", extra)
+                tp_collectives(f"{label}.layer{unit}.fwd", True)
+                continue
+            if st.recompute is Recompute.FULL:
+                tp_collectives(f"{label}.layer{unit}.recompute", True)
+            s.compute(f"{label}.layer{unit}.bwd", plan.layer_b, "backward", extra)
+            tp_collectives(f"{label}.layer{unit}.bwd", False)
+            if zero3 and (st.grad_sync is GradSync.MICRO_BATCH or k == m - 1):
+                size = plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] * plan.grad_bytes_per_param
+                dp_pending.append(s.add(COLL, f"{label}.layer{unit}.dp_gradient_reduce_scatter", blocking=False,
+                                        comm=REDUCE_SCATTER, size=size, group=dp_group))
+
     dp_pending = []
     for phase, k, c in order(plan, stage):
         g = c * p + stage                       # virtual stage
@@ -172,9 +211,7 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
                 if tp_group:
                     s.add(COLL, f"mb{k}.embedding.tp_{'reduce_scatter' if sp else 'all_reduce'}",
                           comm=REDUCE_SCATTER if sp else ALL_REDUCE, size=plan.tp_bytes, group=tp_group)
-            for layer in layers:
-                s.compute(f"mb{k}.layer{layer}.fwd", plan.layer_f, "forward")
-                tp_collectives(f"mb{k}.layer{layer}.fwd", True)
+            layer_pass(f"mb{k}", c, list(layers), True, True, k)
             if g == last_virtual:
                 if sp and tp_group:
                     s.add(COLL, f"mb{k}.head.tp_all_gather", comm=ALL_GATHER, size=plan.tp_bytes / plan.tp,
@@ -193,25 +230,21 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
                 if tp_group:
                     s.add(COLL, f"mb{k}.head.tp_{'reduce_scatter' if sp else 'all_reduce'}",
                           comm=REDUCE_SCATTER if sp else ALL_REDUCE, size=plan.tp_bytes, group=tp_group)
-            for layer in reversed(layers):
-                if st.recompute is Recompute.FULL:
-                    tp_collectives(f"mb{k}.layer{layer}.recompute", True)
-                s.compute(f"mb{k}.layer{layer}.bwd", plan.layer_b, "backward")
-                tp_collectives(f"mb{k}.layer{layer}.bwd", False)
+            layer_pass(f"mb{k}", c, list(reversed(layers)), False, st.reshard_after_forward, k)
             if g == 0:
                 s.compute(f"mb{k}.embedding.bwd", plan.emb_b, "backward")
             if plan.accumulate > 0:
                 s.compute(f"{head}.grad_accumulate", Work(plan.accumulate / v, 0.0), "backward")
             if g > 0:
                 p2p(SEND, f"{head}.send_gradient", g - 1, k, g - 1, True)
-            if k == m - 1 and dp_group:         # the chunk's gradients are final: reduce them over DP
+            if k == m - 1 and dp_group and not zero3:    # the chunk's gradients are final: reduce them over DP
                 kind = REDUCE_SCATTER if st.zero >= Zero.OPTIMIZER else ALL_REDUCE
                 dp_pending.append(s.add(COLL, f"chunk{c}.dp_gradient_{kind.lower()}", blocking=not st.dp_overlap,
                                         comm=kind, size=plan.chunk_params(stage, c) * plan.grad_bytes_per_param,
                                         group=dp_group))
     s.add(COMP, "optimizer", extra_deps=[n.id for n in dp_pending if n is not s.last],
           seconds=plan.optimizer, part="optimizer")
-    if dp_group and st.zero >= Zero.OPTIMIZER:
+    if dp_group and st.zero >= Zero.OPTIMIZER and not zero3:
         params = sum(plan.chunk_params(stage, c) for c in range(v))
         s.add(COLL, "dp_weight_all_gather", comm=ALL_GATHER, size=2.0 * params / plan.dp, group=dp_group)
     return s.nodes
