@@ -22,7 +22,7 @@ from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import (Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit, Recompute, Strategy,
-                                StrategyArrays, Zero)
+                                StrategyArrays)
 
 LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch.py: embedding_and_head)
 
