@@ -7,13 +7,15 @@ import argparse
 import sys
 
 from comet_dse.allocator import keep_freed_memory
-from comet_dse.cli import calibrate, estimate, explore, plan, presets, report, search, sweep, validate, whatif
+from comet_dse.cli import calibrate, estimate, explore, export, plan, presets, report, search, sweep, validate, \
+    whatif
 from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_STORAGE, Parser
 from comet_dse.errors import InputError, RunFailed, StorageError
 
 # In the order `comet-dse --help` lists them.
 COMMANDS = {"estimate": estimate, "search": search, "whatif": whatif, "plan": plan, "sweep": sweep, "report": report,
-            "explore": explore, "presets": presets, "validate": validate, "calibrate": calibrate}
+            "explore": explore, "presets": presets, "validate": validate, "calibrate": calibrate,
+            "export": export}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,36 @@
+"""``comet-dse export``: one estimate as simulator inputs (Chakra execution traces, ASTRA-sim 2.0 and 1.0
+configurations) in a folder (docs/export.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from comet_dse.cli.options import add_knob_options, add_model_inputs, bounded_int, load_inputs, strategy_from
+from comet_dse.overrides import add_override_options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="write Chakra execution traces and ASTRA-sim inputs for one strategy")
+    add_model_inputs(p)
+    add_knob_options(p, many=False)
+    add_override_options(p)
+    p.add_argument("--output", "-o", required=True, metavar="FOLDER",
+                   help="folder to write (created; replaced only when it is an earlier export left unchanged)")
+    p.add_argument("--max-nodes", type=bounded_int("integer"), default=None, metavar="N",
+                   help="refuse traces of more nodes over all ranks (default 20,000,000)")
+    p.add_argument("--no-traces", dest="traces", action="store_false",
+                   help="write no Chakra traces: the ASTRA-sim configurations and the 1.0 workload only")
+
+
+def run(args) -> int:
+    from comet_dse.export.folder import MAX_NODES, export
+
+    inputs = [Path(ref) for ref in (args.model, args.cluster) if Path(ref).suffix.lower() in (".yaml", ".yml", ".json")]
+    model, cluster = load_inputs(args)
+    cluster.dim_sizes(args.devices)
+    strategy = strategy_from(args, args.devices)
+    folder = export(model, cluster, args.devices, strategy, args.output, inputs=inputs,
+                    max_nodes=args.max_nodes or MAX_NODES, traces=args.traces)
+    parts = (["chakra/ (one ET per rank)"] if args.traces else []) + ["astrasim2/"]
+    parts += ["astrasim1/"] if (folder / "astrasim1").exists() else []
+    print(f"wrote {folder}: {', '.join(parts)}, estimate.json; run astrasim2/run.sh (docs/export.md)")
+    return 0

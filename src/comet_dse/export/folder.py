@@ -1,0 +1,126 @@
+"""``export``: one estimate as a folder of simulator inputs, written whole or not at all.
+
+    OUTPUT/
+      estimate.json          comet-dse's estimate of the same point (the figures to compare a run with)
+      chakra/workload.R.et   one Chakra ET per rank R (ASTRA-sim reads workload.<rank>.et)
+      chakra/ranks.json      rank -> its TP index, pipeline stage, DP index and node count
+      astrasim2/             network.yml, system.json, remote_memory.json, comm_groups.json, run.sh
+      astrasim1/             workload.txt, system.txt, network.json (pure MP x DP splits only: pp 1)
+
+The folder is built under a temporary name beside OUTPUT, sealed with a manifest (written.seal) and
+renamed into place; an existing OUTPUT is replaced only when it is an export comet-dse wrote and nobody
+changed since (written.check_folder), or empty.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from comet_dse import jsonout, written
+from comet_dse.errors import InputError
+from comet_dse.estimate import estimate
+from comet_dse.export import astrasim_inputs as asi
+from comet_dse.export.chakra import encode_rank
+from comet_dse.export.chakra_schema import schema
+from comet_dse.export.plan import Plan, plan_of
+from comet_dse.export.schedule import groups_of, rank_trace
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy import Strategy
+
+MARKER = ".comet-dse-export"
+KIND = "simulator export"
+MAX_NODES = 20_000_000       # nodes over all ranks before an export is refused (--max-nodes)
+WORKLOAD = "workload"        # the ET files' prefix: chakra/workload.<rank>.et
+
+
+def ranks(plan: Plan) -> list:
+    """(rank, TP index, stage, DP index) of every device, by rank."""
+    out = [(plan.rank(i, s, d), i, s, d) for i in range(plan.tp) for s in range(plan.pp) for d in range(plan.dp)]
+    return sorted(out)
+
+
+def node_count(plan: Plan) -> int:
+    """Nodes over all ranks: each stage's trace length times the ranks that run it."""
+    groups = groups_of(plan)
+    return sum(len(rank_trace(plan, groups, 0, s, 0)) for s in range(plan.pp)) * plan.tp * plan.dp
+
+
+def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy, output, inputs=(),
+           max_nodes: int = MAX_NODES, traces: bool = True) -> Path:
+    """Write the export of one point to ``output``; every refusal is an InputError raised before anything is
+    written. ``traces`` False: no chakra/ folder (the ASTRA-sim configurations and the 1.0 workload only,
+    e.g. for the paper's 4,096-device splits). Returns the folder."""
+    output = Path(os.path.abspath(output))
+    result = estimate(model, cluster, devices, strategy)
+    if not result.runnable:
+        raise InputError("strategy", "this strategy cannot run, so there is no step to export: "
+                         + "; ".join(r for r, code in zip(result.reasons, result.broken_rules) if code != "memory"))
+    plan = plan_of(model, cluster, devices, strategy)
+    total = node_count(plan) if traces else 0
+    if total > max_nodes:
+        raise InputError("max-nodes", f"the traces would hold {total:,} nodes over {devices:,} ranks, more than "
+                         f"{max_nodes:,}; fewer devices, micro-batches or layers, or raise --max-nodes")
+    if traces:
+        schema()                              # the export extra is installed: checked before writing
+    written.check_folder(output, MARKER, KIND, inputs=inputs)
+    written.remove_stale_temps(output, MARKER)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = written.temp_folder(output)     # private, at a name nobody can predict (never through a link)
+    except OSError as exc:
+        raise written.failure("output", "write in", output.parent, exc) from None
+    try:
+        (tmp / MARKER).write_text("{}")       # an export being written: stale-temporary cleaning may remove it
+        _write_all(tmp, plan, model, cluster, devices, strategy, result, traces)
+        written.seal(tmp, MARKER, KIND, devices=devices, nodes=total)
+        written.replace_folder(tmp, output, lambda: written.check_folder(output, MARKER, KIND, inputs=inputs))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return output
+
+
+def _write_all(root: Path, plan: Plan, model, cluster, devices, strategy, result, traces: bool) -> None:
+    (root / "estimate.json").write_text(jsonout.dumps(result.to_dict(), indent=2) + "\n")
+    groups = groups_of(plan)
+    if traces:
+        chakra = root / "chakra"
+        chakra.mkdir()
+        acc = cluster.accelerator
+        peak, bandwidth = acc.flops(strategy.dtype.value), acc.hbm.achievable_bandwidth
+        table = {}
+        for rank, i, s, d in ranks(plan):
+            nodes = rank_trace(plan, groups, i, s, d)
+            (chakra / f"{WORKLOAD}.{rank}.et").write_bytes(encode_rank(nodes, rank, peak, bandwidth))
+            table[str(rank)] = {"tp": i, "pp": s, "dp": d, "nodes": len(nodes)}
+        (chakra / "ranks.json").write_text(jsonout.dumps(table, indent=1) + "\n")
+    v2 = root / "astrasim2"
+    v2.mkdir()
+    (v2 / "network.yml").write_text(asi.network_v2(cluster, devices))
+    (v2 / "system.json").write_text(asi.system_v2(cluster, devices, strategy.dtype.value))
+    (v2 / "remote_memory.json").write_text(asi.REMOTE_MEMORY_V2)
+    (v2 / "comm_groups.json").write_text(asi.comm_groups_v2(groups.members))
+    (v2 / "run.sh").write_text(RUN_V2)
+    if strategy.pp == 1 and strategy.cp == 1:
+        v1 = root / "astrasim1"
+        v1.mkdir()
+        (v1 / "workload.txt").write_text(asi.workload_v1(model, cluster, strategy.tp, strategy.dp,
+                                                         strategy.global_batch))
+        (v1 / "system.txt").write_text(asi.system_v1(cluster, len(asi.used_dims(cluster, devices))))
+        (v1 / "network.json").write_text(asi.network_v1(cluster, devices))
+
+
+RUN_V2 = """#!/bin/sh
+# Run this export in ASTRA-sim 2.0 (analytical, congestion-unaware backend); docs/export.md.
+# ASTRA_SIM: the binary built by astra-sim's build/astra_analytical/build.sh.
+set -e
+here=$(cd "$(dirname "$0")" && pwd)
+"${ASTRA_SIM:?set ASTRA_SIM to AstraSim_Analytical_Congestion_Unaware}" \\
+  --workload-configuration="$here/../chakra/workload" \\
+  --comm-group-configuration="$here/comm_groups.json" \\
+  --system-configuration="$here/system.json" \\
+  --remote-memory-configuration="$here/remote_memory.json" \\
+  --network-configuration="$here/network.yml"
+"""
