@@ -20,7 +20,7 @@ import numpy as np
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
-from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes
+from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes, warm_up
 from comet_dse.cost.params import embedding_slots
 from comet_dse.cost.microbatch import (
     ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated, network_dims, prefixed,
@@ -28,8 +28,8 @@ from comet_dse.cost.microbatch import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, GradSync, PipelineEngine, Recompute,
-                                StrategyArrays, Zero)
+from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit,
+                                Recompute, StrategyArrays, Zero)
 
 
 @dataclass
@@ -405,12 +405,16 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
 
     dense_pl, dense_work = kept("dense.")
     moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
+    working = np.maximum(dense_work, moe_work) if model.moe else dense_work    # the same for every candidate
     capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
     per_logit = st.select(st.cross_entropy, [LOGIT_BYTES[kind] for kind in CrossEntropy]) + capped
     logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
     buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
     best, best_total, best_act = None, None, None
-    slot = embedding_slots(st)
+    any_slot = bool(np.any(st.uses(PipelineSplit.EMBEDDING_LOSS)))
+    slot = embedding_slots(st) if any_slot else 0.0
+    bounds = warm_up(p, st.interleave, m)      # every rank's warm-up bounds, once for the candidates
+    below_last = p - 1.0
     last = len(lay.memory) - 1
     layer_grads = st.uses(GradBuffer.LAYER)
     any_layer_grads = bool(np.any(layer_grads))
@@ -425,20 +429,20 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         if index == 0:
             rank = 0.0
         else:
-            rank = np.maximum(p - 1.0 if index == last else np.minimum(1.0, p - 1.0), 0.0)
+            rank = np.maximum(below_last if index == last else np.minimum(1.0, below_last), 0.0)
         layers = n_dense + n_moe
         if model.moe:          # the stage's mean activation bytes per layer over its dense and MoE layers
             per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
         else:
             per_layer = dense_pl * (layers > 0)
         first_chunk = None
-        if np.any((with_emb + with_head) * slot):
+        if any_slot and np.any((with_emb + with_head) * slot):
             # the embedding takes a layer's slot of this stage's first chunk, the loss one of its last chunk: the
             # first chunk holds (S + slots)/v - embedding slot layers (cost/memory.py: inflight_layer_microbatches)
             taken, loss = with_emb * slot * (p > 1), with_head * slot * (p > 1)
             first_chunk = np.where(taken + loss > 0, np.maximum((layers + taken + loss) / st.interleave - taken, 0.0),
                                    layers / st.interleave)
-        inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank)
+        inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank, bounds)
         gradients = states["gradients"]
         if any_layer_grads:       # most batches have none: skip two full-size where()s per candidate
             gradients = np.where(layer_grads, states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0),
@@ -446,9 +450,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         if any_unsharded:
             gradients = np.where(unsharded, states["grad_unsharded"], gradients)
         memory = {"weights": states["weights"], "gradients": gradients, "optimizer": states["optimizer"],
-                  "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + with_head * logits,
+                  "activations": inflight * per_layer + working + with_head * logits,
                   "buffers": buffers}
-        total = sum(memory.values())
+        total = memory["weights"] + gradients + memory["optimizer"] + memory["activations"] + buffers
         act_per_mb = layers * per_layer
         if index == last:
             last_total = total
@@ -456,11 +460,12 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
             best, best_total, best_act = memory, total, act_per_mb
         else:
             better = total > best_total
-            best = {k: np.where(better, memory[k], best[k]) for k in best}
+            best = {k: best[k] if memory[k] is best[k] else np.where(better, memory[k], best[k]) for k in best}
             best_act = np.where(better, act_per_mb, best_act)
             best_total = np.maximum(total, best_total)
     fixed = (cluster.reserved_memory, cluster.fragmentation, cluster.workspace_memory)
-    best["reserved"] = reserved_bytes(best_total, *fixed) + np.zeros_like(best_total)
+    reserved = reserved_bytes(best_total, *fixed)
+    best["reserved"] = reserved if np.shape(reserved) == np.shape(best_total) else reserved + np.zeros_like(best_total)
     return best, best_act, last_total + reserved_bytes(last_total, *fixed)
 
 
