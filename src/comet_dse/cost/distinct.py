@@ -92,8 +92,16 @@ def map_leaves(fn, value):
 def gathered(value, index):
     """``value`` with every array in it indexed by ``index`` (``map_leaves``; scalars, which hold for every
     point, kept as they are; an array whose rows are all equal becomes a read-only broadcast view of its
-    first row, which holds the same numbers without copying them)."""
-    return map_leaves(lambda leaf: _gather(leaf, index), value)
+    first row, which holds the same numbers without copying them). An array that stands at several places in
+    ``value`` (one object) is gathered once, and the result stands at each of them."""
+    done = {}           # id -> (leaf, gathered): the leaf is kept so that its id is not reused meanwhile
+
+    def once(leaf):
+        if id(leaf) not in done:
+            done[id(leaf)] = (leaf, _gather(leaf, index))
+        return done[id(leaf)][1]
+
+    return map_leaves(once, value)
 
 
 def _gather(leaf, index):

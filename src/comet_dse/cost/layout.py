@@ -145,7 +145,8 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
     """The Layout of the points of ``st`` (``ctx``: their Context, cost/microbatch.py: context_of);
     reads only the LAYOUT_KNOBS of ``st``."""
     slots = embedding_slots(st)
-    candidates = stage_candidates(model, st)
+    mixes = stage_mixes(model, st.pp, slots)
+    candidates = stage_candidates(model, st, mixes)     # their layer counts are the mixes' arrays: gathered once
     params = stage_params(candidates)
     is_fp16 = st.uses(Dtype.FP16)
     sixteen_grads = st.uses(GradPrecision.SIXTEEN_BIT)
@@ -161,7 +162,7 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
     weight_cast = np.where(is_fp8, memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total, 0.0)
     return Layout(
         strides={"tp": ctx.strides["tp"], "dp": ctx.strides["dp"]}, pp_spans=ctx.spans["pp"],
-        mixes=stage_mixes(model, st.pp, slots), stage_layers=stage_layers,
+        mixes=mixes, stage_layers=stage_layers,
         memory=_state_bytes(model, st, candidates, gbytes, shards), accumulate=accumulate, optimizer=optimizer,
         dp=_data_parallel_comm(model, st, ctx, params, gbytes, np.maximum(stage_layers, 1.0)),
         weight_cast=weight_cast, amax=_amax_reduction(model, st, ctx, stage_layers, is_fp8),

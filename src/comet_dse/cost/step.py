@@ -67,10 +67,10 @@ def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -
         n_dense, n_moe, with_emb, with_head = mix
         total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
         if chosen is None:
-            chosen, best = [np.broadcast_to(np.asarray(x, dtype=float), np.shape(total)) for x in mix], total
+            chosen, best = [_over_points(x, np.shape(total)) for x in mix], total
         else:
             better = total > best
-            chosen = [np.where(better, x, c) for x, c in zip(mix, chosen)]
+            chosen = [c if _same(x, c) else np.where(better, x, c) for x, c in zip(mix, chosen)]
             best = np.maximum(best, total)
     n_dense, n_moe, with_emb, with_head = chosen
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
@@ -171,6 +171,23 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
         stage_layers=lay.stage_layers, last_stage_memory=last_stage,
     )
+
+
+def _over_points(value, shape: tuple):
+    """``value`` as a float array of ``shape``: itself where it is one (so that a candidate sharing it is seen to
+    be the same object), else a read-only broadcast view."""
+    value = np.asarray(value, dtype=float)
+    return value if value.shape == shape else np.broadcast_to(value, shape)
+
+
+def _same(a, b) -> bool:
+    """True when ``a`` and ``b`` hold the same bits at every point, as seen without reading every point: one
+    object, or two broadcast views (cost/distinct.py: gathered) of one value."""
+    if a is b:
+        return True
+    a, b = np.asarray(a), np.asarray(b)
+    return (a.ndim == 1 and a.shape == b.shape and a.dtype == b.dtype and a.strides[0] == 0 and b.strides[0] == 0
+            and a[:1].tobytes() == b[:1].tobytes())
 
 
 def _zero(value) -> bool:
