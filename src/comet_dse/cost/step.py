@@ -62,10 +62,14 @@ def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -
     ties), then its work is assembled once.
     """
     t_dense, t_moe, t_emb, t_head = dense["total"], moe["total"], emb["total"], head["total"]
+    finite_moe = bool(np.all(np.isfinite(t_moe)))      # 0 x t_moe is then 0, which adds nothing
     chosen, best = None, None
     for mix in mixes:
         n_dense, n_moe, with_emb, with_head = mix
-        total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
+        total = n_dense * t_dense
+        if not (finite_moe and _zero(n_moe)):          # a dense model's candidates hold no MoE layer
+            total = total + n_moe * t_moe
+        total = total + with_emb * t_emb + with_head * t_head
         if chosen is None:
             chosen, best = [_over_points(x, np.shape(total)) for x in mix], total
         else:
@@ -74,7 +78,7 @@ def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -
             best = np.maximum(best, total)
     n_dense, n_moe, with_emb, with_head = chosen
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
-        n_dense, n_moe = n_dense + n_moe, 0.0
+        n_dense, n_moe = n_dense if _zero(n_moe) else n_dense + n_moe, 0.0
     stage = {}
     for k in STAGE_KEYS:             # the embedding's and the head's terms where they are not zero everywhere
         stage[k] = n_dense * dense[k]
