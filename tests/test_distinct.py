@@ -18,10 +18,37 @@ def test_groups_hold_equal_rows_and_every_point_maps_back():
 
 
 def test_a_hash_collision_falls_back_to_every_point(monkeypatch):
-    """If different rows hash alike, grouping is refused rather than giving them one row's terms."""
+    """If different rows hash alike, grouping is refused rather than giving them one row's terms (the hash is
+    used where the columns' varying bits do not pack into one 64-bit key)."""
+    monkeypatch.setattr(distinct, "packed_key", lambda columns: None)
     monkeypatch.setattr(distinct, "row_hash", lambda columns: np.zeros(len(columns[0]), dtype=np.uint64))
     a = np.arange(100) % 3
     assert distinct_rows([a]) is None
+
+
+def test_packed_keys_are_one_to_one_on_the_bits():
+    """Equal keys exactly where every column has equal bits: -0.0 and 0.0 apart, NaN with itself."""
+    rng = np.random.default_rng(2)
+    n = 2000
+    columns = [rng.integers(0, 8, n), rng.choice([0.5, 1.5, 2.0, -0.0, 0.0, np.nan], n), rng.random(n) < 0.5,
+               rng.choice([1, 7, 100], n).astype(np.int8), rng.choice([0.25, 3.0], n).astype(np.float32),
+               rng.choice([1.0, 4096.0], n)]
+    key = distinct.packed_key(columns)
+    bits = [np.ascontiguousarray(c).view(f"u{c.dtype.itemsize}") if c.dtype.kind == "f" else c for c in columns]
+    rows = list(zip(*(b.tolist() for b in bits)))
+    row_of_key = {}
+    for k, row in zip(key.tolist(), rows):
+        assert row_of_key.setdefault(k, row) == row           # one key never holds two different rows
+    assert len(row_of_key) == len(set(rows))                  # and two different keys never one row
+
+
+def test_columns_too_wide_to_pack_are_grouped_by_hash_and_checked():
+    rng = np.random.default_rng(3)
+    a, b = np.resize(rng.random(40), 1000), np.resize(rng.random(30), 1000)
+    assert distinct.packed_key([a, b]) is None                # 52 mantissa bits each: no room in 64
+    first, inverse = distinct_rows([a, b])
+    assert len(first) == len(set(zip(a.tolist(), b.tolist())))
+    assert np.array_equal(a[first][inverse], a) and np.array_equal(b[first][inverse], b)
 
 
 def test_small_batches_and_batches_of_mostly_distinct_rows_are_not_grouped():

@@ -38,12 +38,14 @@ def ungrouped():
 def distinct_rows(columns: list):
     """(first, inverse) such that ``col[first][inverse] == col`` for every column, or None.
 
-    Points are grouped by a 64-bit hash of the fields that vary (Arrow's
-    hash-based dictionary encoding, linear in the points, finds the groups);
-    every point is then checked to equal its group's representative field by field, and
-    any mismatch (a hash collision) gives None, as do batches under
-    MIN_POINTS points and batches with more than MAX_SHARE combinations per point, and every batch
-    inside ``ungrouped()``.
+    Points are grouped by a 64-bit key of the fields that vary (Arrow's
+    hash-based dictionary encoding, linear in the points, finds the groups):
+    their varying bits packed side by side where they fit in 64 bits
+    (``packed_key``, one key per combination), else a hash of them
+    (``row_hash``), after which every point is checked to equal its group's
+    representative field by field, and any mismatch (a hash collision) gives
+    None, as do batches under MIN_POINTS points and batches with more than
+    MAX_SHARE combinations per point, and every batch inside ``ungrouped()``.
     """
     n = len(columns[0])
     if n < MIN_POINTS or _UNGROUPED.get():
@@ -51,18 +53,65 @@ def distinct_rows(columns: list):
     import pyarrow as pa              # here, not at the top: importing comet_dse stays light (tests/test_api.py)
     import pyarrow.compute as pc
 
-    varying = [col for col in columns if np.ndim(col) and np.min(col) != np.max(col)]
+    varying = [col for col in columns if np.ndim(col) and _varies(col)]
     if not varying:                   # one combination: every point is the first
         return np.zeros(1, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    encoded = pc.dictionary_encode(pa.array(row_hash(varying)))
+    key = packed_key(varying)
+    exact = key is not None           # one key per combination: no collision to check for
+    encoded = pc.dictionary_encode(pa.array(key if exact else row_hash(varying)))
     if len(encoded.dictionary) > MAX_SHARE * n:
         return None
     inverse = encoded.indices.to_numpy()
     first = np.empty(len(encoded.dictionary), dtype=np.int64)
     first[inverse] = np.arange(n)          # a representative of each group (which one does not matter)
-    if any(np.any(np.take(np.take(col, first), inverse) != col) for col in varying):
+    if not exact and any(np.any(np.take(np.take(col, first), inverse) != col) for col in varying):
         return None
     return first, inverse
+
+
+SAMPLES = 64        # points ``_varies`` compares with the first before it reads a whole column
+
+
+def _varies(col) -> bool:
+    """True when not every value of ``col`` equals the first (NaN counts as varying): a few evenly spaced
+    points first, which settle a column that varies, then the whole column's minimum and maximum."""
+    col = np.asarray(col)
+    if np.any(col[:: max(1, len(col) // SAMPLES)] != col[0]):
+        return True
+    return bool(np.min(col) != np.max(col))
+
+
+def packed_key(columns: list):
+    """A 64-bit key per point that is one-to-one on the points' bits in ``columns``, or None where they do not fit.
+
+    Each column's bits (float64 and int64 as they are, narrower types widened) are XORed with its first
+    point's; the bits that differ anywhere lie between the lowest and the highest set bit of the OR of
+    those, a field of that width, and the fields are packed side by side into 64 bits. Points with the
+    same key have the same bits in every column (so also equal values), and points with equal bits the
+    same key; None when the fields need more than 64 bits.
+    """
+    key, offset = None, 0
+    for col in columns:
+        col = np.ascontiguousarray(col)
+        if col.dtype.itemsize == 8:
+            bits = col.view(np.uint64)
+        else:
+            bits = (col.view(f"u{col.dtype.itemsize}") if col.dtype.kind == "f" else col).astype(np.uint64)
+        diff = bits ^ bits[0]
+        mask = int(np.bitwise_or.reduce(diff))
+        if not mask:
+            continue
+        low = (mask & -mask).bit_length() - 1
+        width = mask.bit_length() - low
+        if offset + width > 64:
+            return None
+        field = diff >> np.uint64(low) if low else diff
+        if key is None:           # the first field, at offset 0
+            key = field
+        else:
+            key |= field << np.uint64(offset)
+        offset += width
+    return key
 
 
 def row_hash(columns: list) -> np.ndarray:
