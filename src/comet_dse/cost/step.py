@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.layer import FP32
 from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
 from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes, warm_up
 from comet_dse.cost.params import embedding_slots
@@ -28,8 +27,8 @@ from comet_dse.cost.microbatch import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit,
-                                Recompute, StrategyArrays, Zero)
+from comet_dse.strategy import (GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit, Recompute,
+                                StrategyArrays, Zero)
 
 
 @dataclass
@@ -381,14 +380,6 @@ def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units
     return np.where(st.dp_overlap, hidden, m * units * unit + gather), beside
 
 
-# Bytes per logit the loss holds at its peak, by --cross-entropy (docs/model.md, "Loss"): Megatron-LM's in-place
-# softmax beside the 16-bit logits; Megatron-Core's fused loss (an fp32 copy and fp32 exponentials beside them);
-# PyTorch's cross_entropy on fp32-cast logits (log-softmax output, nll and log-softmax gradients); the same under
-# PyTorch's loss_parallel (four fp32 tensors in its backward).
-LOGIT_BYTES = {CrossEntropy.IN_PLACE: FP32 + ACTIVATION_BYTES, CrossEntropy.FUSED: 2.0 * FP32 + ACTIVATION_BYTES,
-               CrossEntropy.FP32_CAST: 3.0 * FP32, CrossEntropy.LOSS_PARALLEL: 4.0 * FP32}
-
-
 def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):
     """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
     the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
@@ -400,9 +391,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     the last rank p - 1) of its dense and MoE layers, one layer's transient
     recomputation, and on the stage with the head the logits of the one micro-batch
     whose loss it computes (the last rank runs each micro-batch's backward right
-    after its forward; with p = 1 the single stage): b s/c V/t logits at the bytes
-    the loss keeps per logit (LOGIT_BYTES, by cross_entropy), plus 2 with final
-    logit soft-capping. With interleaving, the stage that holds the
+    after its forward; with p = 1 the single stage). Per layer, the bytes kept and the
+    recomputation's transient bytes, the logits and the TP buffers depend only on the
+    micro-batch knobs (cost/microbatch.py: activation_terms). With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
     micro-batches sit (cost/memory.py: inflight_layer_microbatches); the stage whose
@@ -415,22 +406,11 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     step and several micro-batches holds its stage's gradients unsharded, g P (FSDP's
     no_sync accumulation, docs/model.md).
     """
-    t, p, b = st.tp, st.pp, st.micro_batch
-    full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
-
-    def kept(kind):
-        saved, core, layer_input = terms[kind + "saved"], terms[kind + "core_saved"], terms[kind + "input"]
-        per_layer = np.where(full, layer_input, np.where(selective, saved - core, saved))
-        working = np.where(full, saved - layer_input, np.where(selective, core, 0.0))
-        return per_layer, working
-
-    dense_pl, dense_work = kept("dense.")
-    moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
+    p = st.pp
+    dense_pl, dense_work = terms["dense.kept"], terms["dense.working"]
+    moe_pl, moe_work = (terms["moe.kept"], terms["moe.working"]) if model.moe else (dense_pl, dense_work)
     working = np.maximum(dense_work, moe_work) if model.moe else dense_work    # the same for every candidate
-    capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    per_logit = st.select(st.cross_entropy, [LOGIT_BYTES[kind] for kind in CrossEntropy]) + capped
-    logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
-    buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
+    logits, buffers = terms["logits"], terms["buffers"]
     best, best_total, best_act = None, None, None
     any_slot = bool(np.any(st.uses(PipelineSplit.EMBEDDING_LOSS)))
     slot = embedding_slots(st) if any_slot else 0.0
