@@ -231,8 +231,11 @@ def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, reg
     """
     v = st.interleave
     send = coll.send_recv_time(nbytes, dims, pp_spans)
-    exposed = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
     overlapped = st.pp_overlap & (v > 1) & (st.pp > 1)
+    if not np.any(overlapped):        # most batches: every transfer exposed, none beside compute
+        hidden = (np.zeros_like(send), np.zeros_like(send)) if hidden_too else (0.0, 0.0)
+        return np.where(st.pp > 1, 2.0 * v * send + 2.0 * v * regather, 0.0), hidden
+    exposed = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
     hidden = ((np.where(overlapped, v * np.minimum(send, fwd / v), 0.0),
                np.where(overlapped, v * np.minimum(send, bwd / v), 0.0)) if hidden_too else (0.0, 0.0))
     return np.where(st.pp > 1, np.where(overlapped, exposed, 2.0 * v * send) + 2.0 * v * regather, 0.0), hidden
