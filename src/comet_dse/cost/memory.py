@@ -153,17 +153,20 @@ class Placement:
     fits: np.ndarray
 
 
-def place(parts: dict, hbm_capacity, expansion_capacity) -> Placement:
+def place(parts: dict, hbm_capacity, expansion_capacity, total=None) -> Placement:
     """Place the footprint: HBM first; what does not fit spills to the expansion tier.
 
     Spill order (cheapest traffic first): optimizer state (touched once per
     step), then weights and gradients (touched every micro-batch), then
     activations; buffers and the reserve (``reserved_bytes``) never spill.
     Without an expansion tier nothing spills. Fits when HBM holds what stays
-    and the expansion tier holds what spilled.
+    and the expansion tier holds what spilled. ``total``: the sum of ``parts`` where the caller has it.
     """
-    total = sum(parts.values())
-    over = np.where(expansion_capacity > 0, np.maximum(total - hbm_capacity, 0.0), 0.0)
+    total = sum(parts.values()) if total is None else total
+    if np.ndim(expansion_capacity) == 0 and not expansion_capacity > 0:     # no tier: nothing is over
+        over = np.zeros(np.broadcast(total, hbm_capacity).shape)
+    else:
+        over = np.where(expansion_capacity > 0, np.maximum(total - hbm_capacity, 0.0), 0.0)
     opt = np.minimum(over, parts["optimizer"])
     over = over - opt
     wg = np.minimum(over, parts["weights"] + parts["gradients"])

@@ -139,7 +139,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     memory, act_per_mb, last_stage = _memory(model, st, terms, lay, m, cluster)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
-    placed = place(memory, acc.state_capacity, exp_cap)
+    memory_total = _added(memory.values())
+    placed = place(memory, acc.state_capacity, exp_cap, memory_total)
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
                             overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed),
                             roofline=(st.expansion_roofline, stage["fwd_math"],
@@ -164,16 +165,25 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         "recompute": m * (stage["rec_math"] + stage["rec_mem"]),
     }
     model_flops, hw_flops = _flops(model, st)
-    step_time = sum(breakdown.values())
+    step_time = _added(breakdown.values())
     capacity = devices * st.dtype_table(cluster.accelerator.peak_flops) * step_time
     return StepArrays(
-        breakdown=breakdown, phases=phases, memory=memory, memory_total=sum(memory.values()),
+        breakdown=breakdown, phases=phases, memory=memory, memory_total=memory_total,
         hbm_bytes=placed.hbm, expansion_bytes=placed.expansion, step_time=step_time,
         model_flops=model_flops, hardware_flops=hw_flops,
         tokens_per_second=st.global_batch * model.seq_len / step_time,
         mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
         stage_layers=lay.stage_layers, last_stage_memory=last_stage,
     )
+
+
+def _added(values):
+    """a + b + c + ... of ``values`` in their order (``sum`` would start with 0 + a, one more full-size pass)."""
+    values = iter(values)
+    total = next(values)
+    for value in values:
+        total = total + value
+    return total
 
 
 def _over_points(value, shape: tuple):
