@@ -61,7 +61,7 @@ def distinct_rows(columns: list):
     encoded = pc.dictionary_encode(pa.array(key if exact else row_hash(varying)))
     if len(encoded.dictionary) > MAX_SHARE * n:
         return None
-    inverse = encoded.indices.to_numpy()
+    inverse = encoded.indices.to_numpy().astype(np.intp)     # Arrow gives int32: once here, not in every take
     first = np.empty(len(encoded.dictionary), dtype=np.int64)
     first[inverse] = np.arange(n)          # a representative of each group (which one does not matter)
     if not exact and any(np.any(np.take(np.take(col, first), inverse) != col) for col in varying):
