@@ -6,7 +6,8 @@ import numpy as np
 from comet_dse.cost import distinct
 from comet_dse.cost.distinct import distinct_rows, gathered, once_per_distinct
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
-from comet_dse.presets import load_model
+from comet_dse.design_space.table import evaluate_columns
+from comet_dse.presets import load_cluster, load_model
 
 
 def test_groups_hold_equal_rows_and_every_point_maps_back():
@@ -93,3 +94,36 @@ def test_once_per_distinct_equals_computing_every_point():
     assert distinct_rows(columns) is not None
     grouped = once_per_distinct(st, columns, compute)
     assert np.array_equal(grouped["work"], compute(st)["work"]) and grouped["ones"] == 1.0
+
+
+def test_pairs_of_two_groupings_are_exact_and_refused_when_too_many(monkeypatch):
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(0, 7, 5000), rng.integers(0, 11, 5000)
+    for table in (distinct.PAIR_TABLE, 0):          # counted in a table first, and encoded straight away
+        monkeypatch.setattr(distinct, "PAIR_TABLE", table)
+        first, inverse = distinct.paired_rows(a, b, 7, 11)
+        assert len(first) == len(set(zip(a.tolist(), b.tolist())))
+        assert np.array_equal(a[first][inverse], a) and np.array_equal(b[first][inverse], b)
+        many = np.arange(5000)
+        assert distinct.paired_rows(many % 50, many // 50, 50, 100) is None     # 5000 pairs for 5000 points
+
+
+def test_a_batch_whose_layouts_and_shapes_pair_equals_its_points_computed_alone(monkeypatch):
+    """cost/step.py computes the slowest stage once per (layout, micro-batch shape) pair where the pairs are few:
+    the same bits as computing every point (distinct.ungrouped)."""
+    import comet_dse.cost.step as step
+
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100")
+    st = enumerate_strategies(model, 64, 256, SearchSpace(max_micro_batch=4))
+    batch = st.take(np.resize(np.arange(min(len(st), 300)), 6000))
+    found = []
+    monkeypatch.setattr(step, "paired_rows", lambda *args: found.append(distinct.paired_rows(*args)) or found[-1])
+    paired = evaluate_columns(model, cluster, 64, batch)
+    assert found and found[-1] is not None                # the batch was paired
+    with distinct.ungrouped():
+        alone = evaluate_columns(model, cluster, 64, batch)
+    for name, column in alone.items():
+        x, y = np.asarray(paired[name]), np.asarray(column)
+        if x.dtype.kind == "f":
+            x, y = x.view(np.uint64), y.view(np.uint64)
+        assert np.array_equal(x, y), name

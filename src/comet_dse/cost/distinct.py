@@ -17,6 +17,8 @@ import numpy as np
 
 MIN_POINTS = 64         # below this, grouping costs more than it saves
 MAX_SHARE = 0.25        # group only when there are at most this many combinations per point
+PAIR_SHARE = 0.25       # pair two groupings (``paired_rows``) only when there are at most this many pairs per point
+PAIR_TABLE = 1 << 22    # ``paired_rows`` counts the pairs first where their keys fit a table of this many (4 MiB)
 _UNGROUPED = contextvars.ContextVar("comet_dse_ungrouped", default=False)   # set by ungrouped()
 
 
@@ -178,8 +180,40 @@ def once_per_distinct(st, columns: list, compute):
     together fix everything ``compute`` reads; ``compute``: StrategyArrays ->
     a dict, list, tuple or dataclass of arrays over the points it is given.
     """
+    values, rows = grouped(st, columns, compute)
+    return values if rows is None else gathered(values, rows[1])
+
+
+def grouped(st, columns: list, compute) -> tuple:
+    """(``compute`` of one point per distinct combination of ``columns``, (first, inverse): distinct_rows), or
+    (``compute(st)``, None) where the batch is not grouped; ``once_per_distinct`` without the gathering, for a
+    caller that combines the groups of two such calls first (``paired_rows``)."""
     rows = distinct_rows(columns)
     if rows is None:
-        return compute(st)
-    first, inverse = rows
-    return gathered(compute(st.take(first)), inverse)
+        return compute(st), None
+    return compute(st.take(rows[0])), rows
+
+
+def paired_rows(a, b, a_groups: int, b_groups: int):
+    """(first, inverse) of the distinct pairs (a[i], b[i]) of two group indices (``a`` below ``a_groups``, ``b``
+    below ``b_groups``), as ``distinct_rows`` gives them for columns, or None where there are more than
+    PAIR_SHARE pairs per point. The key a b_groups + b is one per pair: nothing to check. Where the keys
+    can take at most PAIR_TABLE values, the pairs are first counted in a table of them (a scatter and a
+    count, a few times cheaper than encoding), so that a batch with too many pairs is refused early."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(a)
+    key = a.astype(np.int64) * b_groups + b
+    if a_groups * b_groups <= PAIR_TABLE:
+        seen = np.zeros(a_groups * b_groups, dtype=bool)
+        seen[key] = True
+        if np.count_nonzero(seen) > PAIR_SHARE * n:
+            return None
+    encoded = pc.dictionary_encode(pa.array(key))
+    if len(encoded.dictionary) > PAIR_SHARE * n:
+        return None
+    inverse = encoded.indices.to_numpy().astype(np.intp)
+    first = np.empty(len(encoded.dictionary), dtype=np.intp)
+    first[inverse] = np.arange(n)
+    return first, inverse

@@ -19,7 +19,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import memory_pass_time
-from comet_dse.cost.distinct import once_per_distinct
+from comet_dse.cost.distinct import gathered, grouped
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.memory import grad_bytes, model_state_bytes
 from comet_dse.cost.microbatch import context_of
@@ -136,9 +136,16 @@ class Layout:
 def layout_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, context=None) -> Layout:
     """``layout_terms`` for every point of ``st``, computed once per distinct layout (cost/distinct.py).
     ``context``: StrategyArrays -> Context (default ``context_of``), to share one between callers."""
+    at_groups, rows = layout_grouped(model, cluster, devices, st, context)
+    return at_groups if rows is None else gathered(at_groups, rows[1])
+
+
+def layout_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, context=None) -> tuple:
+    """(the Layout of one point per distinct layout, (first, inverse)), or (every point's Layout, None) where
+    the batch is not grouped (cost/distinct.py: grouped)."""
     context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, name) for name in LAYOUT_KNOBS]
-    return once_per_distinct(st, columns, lambda sub: layout_terms(model, st=sub, ctx=context(sub)))
+    return grouped(st, columns, lambda sub: layout_terms(model, st=sub, ctx=context(sub)))
 
 
 def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:

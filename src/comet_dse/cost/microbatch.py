@@ -15,7 +15,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_time
-from comet_dse.cost.distinct import once_per_distinct
+from comet_dse.cost.distinct import gathered, grouped
 from comet_dse.cost.layer import FLOPS_SOFTCAP, FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -391,6 +391,14 @@ def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: Strateg
     EP groups). A sweep of millions of points has a few hundred distinct
     micro-batch shapes. ``context``: StrategyArrays -> Context (default ``context_of``).
     """
+    at_groups, rows = deduplicated_grouped(model, cluster, devices, st, strides, context)
+    return at_groups if rows is None else gathered(at_groups, rows[1])
+
+
+def deduplicated_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict,
+                         context=None) -> tuple:
+    """(microbatch_terms of one point per distinct micro-batch shape, (first, inverse)), or (every point's
+    terms, None) where the batch is not grouped (``deduplicated`` without the gathering; cost/distinct.py: grouped)."""
     context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, f) for f in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]]
-    return once_per_distinct(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))
+    return grouped(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))

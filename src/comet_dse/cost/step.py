@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
+from comet_dse.cost.distinct import gathered, paired_rows
+from comet_dse.cost.layout import DataParallelComm, Layout, layout_grouped
 from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes, warm_up
 from comet_dse.cost.params import embedding_slots
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated, network_dims, prefixed,
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated_grouped, network_dims, prefixed,
     work_total,
 )
 from comet_dse.hardware.spec import Cluster
@@ -104,15 +105,16 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
             contexts[id(sub)] = (sub, context_of(model, cluster, devices, sub))
         return contexts[id(sub)][1]
 
-    lay = layout_of(model, cluster, devices, st, context)
+    lay_groups, lay_rows = layout_grouped(model, cluster, devices, st, context)
+    lay = lay_groups if lay_rows is None else gathered(lay_groups, lay_rows[1])
     p, d, v, b = st.pp, st.dp, st.interleave, st.micro_batch
     s, h = model.seq_len, model.hidden
     e = ACTIVATION_BYTES
     m = st.global_batch / (d * b)
-    terms = deduplicated(model, cluster, devices, st, lay.strides, context)
-    dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
-    moe_w = prefixed(terms, "moe.") if model.moe else dense_w
-    stage = _slowest_stage(lay.mixes, dense_w, moe_w, emb_w, head_w)
+    terms_groups, terms_rows = deduplicated_grouped(model, cluster, devices, st, lay.strides, context)
+    work = {k: terms_groups.pop(k) for k in list(terms_groups) if k.split(".")[-1] in STAGE_KEYS + ("total",)}
+    terms = terms_groups if terms_rows is None else gathered(terms_groups, terms_rows[1])
+    stage = _stage_work(model, lay, (lay_groups, lay_rows), (work, terms_rows))
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, lay.accumulate)
 
     fwd, bwd = _forward_total(stage), _backward_total(stage)
@@ -184,6 +186,29 @@ def _added(values):
     for value in values:
         total = total + value
     return total
+
+
+def _stage_work(model: Transformer, lay: Layout, layouts: tuple, work: tuple) -> dict:
+    """``_slowest_stage`` of every point (``lay``: its Layout), from the layouts and the micro-batch work terms
+    as grouped (``layouts``: (Layout per group, rows); ``work``: (work dicts per group, rows); rows None where
+    not grouped). Its inputs are a layout's stage mixes and a micro-batch shape's work, so where both are
+    grouped it is computed once per distinct pair of them and gathered back (cost/distinct.py: paired_rows;
+    the same numbers); else per point."""
+    (lay_groups, lay_rows), (terms, terms_rows) = layouts, work
+    pairs = None
+    if lay_rows is not None and terms_rows is not None:
+        pairs = paired_rows(lay_rows[1], terms_rows[1], len(lay_rows[0]), len(terms_rows[0]))
+    if pairs is None:
+        mixes = lay.mixes
+        if terms_rows is not None:
+            terms = gathered(terms, terms_rows[1])
+    else:
+        mixes = gathered(lay_groups.mixes, lay_rows[1][pairs[0]])
+        terms = gathered(terms, terms_rows[1][pairs[0]])
+    dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
+    moe_w = prefixed(terms, "moe.") if model.moe else dense_w
+    stage = _slowest_stage(mixes, dense_w, moe_w, emb_w, head_w)
+    return stage if pairs is None else gathered(stage, pairs[1])
 
 
 def _over_points(value, shape: tuple):
