@@ -22,6 +22,14 @@ def _divides(a, b):
     return q == np.floor(q)
 
 
+def _only_where(condition, broken):
+    """``condition & broken()``, with ``broken`` (a function: the rule's own test) not evaluated where no point
+    meets ``condition`` (then no point breaks the rule: all False)."""
+    if not np.any(condition):
+        return np.zeros(np.shape(condition), dtype=bool)
+    return condition & broken()
+
+
 def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, step) -> list:
     """[(code, mask, reason(i) -> str)] for every rule; mask is True where the point breaks it."""
     t, p, d, v, b, B = st.tp, st.pp, st.dp, st.interleave, st.micro_batch, st.global_batch
@@ -41,10 +49,11 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: (f"tp*cp*pp*dp = {t[i]:.0f}*{cp[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * cp[i] * p[i] * d[i]:.0f}, "
                     f"but the cluster has {devices} devices") if cp[i] > 1 else
          f"tp*pp*dp = {t[i]:.0f}*{p[i]:.0f}*{d[i]:.0f} = {t[i] * p[i] * d[i]:.0f}, but the cluster has {devices} devices"),
-        ("tp_heads", np.where(columns, ~_divides(t, q_cols), ~_divides(t, a)),
+        ("tp_heads", np.where(columns, ~_divides(t, q_cols), ~_divides(t, a)) if np.any(columns) else ~_divides(t, a),
          lambda i: (f"tp={t[i]:.0f} does not divide the {q_cols} query columns (column split)" if columns[i]
                     else f"tp={t[i]:.0f} does not divide the {a} attention heads")),
-        ("tp_kv_heads", (k != a) & np.where(columns, ~_divides(t, kv_cols), ~(_divides(t, k) | _divides(k, t))),
+        ("tp_kv_heads", _only_where(np.full(np.shape(t), k != a), lambda: np.where(
+            columns, ~_divides(t, kv_cols), ~(_divides(t, k) | _divides(k, t)))),
          lambda i: (f"tp={t[i]:.0f} does not divide the {kv_cols} key and value columns (column split)" if columns[i]
                     else f"tp={t[i]:.0f} and the {k} KV heads do not divide one another")),
         ("tp_ffn", ~_divides(t, model.mlp.ffn),
@@ -62,7 +71,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
          lambda i: f"interleaved 1F1B needs micro-batches per pipeline ({B[i] / (d[i] * b[i]):.0f}) to be a multiple of pp={p[i]:.0f}"),
         ("sp_seq", st.sequence_parallel & ~_divides(t, s / cp),
          lambda i: f"sequence parallelism needs tp={t[i]:.0f} to divide the {s / cp[i]:g} tokens per device"),
-        ("ep_experts", (ep > 1) & (~_divides(ep, experts) | ~_divides(ep, d) | (model.moe is None)),
+        ("ep_experts", _only_where(ep > 1, lambda: ~_divides(ep, experts) | ~_divides(ep, d) | (model.moe is None)),
          lambda i: (f"ep={ep[i]:.0f} needs a mixture-of-experts model" if model.moe is None else
                     f"ep={ep[i]:.0f} must divide the {experts} experts and dp={d[i]:.0f}")),
         ("cp_seq", ~_divides(cp, s),

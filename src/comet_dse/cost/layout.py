@@ -19,7 +19,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import memory_pass_time
-from comet_dse.cost.distinct import once_per_distinct
+from comet_dse.cost.distinct import gathered, grouped
 from comet_dse.cost.layer import FP32
 from comet_dse.cost.memory import grad_bytes, model_state_bytes
 from comet_dse.cost.microbatch import context_of
@@ -152,16 +152,24 @@ class Layout:
 def layout_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, context=None) -> Layout:
     """``layout_terms`` for every point of ``st``, computed once per distinct layout (cost/distinct.py).
     ``context``: StrategyArrays -> Context (default ``context_of``), to share one between callers."""
+    at_groups, rows = layout_grouped(model, cluster, devices, st, context)
+    return at_groups if rows is None else gathered(at_groups, rows[1])
+
+
+def layout_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, context=None) -> tuple:
+    """(the Layout of one point per distinct layout, (first, inverse)), or (every point's Layout, None) where
+    the batch is not grouped (cost/distinct.py: grouped)."""
     context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, name) for name in LAYOUT_KNOBS]
-    return once_per_distinct(st, columns, lambda sub: layout_terms(model, st=sub, ctx=context(sub)))
+    return grouped(st, columns, lambda sub: layout_terms(model, st=sub, ctx=context(sub)))
 
 
 def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
     """The Layout of the points of ``st`` (``ctx``: their Context, cost/microbatch.py: context_of);
     reads only the LAYOUT_KNOBS of ``st``."""
     slots = embedding_slots(st)
-    candidates = stage_candidates(model, st)
+    mixes = stage_mixes(model, st.pp, slots)
+    candidates = stage_candidates(model, st, mixes)     # their layer counts are the mixes' arrays: gathered once
     params = stage_params(candidates)
     is_fp16 = st.uses(Dtype.FP16)
     sixteen_grads = st.uses(GradPrecision.SIXTEEN_BIT)
@@ -178,7 +186,7 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
     weight_cast = np.where(is_fp8, memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total, 0.0)
     return Layout(
         strides={"tp": ctx.strides["tp"], "dp": ctx.strides["dp"]}, pp_spans=ctx.spans["pp"],
-        mixes=stage_mixes(model, st.pp, slots), stage_layers=stage_layers,
+        mixes=mixes, stage_layers=stage_layers,
         memory=_state_bytes(model, st, candidates, gbytes, shards), accumulate=accumulate, optimizer=optimizer,
         dp=_data_parallel_comm(model, st, ctx, params, gbytes, np.maximum(stage_layers, 1.0)),
         weight_cast=weight_cast, amax=_amax_reduction(model, st, ctx, stage_layers, is_fp8),

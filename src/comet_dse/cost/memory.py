@@ -57,7 +57,26 @@ def model_state_bytes(params, dp, zero, grad_el_bytes, gathered=0.0) -> ModelSta
     )
 
 
-def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, first_chunk=None, rank=0):
+@dataclass(frozen=True)
+class WarmUp:
+    """What ``inflight_layer_microbatches`` reads of the schedule that is the same for every pipeline rank
+    (arrays over points): m v, p v + p - 1, where v > 1, and whether any point interleaves. ``warm_up``
+    builds it once per batch for all the candidate stages."""
+
+    microbatches_v: object
+    forwards_rank0: object
+    interleaved: object
+    any_interleaved: bool
+
+
+def warm_up(pp, interleave, microbatches) -> WarmUp:
+    """The rank-independent bounds of 1F1B's warm-up (``inflight_layer_microbatches``): m v and p v + p - 1."""
+    interleaved = interleave > 1
+    return WarmUp(microbatches * interleave, pp * interleave + pp - 1, interleaved, bool(np.any(interleaved)))
+
+
+def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, first_chunk=None, rank=0,
+                                bounds: WarmUp | None = None):
     """Layer-micro-batches whose activations pipeline rank ``rank`` holds at its peak (1F1B).
 
     A rank runs its warm-up forwards, then one more, before its first backward (Megatron-LM
@@ -75,10 +94,16 @@ def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, 
     no transformer layer there. Where the loss takes a layer's slot of the last chunk
     (--account-for-loss-in-pipeline-split), the first chunk holds (S + 1)/v layers and the last one
     fewer; the chunks after the first are taken as one even share (S - c_0)/(v - 1) each.
+    ``bounds``: ``warm_up(pp, interleave, microbatches)``, given when several ranks of one batch are asked for.
     """
+    bounds = bounds or warm_up(pp, interleave, microbatches)
+    first_rank = np.ndim(rank) == 0 and rank == 0      # p - 0 and F - 2 x 0 are p and F: not computed
+    plain = layers_per_stage * np.minimum(microbatches, pp if first_rank else pp - rank)
+    if not bounds.any_interleaved:
+        return plain
     chunk = layers_per_stage / interleave
-    plain = layers_per_stage * np.minimum(microbatches, pp - rank)
-    forwards = np.minimum(microbatches * interleave, pp * interleave + pp - 1 - 2.0 * rank)
+    forwards = np.minimum(bounds.microbatches_v, bounds.forwards_rank0 if first_rank
+                          else bounds.forwards_rank0 - 2.0 * rank)
     interleaved = chunk * forwards
     if first_chunk is not None:
         cycle = pp * interleave
@@ -87,7 +112,7 @@ def inflight_layer_microbatches(layers_per_stage, pp, interleave, microbatches, 
         uneven = first_chunk * in_first + (layers_per_stage - first_chunk) * (forwards - in_first) / np.maximum(
             interleave - 1, 1)
         interleaved = np.where(first_chunk == chunk, interleaved, uneven)
-    return np.where(interleave > 1, interleaved, plain)
+    return np.where(bounds.interleaved, interleaved, plain)
 
 
 def reserved_bytes(footprint, reserved_memory: float, fragmentation: float, workspace: float = 0.0):
@@ -128,17 +153,20 @@ class Placement:
     fits: np.ndarray
 
 
-def place(parts: dict, hbm_capacity, expansion_capacity) -> Placement:
+def place(parts: dict, hbm_capacity, expansion_capacity, total=None) -> Placement:
     """Place the footprint: HBM first; what does not fit spills to the expansion tier.
 
     Spill order (cheapest traffic first): optimizer state (touched once per
     step), then weights and gradients (touched every micro-batch), then
     activations; buffers and the reserve (``reserved_bytes``) never spill.
     Without an expansion tier nothing spills. Fits when HBM holds what stays
-    and the expansion tier holds what spilled.
+    and the expansion tier holds what spilled. ``total``: the sum of ``parts`` where the caller has it.
     """
-    total = sum(parts.values())
-    over = np.where(expansion_capacity > 0, np.maximum(total - hbm_capacity, 0.0), 0.0)
+    total = sum(parts.values()) if total is None else total
+    if np.ndim(expansion_capacity) == 0 and not expansion_capacity > 0:     # no tier: nothing is over
+        over = np.zeros(np.broadcast(total, hbm_capacity).shape)
+    else:
+        over = np.where(expansion_capacity > 0, np.maximum(total - hbm_capacity, 0.0), 0.0)
     opt = np.minimum(over, parts["optimizer"])
     over = over - opt
     wg = np.minimum(over, parts["weights"] + parts["gradients"])

@@ -15,11 +15,11 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import Device, KernelTime, elementwise_time, gemm_time
-from comet_dse.cost.distinct import once_per_distinct
+from comet_dse.cost.distinct import gathered, grouped
 from comet_dse.cost.layer import FLOPS_SOFTCAP, FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import MICROBATCH_KNOBS, AttentionKernel, CpAlgorithm, Recompute, StrategyArrays
+from comet_dse.strategy import MICROBATCH_KNOBS, AttentionKernel, CpAlgorithm, CrossEntropy, Recompute, StrategyArrays
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)
@@ -30,6 +30,12 @@ WORK_KEYS = ("fwd_math", "fwd_mem", "bwd_math", "bwd_mem", "rec_math", "rec_mem"
 # reduction hides behind (cost/step.py).
 BACKWARD_COMM = "bwd_comm"
 STAGE_KEYS = WORK_KEYS + (BACKWARD_COMM,)
+# Bytes per logit the loss holds at its peak, by --cross-entropy (docs/model.md, "Loss"): Megatron-LM's in-place
+# softmax beside the 16-bit logits; Megatron-Core's fused loss (an fp32 copy and fp32 exponentials beside them);
+# PyTorch's cross_entropy on fp32-cast logits (log-softmax output, nll and log-softmax gradients); the same under
+# PyTorch's loss_parallel (four fp32 tensors in its backward).
+LOGIT_BYTES = {CrossEntropy.IN_PLACE: FP32 + ACTIVATION_BYTES, CrossEntropy.FUSED: 2.0 * FP32 + ACTIVATION_BYTES,
+               CrossEntropy.FP32_CAST: 3.0 * FP32, CrossEntropy.LOSS_PARALLEL: 4.0 * FP32}
 
 
 def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
@@ -108,8 +114,12 @@ def work(fwd: KernelTime, bwd: KernelTime, rec: KernelTime, tp=0.0, ep=0.0, cp=0
 
 
 def work_total(w: dict):
-    """Seconds of a work dict per micro-batch: the sum of its WORK_KEYS (communication counted once)."""
-    return sum(w[k] for k in WORK_KEYS)
+    """Seconds of a work dict per micro-batch: the sum of its WORK_KEYS (communication counted once), added in
+    their order."""
+    total = w[WORK_KEYS[0]]
+    for k in WORK_KEYS[1:]:
+        total = total + w[k]
+    return total
 
 
 def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: bool = False):
@@ -313,8 +323,8 @@ def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> di
     """Everything that depends only on the micro-batch shape, the TP/EP/CP groups and dtype, flat by name.
 
     Keys: dense.<work>, emb.<work>, head.<work>, moe.<work> (MoE models only),
-    <kind>.total (``work_total``), and per layer kind the saved activation bytes (dense.saved,
-    dense.core_saved, dense.input, ...), plus tp_message and regather (the TP
+    <kind>.total (``work_total``), the activation terms of the memory (``activation_terms``: dense.kept,
+    dense.working, moe.kept, moe.working, logits, buffers), and regather (the TP
     all-gather after a pipeline receive). ``prefixed`` reads moe.* as dense.*
     for a dense model.
     """
@@ -322,21 +332,44 @@ def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> di
     emb, head = embedding_and_head(model, ctx)
     shape = ctx.shape
     tokens_h = shape.tokens * model.hidden * shape.e
-    terms = {"tp_message": dense.tp_message_bytes,
-             "regather": np.where(shape.sp | (shape.t == 1), 0.0,
+    terms = {"regather": np.where(shape.sp | (shape.t == 1), 0.0,
                                   coll.all_gather_time(tokens_h, ctx.dims, ctx.spans["tp"]))}
     layers, works = [("dense.", dense)], [("dense.", dense_w), ("emb.", emb), ("head.", head)]
     if model.moe:   # a dense model's MoE layer would be a copy of the dense one: not stored
         moe_w, moe = layer_work(model, ctx, st, moe_layer=True)
         layers.append(("moe.", moe))
         works.append(("moe.", moe_w))
-    for kind, layer in layers:
-        terms.update({kind + "saved": layer.saved_bytes, kind + "core_saved": layer.attention_core_bytes,
-                      kind + "input": layer.input_bytes})
+    terms.update(activation_terms(model, st, layers))
     for prefix, w in works:
         terms.update({prefix + k: v for k, v in w.items()})
         terms[prefix + "total"] = work_total(w)
     return {k: np.broadcast_to(v, st.tp.shape) for k, v in terms.items()}
+
+
+def activation_terms(model: Transformer, st: StrategyArrays, layers: list) -> dict:
+    """The activation bytes of one micro-batch on one device that depend only on the micro-batch knobs, which
+    cost/step.py (_memory) combines per candidate stage [bytes].
+
+    Per layer kind (``layers``: [(prefix, LayerCost)]): "<kind>kept", the bytes a layer keeps from its forward
+    until its backward under the point's recomputation (full: its input; selective: all but the attention
+    core's; none: all it saves), and "<kind>working", the transient bytes of recomputing one layer (full: the
+    rest of what it saves; selective: the attention core's; none: 0). "logits": the head's b s/c V/t logits
+    at the bytes the loss keeps per logit (LOGIT_BYTES, by cross_entropy), plus 2 with final logit
+    soft-capping (kept for backward). "buffers": the two TP message buffers, 2 x the bytes of one message,
+    where t > 1.
+    """
+    t = st.tp
+    full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
+    out = {}
+    for kind, layer in layers:
+        saved, core, layer_input = layer.saved_bytes, layer.attention_core_bytes, layer.input_bytes
+        out[kind + "kept"] = np.where(full, layer_input, np.where(selective, saved - core, saved))
+        out[kind + "working"] = np.where(full, saved - layer_input, np.where(selective, core, 0.0))
+    capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
+    per_logit = st.select(st.cross_entropy, [LOGIT_BYTES[kind] for kind in CrossEntropy]) + capped
+    out["logits"] = st.micro_batch * model.seq_len / st.cp * model.vocab / t * per_logit
+    out["buffers"] = np.where(t > 1, 2.0 * layers[0][1].tp_message_bytes, 0.0)
+    return out
 
 
 def prefixed(terms: dict, prefix: str) -> dict:
@@ -358,6 +391,14 @@ def deduplicated(model: Transformer, cluster: Cluster, devices: int, st: Strateg
     EP groups). A sweep of millions of points has a few hundred distinct
     micro-batch shapes. ``context``: StrategyArrays -> Context (default ``context_of``).
     """
+    at_groups, rows = deduplicated_grouped(model, cluster, devices, st, strides, context)
+    return at_groups if rows is None else gathered(at_groups, rows[1])
+
+
+def deduplicated_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict,
+                         context=None) -> tuple:
+    """(microbatch_terms of one point per distinct micro-batch shape, (first, inverse)), or (every point's
+    terms, None) where the batch is not grouped (``deduplicated`` without the gathering; cost/distinct.py: grouped)."""
     context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, f) for f in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]]
-    return once_per_distinct(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))
+    return grouped(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))

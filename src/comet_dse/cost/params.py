@@ -93,11 +93,21 @@ def stage_mixes(model: Transformer, pp, slots=0.0) -> list:
     ]
     if not model.moe:
         del mixes[1]           # a dense model has no all-MoE stage
-    return [tuple(np.where(single, whole, part) for whole, part in zip((D, L - D, 1.0, 1.0), mix)) for mix in mixes]
+    flags = {}          # one array per (whole, constant) pair: the candidates share it (cost/distinct.py gathers it once)
+
+    def pick(whole, part):
+        if np.ndim(part):
+            return np.where(single, whole, part)
+        if (whole, part) not in flags:
+            flags[whole, part] = np.where(single, whole, part)
+        return flags[whole, part]
+
+    return [tuple(pick(whole, part) for whole, part in zip((D, L - D, 1.0, 1.0), mix)) for mix in mixes]
 
 
-def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
-    """(StageParams, dense layers, MoE layers) of each candidate stage (``stage_mixes``).
+def stage_candidates(model: Transformer, st: StrategyArrays, mixes: list | None = None) -> list:
+    """(StageParams, dense layers, MoE layers) of each candidate stage (``stage_mixes``; ``mixes``: those of
+    ``st`` when the caller has them, whose layer counts are then returned as the same arrays).
 
     The last stage keeps its own copy of the embedding when embeddings are tied
     and p > 1.
@@ -115,7 +125,7 @@ def stage_candidates(model: Transformer, st: StrategyArrays) -> list:
     emb = model.embedding_params() / t
     head = model.head_params() / t + np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
     out = []
-    for n_dense, n_moe, with_emb, with_head in stage_mixes(model, p, embedding_slots(st)):
+    for n_dense, n_moe, with_emb, with_head in mixes or stage_mixes(model, p, embedding_slots(st)):
         shared = n_dense * dense_layer + n_moe * moe_shared + with_emb * emb + with_head * head
         out.append((StageParams(shared=shared, expert=n_moe * moe_expert), n_dense, n_moe))
     return out

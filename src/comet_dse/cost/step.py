@@ -18,17 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.layer import FP32
-from comet_dse.cost.layout import DataParallelComm, Layout, layout_of
-from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes
+from comet_dse.cost.distinct import gathered, paired_rows
+from comet_dse.cost.layout import DataParallelComm, Layout, layout_grouped
+from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes, warm_up
 from comet_dse.cost.params import embedding_slots
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated, network_dims, prefixed,
+    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated_grouped, network_dims, prefixed,
     work_total,
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (CrossEntropy, GradAccumulation, GradBuffer, GradSync, PipelineEngine, Recompute,
+from comet_dse.strategy import (GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit, Recompute,
                                 StrategyArrays, Zero)
 
 
@@ -62,19 +62,23 @@ def _slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) -
     ties), then its work is assembled once.
     """
     t_dense, t_moe, t_emb, t_head = dense["total"], moe["total"], emb["total"], head["total"]
+    finite_moe = bool(np.all(np.isfinite(t_moe)))      # 0 x t_moe is then 0, which adds nothing
     chosen, best = None, None
     for mix in mixes:
         n_dense, n_moe, with_emb, with_head = mix
-        total = n_dense * t_dense + n_moe * t_moe + with_emb * t_emb + with_head * t_head
+        total = n_dense * t_dense
+        if not (finite_moe and _zero(n_moe)):          # a dense model's candidates hold no MoE layer
+            total = total + n_moe * t_moe
+        total = total + with_emb * t_emb + with_head * t_head
         if chosen is None:
-            chosen, best = [np.broadcast_to(np.asarray(x, dtype=float), np.shape(total)) for x in mix], total
+            chosen, best = [_over_points(x, np.shape(total)) for x in mix], total
         else:
             better = total > best
-            chosen = [np.where(better, x, c) for x, c in zip(mix, chosen)]
+            chosen = [c if _same(x, c) else np.where(better, x, c) for x, c in zip(mix, chosen)]
             best = np.maximum(best, total)
     n_dense, n_moe, with_emb, with_head = chosen
     if moe is dense:                   # a dense model: one layer kind, one multiply per key
-        n_dense, n_moe = n_dense + n_moe, 0.0
+        n_dense, n_moe = n_dense if _zero(n_moe) else n_dense + n_moe, 0.0
     stage = {}
     for k in STAGE_KEYS:             # the embedding's and the head's terms where they are not zero everywhere
         stage[k] = n_dense * dense[k]
@@ -101,15 +105,16 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
             contexts[id(sub)] = (sub, context_of(model, cluster, devices, sub))
         return contexts[id(sub)][1]
 
-    lay = layout_of(model, cluster, devices, st, context)
+    lay_groups, lay_rows = layout_grouped(model, cluster, devices, st, context)
+    lay = lay_groups if lay_rows is None else gathered(lay_groups, lay_rows[1])
     p, d, v, b = st.pp, st.dp, st.interleave, st.micro_batch
     s, h = model.seq_len, model.hidden
     e = ACTIVATION_BYTES
     m = st.global_batch / (d * b)
-    terms = deduplicated(model, cluster, devices, st, lay.strides, context)
-    dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
-    moe_w = prefixed(terms, "moe.") if model.moe else dense_w
-    stage = _slowest_stage(lay.mixes, dense_w, moe_w, emb_w, head_w)
+    terms_groups, terms_rows = deduplicated_grouped(model, cluster, devices, st, lay.strides, context)
+    work = {k: terms_groups.pop(k) for k in list(terms_groups) if k.split(".")[-1] in STAGE_KEYS + ("total",)}
+    terms = terms_groups if terms_rows is None else gathered(terms_groups, terms_rows[1])
+    stage = _stage_work(model, lay, (lay_groups, lay_rows), (work, terms_rows))
     stage["bwd_mem"] = stage["bwd_mem"] + np.where(st.uses(GradAccumulation.FUSED), 0.0, lay.accumulate)
 
     fwd, bwd = _forward_total(stage), _backward_total(stage)
@@ -136,7 +141,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     memory, act_per_mb, last_stage = _memory(model, st, terms, lay, m, cluster)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
-    placed = place(memory, acc.state_capacity, exp_cap)
+    memory_total = _added(memory.values())
+    placed = place(memory, acc.state_capacity, exp_cap, memory_total)
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
                             overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed),
                             roofline=(st.expansion_roofline, stage["fwd_math"],
@@ -161,16 +167,65 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         "recompute": m * (stage["rec_math"] + stage["rec_mem"]),
     }
     model_flops, hw_flops = _flops(model, st)
-    step_time = sum(breakdown.values())
+    step_time = _added(breakdown.values())
     capacity = devices * st.dtype_table(cluster.accelerator.peak_flops) * step_time
     return StepArrays(
-        breakdown=breakdown, phases=phases, memory=memory, memory_total=sum(memory.values()),
+        breakdown=breakdown, phases=phases, memory=memory, memory_total=memory_total,
         hbm_bytes=placed.hbm, expansion_bytes=placed.expansion, step_time=step_time,
         model_flops=model_flops, hardware_flops=hw_flops,
         tokens_per_second=st.global_batch * model.seq_len / step_time,
         mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
         stage_layers=lay.stage_layers, last_stage_memory=last_stage,
     )
+
+
+def _added(values):
+    """a + b + c + ... of ``values`` in their order (``sum`` would start with 0 + a, one more full-size pass)."""
+    values = iter(values)
+    total = next(values)
+    for value in values:
+        total = total + value
+    return total
+
+
+def _stage_work(model: Transformer, lay: Layout, layouts: tuple, work: tuple) -> dict:
+    """``_slowest_stage`` of every point (``lay``: its Layout), from the layouts and the micro-batch work terms
+    as grouped (``layouts``: (Layout per group, rows); ``work``: (work dicts per group, rows); rows None where
+    not grouped). Its inputs are a layout's stage mixes and a micro-batch shape's work, so where both are
+    grouped it is computed once per distinct pair of them and gathered back (cost/distinct.py: paired_rows;
+    the same numbers); else per point."""
+    (lay_groups, lay_rows), (terms, terms_rows) = layouts, work
+    pairs = None
+    if lay_rows is not None and terms_rows is not None:
+        pairs = paired_rows(lay_rows[1], terms_rows[1], len(lay_rows[0]), len(terms_rows[0]))
+    if pairs is None:
+        mixes = lay.mixes
+        if terms_rows is not None:
+            terms = gathered(terms, terms_rows[1])
+    else:
+        mixes = gathered(lay_groups.mixes, lay_rows[1][pairs[0]])
+        terms = gathered(terms, terms_rows[1][pairs[0]])
+    dense_w, emb_w, head_w = (prefixed(terms, k) for k in ("dense.", "emb.", "head."))
+    moe_w = prefixed(terms, "moe.") if model.moe else dense_w
+    stage = _slowest_stage(mixes, dense_w, moe_w, emb_w, head_w)
+    return stage if pairs is None else gathered(stage, pairs[1])
+
+
+def _over_points(value, shape: tuple):
+    """``value`` as a float array of ``shape``: itself where it is one (so that a candidate sharing it is seen to
+    be the same object), else a read-only broadcast view."""
+    value = np.asarray(value, dtype=float)
+    return value if value.shape == shape else np.broadcast_to(value, shape)
+
+
+def _same(a, b) -> bool:
+    """True when ``a`` and ``b`` hold the same bits at every point, as seen without reading every point: one
+    object, or two broadcast views (cost/distinct.py: gathered) of one value."""
+    if a is b:
+        return True
+    a, b = np.asarray(a), np.asarray(b)
+    return (a.ndim == 1 and a.shape == b.shape and a.dtype == b.dtype and a.strides[0] == 0 and b.strides[0] == 0
+            and a[:1].tobytes() == b[:1].tobytes())
 
 
 def _zero(value) -> bool:
@@ -211,8 +266,11 @@ def _pipeline_p2p(st: StrategyArrays, dims: tuple, pp_spans: list, fwd, bwd, reg
     """
     v = st.interleave
     send = coll.send_recv_time(nbytes, dims, pp_spans)
-    exposed = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
     overlapped = st.pp_overlap & (v > 1) & (st.pp > 1)
+    if not np.any(overlapped):        # most batches: every transfer exposed, none beside compute
+        hidden = (np.zeros_like(send), np.zeros_like(send)) if hidden_too else (0.0, 0.0)
+        return np.where(st.pp > 1, 2.0 * v * send + 2.0 * v * regather, 0.0), hidden
+    exposed = v * (np.maximum(send - fwd / v, 0.0) + np.maximum(send - bwd / v, 0.0))
     hidden = ((np.where(overlapped, v * np.minimum(send, fwd / v), 0.0),
                np.where(overlapped, v * np.minimum(send, bwd / v), 0.0)) if hidden_too else (0.0, 0.0))
     return np.where(st.pp > 1, np.where(overlapped, exposed, 2.0 * v * send) + 2.0 * v * regather, 0.0), hidden
@@ -360,14 +418,6 @@ def _layer_by_layer(st: StrategyArrays, fwd, bwd, dp: DataParallelComm, m, units
     return np.where(st.dp_overlap, hidden, m * units * unit + gather), beside
 
 
-# Bytes per logit the loss holds at its peak, by --cross-entropy (docs/model.md, "Loss"): Megatron-LM's in-place
-# softmax beside the 16-bit logits; Megatron-Core's fused loss (an fp32 copy and fp32 exponentials beside them);
-# PyTorch's cross_entropy on fp32-cast logits (log-softmax output, nll and log-softmax gradients); the same under
-# PyTorch's loss_parallel (four fp32 tensors in its backward).
-LOGIT_BYTES = {CrossEntropy.IN_PLACE: FP32 + ACTIVATION_BYTES, CrossEntropy.FUSED: 2.0 * FP32 + ACTIVATION_BYTES,
-               CrossEntropy.FP32_CAST: 3.0 * FP32, CrossEntropy.LOSS_PARALLEL: 4.0 * FP32}
-
-
 def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m, cluster: Cluster):
     """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
     the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
@@ -379,9 +429,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     the last rank p - 1) of its dense and MoE layers, one layer's transient
     recomputation, and on the stage with the head the logits of the one micro-batch
     whose loss it computes (the last rank runs each micro-batch's backward right
-    after its forward; with p = 1 the single stage): b s/c V/t logits at the bytes
-    the loss keeps per logit (LOGIT_BYTES, by cross_entropy), plus 2 with final
-    logit soft-capping. With interleaving, the stage that holds the
+    after its forward; with p = 1 the single stage). Per layer, the bytes kept and the
+    recomputation's transient bytes, the logits and the TP buffers depend only on the
+    micro-batch knobs (cost/microbatch.py: activation_terms). With interleaving, the stage that holds the
     embedding in a layer's slot of its first chunk (pipeline split
     embedding-loss) has one layer fewer there, where the warm-up's extra
     micro-batches sit (cost/memory.py: inflight_layer_microbatches); the stage whose
@@ -394,23 +444,16 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     step and several micro-batches holds its stage's gradients unsharded, g P (FSDP's
     no_sync accumulation, docs/model.md).
     """
-    t, p, b = st.tp, st.pp, st.micro_batch
-    full, selective = st.uses(Recompute.FULL), st.uses(Recompute.SELECTIVE)
-
-    def kept(kind):
-        saved, core, layer_input = terms[kind + "saved"], terms[kind + "core_saved"], terms[kind + "input"]
-        per_layer = np.where(full, layer_input, np.where(selective, saved - core, saved))
-        working = np.where(full, saved - layer_input, np.where(selective, core, 0.0))
-        return per_layer, working
-
-    dense_pl, dense_work = kept("dense.")
-    moe_pl, moe_work = kept("moe.") if model.moe else (dense_pl, dense_work)
-    capped = ACTIVATION_BYTES if model.final_logit_softcap else 0.0    # soft-capped logits kept for backward
-    per_logit = st.select(st.cross_entropy, [LOGIT_BYTES[kind] for kind in CrossEntropy]) + capped
-    logits = b * model.seq_len / st.cp * model.vocab / t * per_logit
-    buffers = np.where(t > 1, 2.0 * terms["tp_message"], 0.0)
+    p = st.pp
+    dense_pl, dense_work = terms["dense.kept"], terms["dense.working"]
+    moe_pl, moe_work = (terms["moe.kept"], terms["moe.working"]) if model.moe else (dense_pl, dense_work)
+    working = np.maximum(dense_work, moe_work) if model.moe else dense_work    # the same for every candidate
+    logits, buffers = terms["logits"], terms["buffers"]
     best, best_total, best_act = None, None, None
-    slot = embedding_slots(st)
+    any_slot = bool(np.any(st.uses(PipelineSplit.EMBEDDING_LOSS)))
+    slot = embedding_slots(st) if any_slot else 0.0
+    bounds = warm_up(p, st.interleave, m)      # every rank's warm-up bounds, once for the candidates
+    below_last = p - 1.0
     last = len(lay.memory) - 1
     layer_grads = st.uses(GradBuffer.LAYER)
     any_layer_grads = bool(np.any(layer_grads))
@@ -425,20 +468,20 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         if index == 0:
             rank = 0.0
         else:
-            rank = np.maximum(p - 1.0 if index == last else np.minimum(1.0, p - 1.0), 0.0)
+            rank = np.maximum(below_last if index == last else np.minimum(1.0, below_last), 0.0)
         layers = n_dense + n_moe
         if model.moe:          # the stage's mean activation bytes per layer over its dense and MoE layers
             per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
         else:
             per_layer = dense_pl * (layers > 0)
         first_chunk = None
-        if np.any((with_emb + with_head) * slot):
+        if any_slot and np.any((with_emb + with_head) * slot):
             # the embedding takes a layer's slot of this stage's first chunk, the loss one of its last chunk: the
             # first chunk holds (S + slots)/v - embedding slot layers (cost/memory.py: inflight_layer_microbatches)
             taken, loss = with_emb * slot * (p > 1), with_head * slot * (p > 1)
             first_chunk = np.where(taken + loss > 0, np.maximum((layers + taken + loss) / st.interleave - taken, 0.0),
                                    layers / st.interleave)
-        inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank)
+        inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank, bounds)
         gradients = states["gradients"]
         if any_layer_grads:       # most batches have none: skip two full-size where()s per candidate
             gradients = np.where(layer_grads, states["grad_layer"] + np.where(m > 1, states["grad_shard"], 0.0),
@@ -446,9 +489,9 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
         if any_unsharded:
             gradients = np.where(unsharded, states["grad_unsharded"], gradients)
         memory = {"weights": states["weights"], "gradients": gradients, "optimizer": states["optimizer"],
-                  "activations": inflight * per_layer + np.maximum(dense_work, moe_work) + with_head * logits,
+                  "activations": inflight * per_layer + working + with_head * logits,
                   "buffers": buffers}
-        total = sum(memory.values())
+        total = memory["weights"] + gradients + memory["optimizer"] + memory["activations"] + buffers
         act_per_mb = layers * per_layer
         if index == last:
             last_total = total
@@ -456,11 +499,12 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
             best, best_total, best_act = memory, total, act_per_mb
         else:
             better = total > best_total
-            best = {k: np.where(better, memory[k], best[k]) for k in best}
+            best = {k: best[k] if memory[k] is best[k] else np.where(better, memory[k], best[k]) for k in best}
             best_act = np.where(better, act_per_mb, best_act)
             best_total = np.maximum(total, best_total)
     fixed = (cluster.reserved_memory, cluster.fragmentation, cluster.workspace_memory)
-    best["reserved"] = reserved_bytes(best_total, *fixed) + np.zeros_like(best_total)
+    reserved = reserved_bytes(best_total, *fixed)
+    best["reserved"] = reserved if np.shape(reserved) == np.shape(best_total) else reserved + np.zeros_like(best_total)
     return best, best_act, last_total + reserved_bytes(last_total, *fixed)
 
 

@@ -58,7 +58,8 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
         rules = violations(model, cluster, devices, st, step)
     mask = np.zeros(len(st), dtype=np.int64)
     for code, broken, _ in rules:
-        mask |= np.asarray(broken, dtype=np.int64) << RULES.index(code)
+        if np.any(broken):          # most rules break no point of a batch: nothing to set
+            mask |= np.asarray(broken, dtype=np.int64) << RULES.index(code)
     cols = {k.name: k.column(getattr(st, k.name)) for k in KNOBS}
     cols.update({
         "feasible": mask == 0, "infeasible_mask": mask,
