@@ -3,8 +3,9 @@
 For every cluster preset that holds 64 devices (and the same preset with a 512 GiB, 100 GB/s CXL-like tier
 when it has none), a dense and a MoE model, and N random strategies over the whole knob space, it evaluates
 the batched cost model once as it is and once per improved resource (2x FLOP/s, HBM, SRAM and vector rates,
-HBM and tier capacity, tier bandwidth; per network dimension 2x link bandwidth, 1.25x efficiency capped at 1,
-half the latency) and prints each (cluster, resource) with violations: how many, the worst ratio, and the
+HBM and tier capacity, tier bandwidth, 4x SRAM capacity, the sustained tensor rate at 1; per network dimension
+2x link bandwidth, 1.25x efficiency capped at 1, half the latency), over pipelines up to 16 stages, ZeRO 0-3,
+the expansion tier as memory or as a roofline, every placement family and each device's attention kernels and prints each (cluster, resource) with violations: how many, the worst ratio, and the
 worst strategy. No output means none was found. tests/test_physics.py checks the same property on fewer
 points in CI.
 
@@ -27,10 +28,10 @@ DEVICES = 64
 CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6)
 
 
-def random_strategy(rng: random.Random, moe: bool) -> Strategy:
+def random_strategy(rng: random.Random, moe: bool, kernels=("fa2",)) -> Strategy:
     tp = rng.choice([1, 2, 4, 8])
     cp = rng.choice([1, 2])
-    pp = rng.choice([1, 2, 4])
+    pp = rng.choice([p for p in (1, 2, 4, 8, 16) if tp * cp * p <= DEVICES])
     dp = DEVICES // (tp * cp * pp)
     ep = rng.choice([e for e in (1, 2, 4, 8) if dp % e == 0]) if moe else 1
     coin = lambda: rng.random() < 0.5  # noqa: E731 - a fair coin per switch
@@ -40,7 +41,9 @@ def random_strategy(rng: random.Random, moe: bool) -> Strategy:
         dtype=rng.choice(["bf16", "fp8"]), flash_attention=coin(), tp_overlap=coin(), ep_overlap=coin(),
         cp_algorithm=rng.choice(list(CpAlgorithm)), pp_overlap=coin(), interleave=rng.choice([1, 2]) if pp > 1 else 1,
         dp_overlap=coin(), reshard_after_forward=coin(), hybrid_shard=coin(),
-        placement=rng.choice(["tp-pp-dp", "dp-tp-pp"]), attention_kernel=AttentionKernel.FA2, expansion_overlap=coin())
+        placement=rng.choice(["tp-pp-dp", "tp-dp-pp", "dp-tp-pp"]), attention_kernel=rng.choice(kernels),
+        expansion_overlap=coin(), expansion_roofline=coin(), moe_dispatcher=rng.choice(["alltoall", "flex", "fused"]),
+        grad_sync=rng.choice(["micro-batch", "step"]))
 
 
 def _acc(cluster, **changes):
@@ -54,6 +57,8 @@ def improved(cluster):
     yield "hbm_bandwidth", _acc(cluster, hbm=dc.replace(acc.hbm, bandwidth=2 * acc.hbm.bandwidth))
     yield "hbm_capacity", _acc(cluster, hbm=dc.replace(acc.hbm, capacity=2 * acc.hbm.capacity))
     yield "sram_bandwidth", _acc(cluster, sram=dc.replace(acc.sram, bandwidth=2 * acc.sram.bandwidth))
+    yield "sram_capacity", _acc(cluster, sram=dc.replace(acc.sram, capacity=4 * acc.sram.capacity))
+    yield "tensor_sustained", _acc(cluster, tensor_sustained={d: 1.0 for d in acc.peak_flops})
     yield "vector_flops", _acc(cluster, vector_flops=2 * acc.vector_flops)
     if acc.expansion:
         exp = acc.expansion
@@ -92,7 +97,8 @@ def main() -> None:
     found = {}
     for label, cluster in clusters():
         for kind, model in models.items():
-            strategies = [random_strategy(rng, kind == "moe") for _ in range(args.points)]
+            kernels = sorted(cluster.accelerator.attention_efficiency) or [AttentionKernel.FA2.value]
+            strategies = [random_strategy(rng, kind == "moe", kernels) for _ in range(args.points)]
             strategies = [s if s.dtype.value in cluster.accelerator.peak_flops else dc.replace(s, dtype="bf16")
                           for s in strategies]
             arrays = StrategyArrays.of(strategies)

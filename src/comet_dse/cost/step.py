@@ -132,21 +132,29 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     stage_mb = work_total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    dp_exposed, dp_hidden = _data_parallel(st, fwd, bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0), u > 0)
-    # fp8 amax all-reduces: every micro-batch of every stage, on the critical path like the stage's work
-    dp_exposed = dp_exposed + (m + (p - 1) / v) * lay.amax
-    dp_slowdown = contention(u, dp_hidden)
-    optimizer = lay.optimizer
-
     memory, act_per_mb, last_stage = _memory(model, st, terms, lay, m, cluster)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     memory_total = _added(memory.values())
     placed = place(memory, acc.state_capacity, exp_cap, memory_total)
+
+    dp_fwd, dp_bwd = fwd, bwd
+    if acc.expansion is not None and np.any(st.expansion_roofline):
+        # a pass that streams spilled data from the tier lasts max(its work, the stream) (the roofline
+        # below), and the data-parallel reduction hides behind that whole duration
+        remote_f, remote_b = _remote_per_pass(acc, placed, memory, act_per_mb)
+        dp_fwd = np.where(st.expansion_roofline, np.maximum(fwd, remote_f), fwd)
+        dp_bwd = np.where(st.expansion_roofline, np.maximum(bwd, remote_b), bwd)
+    dp_exposed, dp_hidden = _data_parallel(st, dp_fwd, dp_bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0),
+                                           u > 0)
+    # fp8 amax all-reduces: every micro-batch of every stage, on the critical path like the stage's work
+    dp_exposed = dp_exposed + (m + (p - 1) / v) * lay.amax
+    dp_slowdown = contention(u, dp_hidden)
+    optimizer = lay.optimizer
+
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
                             overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed),
-                            roofline=(st.expansion_roofline, stage["fwd_math"],
-                                      stage["bwd_math"] + stage["rec_math"]))
+                            roofline=(st.expansion_roofline, fwd, bwd))
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]) + dp_slowdown,
@@ -508,6 +516,17 @@ def _memory(model: Transformer, st: StrategyArrays, terms: dict, lay: Layout, m,
     return best, best_act, last_total + reserved_bytes(last_total, *fixed)
 
 
+def _remote_per_pass(acc, placed, memory, act_per_mb) -> tuple:
+    """Seconds per micro-batch the forward and the backward pass stream from the expansion tier: (W_x + f_x A)
+    / B and (2 W_x + f_x A) / B (``_offload_time``'s terms; W_x the spilled weights and gradients, f_x A the
+    spilled share of a micro-batch's activations, B the tier's achievable bandwidth)."""
+    bw = acc.expansion.achievable_bandwidth
+    act_total = np.maximum(memory["activations"], 1.0)
+    act_fraction = np.where(memory["activations"] > 0, placed.spilled_activations / act_total, 0.0)
+    spilled_act = act_fraction * act_per_mb
+    return (placed.spilled_weights + spilled_act) / bw, (2.0 * placed.spilled_weights + spilled_act) / bw
+
+
 def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None):
     """Traffic to the expansion tier per step that is not hidden behind compute [s].
 
@@ -543,10 +562,12 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=Non
     T_dp: the step's exposed data-parallel communication.
     ``roofline`` = (expansion_roofline per point, C_f, C_b): where on, the tier is costed as COMET's
     remote-memory roofline (dkadiyala3/comet-astrasim, trial/run.log: remote-mem-roofline-bw beside
-    local-mem-roofline-bw): the operators whose data is spilled stream it at B while their own math
-    runs, so each pass's traffic hides only behind that pass's GEMM math C_f, C_b (fwd_math; bwd_math +
-    rec_math per micro-batch), not behind its memory-bound kernels or communication, and nothing is
-    prefetched from one pass into another or into exposed DP time:
+    local-mem-roofline-bw): an operator takes max(compute, local memory, remote memory), so each pass's
+    traffic hides only behind that pass's own duration C_f, C_b (T_f, T_b: its kernels, compute- or
+    memory-bound, and the in-layer communication they wait on), and nothing is prefetched from one pass
+    into another or into exposed DP time. (Hiding it behind the compute-bound kernels alone made faster
+    compute slow a step: a GEMM that turns memory-bound, or attention that stops hiding a CP ring, left
+    that window, issue 32.)
         T = m [max(0, (W_x + f_x A)/B - C_f) + max(0, (2 W_x + f_x A)/B - C_b)]
             + max(0, 2 O_x / B - T_opt) + latencies
     (the optimizer, memory-bound, streams its spilled state beside its HBM traffic).
@@ -556,24 +577,20 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=Non
     if acc.expansion is None:
         return np.zeros_like(placed.hbm)
     bw, lat = acc.expansion.achievable_bandwidth, acc.expansion.latency
-    act_total = np.maximum(memory["activations"], 1.0)
-    act_fraction = np.where(memory["activations"] > 0, placed.spilled_activations / act_total, 0.0)
-    spilled_act = act_fraction * act_per_mb
-    traffic = (2.0 * placed.spilled_optimizer + 3.0 * m * placed.spilled_weights
-               + 2.0 * m * spilled_act)
+    remote_f, remote_b = _remote_per_pass(acc, placed, memory, act_per_mb)
     phases = (np.where(placed.spilled_optimizer > 0, 2.0, 0.0)
               + np.where(placed.expansion > placed.spilled_optimizer, 3.0 * m, 0.0))
-    exposed = traffic / bw
+    exposed = 2.0 * placed.spilled_optimizer / bw + m * (remote_f + remote_b)
     if overlap is not None:
         on, t_f, t_b, t_opt, t_dp = overlap
-        forward = np.maximum((placed.spilled_weights + spilled_act) / bw - t_f, 0.0)
-        backward = np.maximum((2.0 * placed.spilled_weights + spilled_act) / bw - t_b, 0.0)
+        forward = np.maximum(remote_f - t_f, 0.0)
+        backward = np.maximum(remote_b - t_b, 0.0)
         optimizer = np.maximum(2.0 * placed.spilled_optimizer / bw - t_opt, 0.0)
         exposed = np.where(on, np.maximum(m * (forward + backward) + optimizer - t_dp, 0.0), exposed)
         if roofline is not None and np.any(roofline[0]):
             on, c_f, c_b = roofline
-            forward = np.maximum((placed.spilled_weights + spilled_act) / bw - c_f, 0.0)
-            backward = np.maximum((2.0 * placed.spilled_weights + spilled_act) / bw - c_b, 0.0)
+            forward = np.maximum(remote_f - c_f, 0.0)
+            backward = np.maximum(remote_b - c_b, 0.0)
             exposed = np.where(on, m * (forward + backward) + optimizer, exposed)
     return exposed + phases * lat
 
