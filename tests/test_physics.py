@@ -184,3 +184,24 @@ def test_a_pipeline_inside_one_node_does_not_pay_for_the_outer_network():
     base = estimate(model, cluster, 16, strategy)
     slow = estimate(model, apply_overrides(cluster, [("network.infiniband.link_bandwidth", "x0.001")]), 16, strategy)
     assert slow.breakdown_s["pp_communication"] == base.breakdown_s["pp_communication"]
+
+
+@pytest.mark.parametrize("preset, model_name, knobs", [
+    # found by benchmarks/probe_monotonic.py (issue 32): a GEMM that turned memory-bound left the roofline's window
+    ("tpu-v4", "llama3-8b", dict(tp=1, cp=2, pp=2, dp=16, global_batch=128, interleave=2, recompute="selective",
+                                 tp_overlap=True, pp_overlap=True, expansion_overlap=True, placement="dp-tp-pp")),
+    # faster compute exposed more of the DP reduction while the pass really lasted as long as its stream
+    ("dgx-h200", "mixtral-8x7b", dict(cp=2, ep=2, dp=32, global_batch=128, micro_batch=2, recompute="selective",
+                                      flash_attention=True, attention_kernel="cudnn", ep_overlap=True,
+                                      grad_sync="step")),
+])
+def test_faster_compute_never_slows_a_step_that_streams_from_the_tier(preset, model_name, knobs):
+    """With the expansion tier as COMET's remote-memory roofline (expansion_roofline), 2x and 4x FLOP/s made
+    these steps 4.5-8 % (the first) and 2.7 % (the second) slower; each pass now hides its stream behind its
+    whole duration, and the DP reduction behind the stretched pass."""
+    cluster = _with_tier(load_cluster(preset))
+    model = load_model(model_name).with_seq_len(8192)
+    strategy = Strategy(**knobs, expansion_roofline=True)
+    times = [estimate(model, _acc(cluster, peak_flops={k: f * v for k, v in cluster.accelerator.peak_flops.items()}),
+                      64, strategy).step_time_s for f in (1, 2, 4)]
+    assert times[0] >= times[1] >= times[2], times
