@@ -93,6 +93,16 @@ def temp_folder(path, host: bool = False) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", suffix=suffix, dir=path.parent))
 
 
+def result_temp_folder(output: Path, field: str = "output") -> Path:
+    """The private temporary folder (``temp_folder``) a result folder ``output`` (a report, an export) is built
+    in, its parent made first; a folder that cannot be made is ``failure``'s one line."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        return temp_folder(output)
+    except OSError as exc:
+        raise failure(field, "write in", output.parent, exc) from None
+
+
 def publish_mode(folder: Path) -> None:
     """Give the finished temporary folder ``folder`` the mode a folder made by ``mkdir`` would have (0777
     less the umask) before it is renamed into place as a result folder."""

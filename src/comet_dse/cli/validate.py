@@ -46,19 +46,9 @@ def run(args) -> int:
     except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:     # a malformed measurement file
         raise InputError("data", f"a CSV in {directory} holds a value that is not valid: {exc}") from None
     stats = summary(comparisons)
-    try:
-        memory = memory_comparisons(directory)
-    except KeyError as exc:
-        raise InputError("data", f"memory.csv lacks the column {exc.args[0]!r}") from None
-    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
-        raise InputError("data", f"memory.csv holds a value that is not valid: {exc}") from None
+    memory = _read_data(memory_comparisons, directory, "memory.csv")
     fits = recall(comparisons)
-    try:
-        runs = whole_run_comparisons(directory)
-    except KeyError as exc:
-        raise InputError("data", f"whole_runs.csv lacks the column {exc.args[0]!r}") from None
-    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
-        raise InputError("data", f"whole_runs.csv holds a value that is not valid: {exc}") from None
+    runs = _read_data(whole_run_comparisons, directory, "whole_runs.csv")
     if args.figure:
         fmt = Path(args.figure).suffix[1:].lower()
         written.write_file(args.figure, lambda tmp: figure(comparisons, memory, tmp, fmt), "--figure", inputs)
@@ -172,6 +162,18 @@ def whole_run_lines(runs: list) -> list:
             f"device-hours: {s['with_goodput']['rows']} runs, mean |error| {s['with_goodput']['mean_abs_error'] * 100:.1f}%, "
             f"max {s['with_goodput']['max_abs_error'] * 100:.1f}%, mean {s['with_goodput']['mean_error'] * 100:+.1f}% "
             f"(steps alone: mean |error| {s['steps_only']['mean_abs_error'] * 100:.1f}%)"]
+
+
+def _read_data(read, directory: Path, name: str) -> list:
+    """``read(directory)``, a malformed measurement file ``name`` turned into one line naming it."""
+    import csv
+
+    try:
+        return read(directory)
+    except KeyError as exc:
+        raise InputError("data", f"{name} lacks the column {exc.args[0]!r}") from None
+    except (ValueError, TypeError, ArithmeticError, csv.Error) as exc:
+        raise InputError("data", f"{name} holds a value that is not valid: {exc}") from None
 
 
 def _gib(nbytes: float) -> str:

@@ -66,11 +66,7 @@ def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strateg
         schema()                              # the export extra is installed: checked before writing
     written.check_folder(output, MARKER, KIND, inputs=inputs)
     written.remove_stale_temps(output, MARKER)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = written.temp_folder(output)     # private, at a name nobody can predict (never through a link)
-    except OSError as exc:
-        raise written.failure("output", "write in", output.parent, exc) from None
+    tmp = written.result_temp_folder(output)     # private, at a name nobody can predict (never through a link)
     try:
         (tmp / MARKER).write_text("{}")       # an export being written: stale-temporary cleaning may remove it
         _write_all(tmp, plan, model, cluster, devices, strategy, result, traces)

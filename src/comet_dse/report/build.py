@@ -93,11 +93,7 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
     written.check_folder(output, MARKER, "report", inputs=inputs)   # every refusal before anything is written
     started = time.perf_counter()
     _remove_stale(output)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = written.temp_folder(output)      # private, at a name nobody can predict (never through a link)
-    except OSError as exc:
-        raise written.failure("output", "write in", output.parent, exc) from None
+    tmp = written.result_temp_folder(output)     # private, at a name nobody can predict (never through a link)
     try:
         (tmp / "data").mkdir()
         (tmp / MARKER).write_text("{}")      # a report being written: stale-temporary cleaning may remove it
