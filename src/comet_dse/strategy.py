@@ -263,6 +263,7 @@ class Knob:
     cluster_default: the values a search tries when it names none, where they depend on the hardware: a
       function of the accelerators of the clusters searched that returns a tuple, or None for ``search``
       (design_space.space.with_cluster_defaults applies it).
+    cluster_default_text: how help texts state that hardware-dependent default.
     """
 
     name: str
@@ -281,6 +282,7 @@ class Knob:
     high: float | None
     default_text: str | None
     cluster_default: Callable | None
+    cluster_default_text: str | None = None
 
     @property
     def flag(self) -> str:
@@ -379,7 +381,8 @@ def knob(default, help: str, *, search=None, microbatch: bool = False, layout: b
          applies: Callable | None = None,
          label: Callable | None = None, shown: str = CHANGED, line: int = 3, short: str = "",
          low: float | None = None, high: float | None = None, kind: type | None = None,
-         default_text: str | None = None, cluster_default: Callable | None = None):
+         default_text: str | None = None, cluster_default: Callable | None = None,
+         cluster_default_text: str | None = None):
     """A Strategy field declared as a knob (see Knob). ``search`` defaults to the default alone; an integer
     knob's ``high`` defaults to the bound of every count (bounds.BOUNDS["integer"])."""
     if (kind or type(default)) is int and high is None:
@@ -389,7 +392,7 @@ def knob(default, help: str, *, search=None, microbatch: bool = False, layout: b
         search=(default,) if search is None else search, microbatch=microbatch, layout=layout,
         applies=applies,
         label=label, shown=shown, line=line, short=short, low=low, high=high, default_text=default_text,
-        cluster_default=cluster_default)})
+        cluster_default=cluster_default, cluster_default_text=cluster_default_text)})
 
 
 def _on_off(text: str) -> Callable:
@@ -450,12 +453,15 @@ class Strategy:
                         shown=ALWAYS, line=2, short="dtype")
     flash_attention: bool = knob(False, "fused attention that never stores the s x s scores", microbatch=True,
                                  label=lambda v: "flash attention" if v else "no flash attention", short="flash",
-                                 cluster_default=lambda accs: (True,) if _shared_kernels(accs) else None)
+                                 cluster_default=lambda accs: (True,) if _shared_kernels(accs) else None,
+                                 cluster_default_text="on where the accelerator lists a fused-attention rate, "
+                                                      "else off")
     attention_kernel: AttentionKernel = knob(
         AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3, cudnn or fa4 "
         "(its rates from the accelerator's attention_efficiency)", microbatch=True,
         applies=lambda s: s.flash_attention, label=lambda v: f"{v.value} kernel", short="kernel",
-        cluster_default=lambda accs: _listed_kernel(accs))
+        cluster_default=lambda accs: _listed_kernel(accs),
+        cluster_default_text="fa2 where the accelerator lists its rate, else the first kernel it lists")
     tp_overlap: bool = knob(False, "pipeline each TP collective in chunks with the GEMM next to it "
                             "(Megatron-Core --tp-comm-overlap)", microbatch=True, applies=lambda s: s.tp > 1,
                             label=lambda v: "TP comm pipelined with GEMMs" if v else "TP comm not pipelined",
@@ -483,7 +489,8 @@ class Strategy:
     pipeline_split: PipelineSplit = knob(
         PipelineSplit.BALANCED, "how layers are split over pipeline stages: balanced, or embedding-loss (the "
         "embedding and the loss each take a layer's slot, as Megatron-LM's account-for-embedding/loss)",
-        applies=lambda s: s.pp > 1, label=lambda v: f"pipeline split {v.value}", short="split", layout=True)
+        search=tuple(PipelineSplit), applies=lambda s: s.pp > 1, label=lambda v: f"pipeline split {v.value}",
+        short="split", layout=True)
     pipeline_engine: PipelineEngine = knob(
         PipelineEngine.MEGATRON, "what moves activations between pipeline stages: megatron (each TP rank "
         "sends 1/t, then a TP all-gather) or deepspeed (every TP rank sends the whole activation)",

@@ -141,7 +141,8 @@ def add_knob_options(parser: argparse.ArgumentParser, many: bool) -> None:
             parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_value(knob), default=None,
                                 metavar=_metavar(knob), help=f"{knob.help}{values} (default {default})")
         else:
-            tried = "every valid value" if isinstance(knob.search, str) else ",".join(map(_shown, knob.search))
+            tried = knob.cluster_default_text or ("every valid value" if isinstance(knob.search, str)
+                                                  else ",".join(map(_shown, knob.search)))
             parser.add_argument(f"--{dashed}", dest=knob.name, type=_knob_values(knob), default=None,
                                 nargs="?" if knob.kind is bool else None, const=(True,) if knob.kind is bool else None,
                                 metavar=_metavar(knob) + "[,...]",

@@ -224,12 +224,17 @@ def _micro_batches(global_batch: int, dp: int, space: SearchSpace) -> list:
 
 
 def _interleaves(layers: int, pp: int, space: SearchSpace) -> list:
+    """Virtual stages per device a search tries: every v up to max_interleave that cuts the layers into pp x v
+    even chunks, with the embedding and the loss each in a layer's slot or not (Megatron-LM needs one or the
+    other: num_layers, or num_layers + 2 with account-for-embedding/loss, divisible by pp x v). Llama 3 405B's
+    126 layers on 16 stages take 8 chunks only with the embedding-loss split (the pipeline_split rule)."""
     if pp == 1:
         return [1]
     if space.given("interleave") is not None:
         return list(space.given("interleave"))
-    per_stage = layers // pp if layers % pp == 0 else 0
-    return [v for v in divisors(per_stage) if v <= space.max_interleave] if per_stage else [1]
+    found = {v for slots in (layers, layers + 2) if slots % pp == 0
+             for v in divisors(slots // pp) if v <= space.max_interleave}
+    return sorted(found) or [1]
 
 
 DEGREES = ("tp", "pp", "dp", "micro_batch", "interleave", "cp", "ep")   # the columns of the outer rows
