@@ -184,8 +184,9 @@ def _gib(nbytes: float) -> str:
 
 def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
     """Predicted against measured, on log axes with the line of equality and a +-10 % band: the step time of
-    every whole run (left, by software stack) and the peak memory per device (right, by what was measured).
-    Written to ``path`` as ``fmt`` (png or svg)."""
+    every whole run (left, by accelerator, dense runs as dots and mixture-of-experts runs as triangles: the
+    families of the error bands) and the peak memory per device (right, by what was measured). Written to
+    ``path`` as ``fmt`` (png or svg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,9 +196,15 @@ def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
     runs = whole_runs(comparisons)
-    for framework in dict.fromkeys(c.framework for c in runs):
-        group = [c for c in runs if c.framework == framework]
-        left.scatter([c.measured for c in group], [c.predicted for c in group], s=22, label=f"{framework} ({len(group)})")
+    colours = {}
+    for hardware in dict.fromkeys(c.hardware for c in runs):
+        for kind, marker in (("dense", "o"), ("MoE", "^")):
+            group = [c for c in runs if c.hardware == hardware and c.kind == kind]
+            if group:
+                dots = left.scatter([c.measured for c in group], [c.predicted for c in group], s=20, marker=marker,
+                                    alpha=0.75, color=colours.get(hardware),
+                                    label=f"{hardware} {kind} ({len(group)})")
+                colours.setdefault(hardware, dots.get_facecolor()[0][:3])
     _panel(left, [c.measured for c in runs] + [c.predicted for c in runs], "measured step time [s]",
            "predicted step time [s]", f"Step time, {len(runs)} whole runs")
     for measures, marker in (("max_allocated", "o"), ("max_reserved", "s"), ("device", "^")):
@@ -229,4 +236,4 @@ def _panel(ax, values: list, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=6.5, loc="upper left", labelspacing=0.25, handletextpad=0.3, borderaxespad=0.3)
