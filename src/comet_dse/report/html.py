@@ -142,8 +142,8 @@ def _scorecard(table: list, card, readings) -> str:
                 + f", {strict} without the tolerances; {n - decidable} of the {n} are not determinable from public "
                   "information.")
     if len(card.scores) > 1:
-        sentence += (f" Other readings, chosen after seeing the results, are shown beside it and never in its "
-                     f"place: the best reproduces {card.scores[card.best]} ({card.best}), the literal one "
+        sentence += (f" The other readings are shown beside it, never in its place: the best one (picked by its "
+                     f"score, after the results) reproduces {card.scores[card.best]} ({card.best}), the literal one "
                      f"{card.scores[card.literal]} ({card.literal}); over all {len(card.scores)} readings: {spread}.")
     if card.incompatible:
         sentence += (" No single reading reproduces both of " + ", ".join(f"F{a} and F{b}" for a, b in
