@@ -310,7 +310,7 @@ def test_the_score_sentence_counts_what_the_json_says(tiny_report):
     html = htmlmod.unescape(tiny_report.read_text())
     assert (f"Score: comet-dse reproduces {score(literal)} of the paper's 2 findings under the literal reading "
             f"({literal})") in html
-    assert f"the best reproduces {score(best)} ({best})" in html
+    assert f"the best one (picked by its score, after the results) reproduces {score(best)} ({best})" in html
 
 
 def test_a_reading_that_selects_what_a_study_does_not_search_is_refused(tmp_path):

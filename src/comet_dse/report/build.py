@@ -180,8 +180,9 @@ KNOB_COLUMNS = tuple(k.name for k in KNOBS if k.search != GIVEN)   # a read stud
 
 
 def _figure_reading(readings: rd.Readings, card) -> rd.Reading | None:
-    """The reading the read studies' figures are drawn under: the declared one, else the best one (findings.score), costed with
-    comet-dse's model (the simulator gives totals only, not where the time goes). None without readings."""
+    """The reading the read studies' figures are drawn under: the declared one, else the best one (findings.score),
+    costed with comet-dse's model (the simulator gives totals only, not where the time goes). None without
+    readings."""
     if not readings.questions or card is None:
         return None
     best = readings.declared_reading() or next(r for r in readings.all() if rd.reading_name(r) == card.best)
