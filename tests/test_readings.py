@@ -232,8 +232,12 @@ def test_every_combination_of_answers_is_a_reading(tiny_report):
         assert {"finding", "paper", "unit", "readings", "status", "evidence"} <= set(row)
     fit, speed = rows
     assert speed["status"] == "not determinable" and "what the paper measured" in speed["evidence"]
-    assert fit["status"] in ("reproduced", "contradicted")
-    assert (fit["status"] == "reproduced") == ("MP4_DP16" in fit["readings"].values())
+    assert fit["status"] in ("reproduced", "not reproduced")
+    # no declared reading: the status is the literal reading's; the other readings are counted in its evidence
+    assert (fit["status"] == "reproduced") == (fit["readings"]["any whole long"] == "MP4_DP16")
+    assert fit["reproduced_under"] == sum(v == "MP4_DP16" for v in fit["readings"].values())
+    if fit["status"] == "not reproduced" and fit["reproduced_under"]:
+        assert "reproduced only under other readings" in fit["evidence"]
     # Under the powers-of-4 grid only MP1 and MP4 are read: never MP2 or MP8.
     assert all(v in ("MP1_DP64", "MP4_DP16", None) for k, v in fit["readings"].items() if k.startswith("four"))
     assert (tiny_report.parent / "data" / "tiny-short.parquet").exists()      # the sequence answer's own run
@@ -262,7 +266,7 @@ def test_a_selection_equals_a_run_with_the_override(tiny_report, tmp_path):
 
 def test_the_findings_table_round_trips_to_findings_json(tiny_report):
     """Every row of the page's table holds what findings.json holds: the paper's value, the literal and the best
-    reading's values, the span over the readings and the status."""
+    reading's values, the span over the readings and the status (no declared reading here)."""
     _round_trip(tiny_report)
 
 
@@ -275,25 +279,38 @@ def _round_trip(page: Path):
         cells = [htmlmod.unescape(re.sub(r"<small>.*?</small>|<[^>]+>", "", c)).strip()
                  for c in re.findall(r'<td class="l">(.*?)</td>', tr, flags=re.S)]
         unit = row["unit"]
-        assert cells[0] == row["finding"]
-        assert cells[1] == value_text(row["paper"], unit)
-        assert cells[2] == value_text(row["literal"]["value"], unit)
-        assert cells[3] == value_text(row["best"]["value"], unit)
-        assert cells[4] == row["span"] and cells[5] == row["status"]
-        assert cells[6] == value_text(row["modern_setup"]["value"], unit)
-        assert cells[7] == row["evidence"]
+        declared = int(row["declared"]["reading"] != row["literal"]["reading"] or declared_column(page))
+        assert cells[0] == f"F{rows.index(row) + 1}" and cells[1] == row["finding"]
+        assert cells[2] == value_text(row["paper"], unit)
+        if declared:
+            assert cells[3] == value_text(row["declared"]["value"], unit)
+        cells = cells[declared:]
+        assert cells[3] == value_text(row["literal"]["value"], unit)
+        assert cells[4] == value_text(row["best"]["value"], unit)
+        assert cells[5] == row["span"] and cells[6] == row["status"]
+        assert cells[7] == value_text(row["modern_setup"]["value"], unit)
+        assert cells[8] == row["evidence"]
         assert row["readings"][row["literal"]["reading"]] == row["literal"]["value"]
         assert row["readings"][row["best"]["reading"]] == row["best"]["value"]
 
 
+def declared_column(page: Path) -> bool:
+    return "<th class=\"l\">declared reading (" in page.read_text()
+
+
 def test_the_score_sentence_counts_what_the_json_says(tiny_report):
+    """Without a declared reading the headline is the literal reading's; the best one is named after it."""
     rows = json.loads((tiny_report.parent / "findings.json").read_text())
-    best = rows[0]["best"]["reading"]
+    best, literal = rows[0]["best"]["reading"], rows[0]["literal"]["reading"]
     from comet_dse.report.findings import matches
-    score = sum(1 for r in rows if r["status"] != "not determinable" and matches(r["paper"], r["readings"][best],
-                                                                                   r["unit"]))
+
+    def score(name):
+        return sum(1 for r in rows if r["status"] != "not determinable" and matches(r["paper"], r["readings"][name],
+                                                                                      r["unit"]))
     html = htmlmod.unescape(tiny_report.read_text())
-    assert f"Score: comet-dse reproduces {score} of the paper's 2 findings under its best reading ({best})" in html
+    assert (f"Score: comet-dse reproduces {score(literal)} of the paper's 2 findings under the literal reading "
+            f"({literal})") in html
+    assert f"the best one (picked by its score, after the results) reproduces {score(best)} ({best})" in html
 
 
 def test_a_reading_that_selects_what_a_study_does_not_search_is_refused(tmp_path):
@@ -334,3 +351,68 @@ def test_a_study_searches_each_clusters_mp_grid(tmp_path):
         (tmp_path / "bad.yaml").write_text(text + "mp: {tpu-v4: [4]}\n")
         load_study(tmp_path / "bad.yaml")
     assert info.value.field == "mp.tpu-v4"
+
+
+DECLARED = """# four layer long
+answers:
+  grid: {answer: four, evidence: the paper names powers of 4}
+  gradients: {answer: layer, evidence: the workload reduces layer by layer}
+  sequence: {answer: long, evidence: the file's tokens}
+"""
+
+
+@pytest.fixture(scope="module")
+def declared_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("declared") / "mine"
+    folder.mkdir()
+    (folder / "tiny.yaml").write_text(TINY.format(name="tiny", extra=""))
+    (folder / "report.yaml").write_text(READINGS + "declared_reading: declared.yaml\n")
+    (folder / "declared.yaml").write_text(DECLARED)       # a YAML file of the folder that is not a study
+    return build_report(folder, folder.parent / "out", progress=False)
+
+
+def test_a_declared_reading_heads_the_score_and_sets_the_statuses(declared_report):
+    rows = json.loads((declared_report.parent / "findings.json").read_text())
+    fit, speed = rows
+    assert fit["declared"]["reading"] == "four layer long"
+    assert fit["declared"]["value"] == fit["readings"]["four layer long"]
+    assert (fit["status"] == "reproduced") == (fit["readings"]["four layer long"] == "MP4_DP16")
+    assert speed["status"] == "not determinable"
+    html = htmlmod.unescape(declared_report.read_text())
+    hit = int(fit["status"] == "reproduced")
+    assert (f"Score: comet-dse reproduces {hit} of the paper's 2 findings under its declared reading "
+            f"(four layer long)") in html
+    assert "the workload reduces layer by layer" in html            # each answer's evidence is on the page
+    _round_trip(declared_report)
+
+
+@pytest.mark.parametrize("text, field", [
+    (DECLARED.replace("  sequence: {answer: long, evidence: the file's tokens}\n", ""),
+     "report.declared_reading.answers.sequence"),
+    (DECLARED.replace("answer: four", "answer: five"), "report.declared_reading.answers.grid.answer"),
+    (DECLARED.replace("evidence: the paper names powers of 4", "evidence: ''"),
+     "report.declared_reading.answers.grid.evidence"),
+    (DECLARED + "  colour: {answer: red, evidence: none}\n", "report.declared_reading.answers.colour"),
+])
+def test_a_declared_reading_answers_every_question_with_evidence(tmp_path, text, field):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "tiny.yaml").write_text(TINY.format(name="tiny", extra=""))
+    (folder / "report.yaml").write_text(READINGS + "declared_reading: declared.yaml\n")
+    (folder / "declared.yaml").write_text(text)
+    with pytest.raises(InputError) as info:
+        build_report(folder, tmp_path / "out", progress=False)
+    assert info.value.field == field and not (tmp_path / "out").exists()
+    from comet_dse.cli import main
+    assert main(["report", str(folder), "--output", str(tmp_path / "out"), "--no-progress"]) == 2
+
+
+def test_the_shipped_declared_reading_answers_every_question():
+    """studies/comet/declared_reading.yaml names one answer, with its evidence, to each of the 8 questions."""
+    from comet_dse.report.build import load_report_text
+
+    readings = load_report_text(STUDIES).readings
+    chosen = readings.declared_reading()
+    assert chosen is not None and len(readings.declared) == 8
+    assert chosen.name == "seq1024 grid2 whole 80gb x4096 tile roofline sim-gemm"
+    assert all(evidence for _, _, evidence in readings.declared)

@@ -11,10 +11,14 @@ docs/case-studies.md) and compared split by split with the rebuilt simulator's o
   [T x h] x [h x h/m]; the attention score [16384 x 192] x [192 x 1024] and softmax [16384 x 1024] x [1024 x 192]
   as the file writes them (they do not follow the split); the output projection [T x h/m] x [h/m x h]; the MLP
   [T x h] x [h x f/m] and [T x f/m] x [f/m x h]; Layernorm as the file writes it, a GEMM [2T x h] x [h x h], or
-  element-wise (5 FLOP and 4 bytes per element of 2T x h). Forward, input-gradient and weight-gradient phases have
-  the same shape (as the file). Communication: all-reduces of the T x h activation (2 bytes) after the output
-  projection and the second MLP GEMM in forward, after Q and the second MLP GEMM in the input gradient, an
-  all-gather of 50,331,648 bytes after the output projection's input gradient (as the file), and a data-parallel
+  element-wise as the rebuilt simulator's element-wise column costs it: 5 FLOP and 4 bytes per element of T x h
+  (results.csv: at TPU v4 MP256, 262,144 tokens per replica, the element-wise total is 13,689 ms below the GEMM
+  one, whose Layernorm phases take 13,818 ms; the 129 ms left are 6 phases of 4 x 262,144 x 24,576 bytes at
+  1.2 TB/s, 21.5 ms each: T x h elements, not the 2T x h of the GEMM row). Forward, input-gradient and
+  weight-gradient phases have the same shape (as the file). Communication: all-reduces of the T x h activation
+  (2 bytes) after the output projection and the second MLP GEMM in forward, after Q and the second MLP GEMM in the
+  input gradient, an all-gather of 50,331,648 bytes from each rank after the output projection's input gradient
+  (as the file; the simulator gathers that much from every rank of the group), and a data-parallel
   all-reduce of every weight-gradient (2 bytes per weight). No optimizer step, no embedding (the file has none).
 - Compute (the fork's roofline, its system files' ``enable-roofline``): every phase of every operator takes
   max(2 M K N / P, 2 (M K + K N + M N) / B), P the accelerator's datasheet peak (bf16), B its HBM bandwidth; no
@@ -22,23 +26,30 @@ docs/case-studies.md) and compared split by split with the rebuilt simulator's o
 - Collectives (the system files: halving-doubling on every dimension, ``localBWAware``, 64 dataset splits, one
   active chunk per dimension; the analytical backend's HierarchicalTopology.cc): the MP group takes the innermost
   dimensions, a dimension split where the group ends inside it (ASTRA-sim's break_dimension), DP the rest. On
-  dimension i of n_i devices a reduce-scatter or all-gather moves (n_i - 1)/n_i S_i, S_i = S / (n_1 ... n_{i-1}),
-  at B_i = links x link bandwidth (a ring's links rounded down to even; a fully connected dimension's per peer),
+  dimension i of n_i devices an all-reduce moves 2 (n_i - 1)/n_i S_i, S_i = S / (n_1 ... n_{i-1}), at
+  B_i = links x link bandwidth (a ring's links rounded down to even; a fully connected dimension's per peer),
   full datasheet bandwidth; each of its log2 n_i steps costs a send latency (a ring: the hops to the partner
-  2^k positions away, shorter way round; a switch: 2 hops; fully connected: 1) per chunk. The 64 chunks stream
-  through the dimensions one at a time per dimension, so an all-reduce takes the busiest dimension's work and
-  latency plus one chunk's time on each of the others:
-      t_AR = max_i (2 (n_i - 1)/n_i S_i / B_i + 2 L_i c) + sum_i 2 (n_i - 1)/n_i S_i / (B_i c),   c = 64
-  (an all-gather half of it).
+  2^k positions away, shorter way round; a switch: 2 hops; fully connected: 1) per chunk. An all-gather's size is
+  each rank's part (HalvingDoubling.cc: its result is n_i times its input) and it runs from the outermost
+  dimension in (Sys::generate_collective reverses the dimensions for it): dimension i moves (n_i - 1) G_i, G_i the
+  size times the dimensions already gathered. The 64 chunks stream through the dimensions one at a time per
+  dimension, so a collective takes the busiest dimension's work and latency plus one chunk's work on each of the
+  others (``collective``):
+      t = max_i (W_i + L_i c) + sum_{j != busiest} W_j / c,   c = 64.
 - Schedule (Workload::iterate_hybrid_parallel_Transformer_fwd_in_bckwd, ``FWD_IN_BCKWD``): forward, layer by
   layer, each activation all-reduce blocking; backward from the last layer: at a block's last layer (the file's
   checkpoint initiators) the block is re-run forward from its first layer (the checkpoint) up to, not including,
-  that layer, with its blocking all-reduces; per layer the input gradient, its blocking collective, the weight
-  gradient, whose data-parallel all-reduce joins one FIFO queue that overlaps what follows. The iteration ends when
-  compute and that queue are both done.
+  that layer, with its blocking all-reduces; per layer the input gradient, then its collective issued without
+  blocking, the weight gradient, whose data-parallel all-reduce joins one FIFO queue that overlaps what follows,
+  and only then the wait for the input-gradient collective (Workload.cc, Input_Gradient then Weight_Gradient
+  state: ``issue_input_grad_comm(..., Non_Blocking)``, the weight-gradient compute and
+  ``issue_weight_grad_comm``, then ``is_input_grad_comm_finished_blocking``): that collective is exposed only by
+  what it takes beyond the layer's weight-gradient compute. The iteration ends when compute and the FIFO are both
+  done.
 
-Checked against the rebuilt simulator on datasheet TPU v4 and DGX A100 (../shared/comet-astrasim): every split
-within 10 % of its total time, with either Layernorm (tests/test_astrasim.py; docs/case-studies.md).
+Checked against the rebuilt simulator on datasheet TPU v4 and DGX A100 (../shared/comet-astrasim): total, compute,
+exposed data-parallel and exposed model-parallel communication of every split within 1.2 % (tests/test_astrasim.py;
+docs/case-studies.md).
 """
 from __future__ import annotations
 
@@ -88,7 +99,7 @@ def block(model: Transformer, mp: int, tokens: float, layernorm: str = "gemm") -
     act = t * h * WORD
     m_s, k_s, n_s = SCORE
     norm = (Operator("Layernorm", (2 * t, h, h)) if layernorm == "gemm"
-            else Operator("Layernorm", None, elements=2 * t * h))
+            else Operator("Layernorm", None, elements=t * h))
     return [
         Operator("Q", (t, h, h / mp), input_grad="allreduce", weight_bytes=h * h / mp * WORD),
         Operator("K", (t, h, h / mp), weight_bytes=h * h / mp * WORD),
@@ -172,18 +183,32 @@ def groups(cluster: Cluster, devices: int, mp: int) -> tuple:
 
 
 def collective(size: float, dims: list, kind: str = "allreduce") -> float:
-    """Seconds of a halving-doubling all-reduce (or all-gather: half of it) of ``size`` bytes over ``dims``."""
+    """Seconds of a halving-doubling all-reduce of ``size`` bytes, or all-gather of ``size`` bytes from each
+    rank, over ``dims``, split into CHUNKS chunks that stream through the dimensions one at a time per dimension.
+
+    All-reduce (reduce-scatter up the dimensions, all-gather back): dimension i moves 2 (n_i - 1)/n_i S_i,
+    S_i = size / (n_1 ... n_{i-1}). All-gather (Sys::generate_collective reverses the dimension order for it; the
+    fork's HalvingDoubling.cc makes each phase's result n_i times its input): from the outermost dimension in,
+    dimension i moves (n_i - 1) G_i, G_i = size x the sizes of the dimensions already gathered. Each dimension
+    takes its work plus the send latency of each of its steps per chunk; the busiest dimension sets the pace and
+    each other one adds one chunk's work (the pipeline's fill):
+        t = max_i (W_i + L_i c) + sum_{j != busiest} W_j / c,   c = CHUNKS."""
     dims = [d for d in dims if d.n > 1]
     if not dims or size <= 0:
         return 0.0
-    phases = 2.0 if kind == "allreduce" else 1.0
-    busiest, fill, part = 0.0, 0.0, float(size)
-    for d in dims:
-        work = phases * (d.n - 1) / d.n * part / d.bandwidth
-        busiest = max(busiest, work + phases * sum(d.step_latency) * CHUNKS)
-        fill += work / CHUNKS
-        part /= d.n
-    return busiest + fill
+    stages, part = [], float(size)
+    if kind == "allreduce":
+        for d in dims:
+            work = 2.0 * (d.n - 1) / d.n * part / d.bandwidth
+            stages.append((work + 2.0 * sum(d.step_latency) * CHUNKS, work))
+            part /= d.n
+    else:
+        for d in reversed(dims):
+            work = (d.n - 1) * part / d.bandwidth
+            stages.append((work + sum(d.step_latency) * CHUNKS, work))
+            part *= d.n
+    busiest = max(range(len(stages)), key=lambda i: stages[i][0])
+    return stages[busiest][0] + sum(w for i, (_, w) in enumerate(stages) if i != busiest) / CHUNKS
 
 
 def iteration(model: Transformer, cluster: Cluster, devices: int, mp: int, global_batch: int,
@@ -221,10 +246,14 @@ def iteration(model: Transformer, cluster: Cluster, devices: int, mp: int, globa
         if i % per == per - 1:                   # a checkpoint initiator: re-run its block forward up to it
             for j in range(i - per + 1, i):
                 run(j, "forward")
-        run(i, "input_grad")
-        run(i, "")                               # the weight gradient
-        if dp > 1 and layers[i].weight_bytes:
+        run(i, "")                               # the input gradient; its collective starts when it ends
+        in_flight = comm[layers[i].input_grad] if mp > 1 else 0.0
+        run(i, "")                               # the weight gradient, while that collective runs
+        if dp > 1 and layers[i].weight_bytes:    # its all-reduce joins the FIFO before the wait below
             queue = max(queue, clock) + collective(layers[i].weight_bytes, dp_dims)
+        wait = max(0.0, in_flight - times[i])    # the input-gradient collective left after the weight gradient
+        clock += wait
+        exposed_mp += wait
     exposed_dp = max(0.0, queue - clock)
     return Iteration(total=clock + exposed_dp, compute=compute, layernorm=norm, exposed_dp=exposed_dp,
                      exposed_mp=exposed_mp)

@@ -51,10 +51,10 @@ def load_folder(study_dir: Path, max_points: int | None = None) -> tuple:
     study_dir = Path(study_dir)
     if not study_dir.is_dir():
         raise InputError("studies", f"{study_dir} is not a folder")
-    paths = sorted(p for p in study_dir.glob("*.yaml") if p.name != REPORT_FILE)
+    text = load_report_text(study_dir)
+    paths = sorted(p for p in study_dir.glob("*.yaml") if p.name not in (REPORT_FILE, text.declared_file))
     if not paths:
         raise InputError("studies", f"{study_dir} holds no study files (*.yaml)")
-    text = load_report_text(study_dir)
     studies = [load_study(p, max_points) for p in paths]
     _check_clashes(studies)
     rd.check(text.readings, studies)
@@ -146,6 +146,7 @@ class ReportText:
     introduction: str = ""
     findings: tuple = ()
     readings: rd.Readings = rd.NO_READINGS
+    declared_file: str = ""          # report.yaml's declared_reading: a file of the folder that is not a study
 
 
 def load_report_text(study_dir: Path) -> ReportText:
@@ -155,22 +156,36 @@ def load_report_text(study_dir: Path) -> ReportText:
     if not path.exists():
         return ReportText(default)
     f = Fields(read_yaml(path, "report"), "report")
+    readings = rd.from_yaml(f.raw("readings")) if f.has("readings") else rd.NO_READINGS
+    declared_file = f.text("declared_reading") if f.has("declared_reading") else ""
+    if declared_file:
+        readings = _declared(Path(study_dir), declared_file, readings)
     text = ReportText(title=f.text("title", default) or default, introduction=f.text("introduction", ""),
                       findings=tuple(findings.specs_from(f.raw("findings"))) if f.has("findings") else (),
-                      readings=rd.from_yaml(f.raw("readings")) if f.has("readings") else rd.NO_READINGS)
+                      readings=readings, declared_file=declared_file)
     f.reject_unknown()
     return text
+
+
+def _declared(study_dir: Path, name: str, readings: rd.Readings) -> rd.Readings:
+    """``readings`` with the declared reading of the file ``name`` in ``study_dir`` (report.yaml's
+    ``declared_reading``; readings.declare)."""
+    path = study_dir / name
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts or not path.is_file():
+        raise InputError("report.declared_reading", f"must name a YAML file in {study_dir}, got {name!r}")
+    return rd.declare(readings, read_yaml(path, "report.declared_reading"), "report.declared_reading")
 
 
 KNOB_COLUMNS = tuple(k.name for k in KNOBS if k.search != GIVEN)   # a read study's strategy columns, all loaded
 
 
 def _figure_reading(readings: rd.Readings, card) -> rd.Reading | None:
-    """The reading the read studies' figures are drawn under: the best one (findings.score), costed with
-    comet-dse's model (the simulator gives totals only, not where the time goes). None without readings."""
+    """The reading the read studies' figures are drawn under: the declared one, else the best one (findings.score),
+    costed with comet-dse's model (the simulator gives totals only, not where the time goes). None without
+    readings."""
     if not readings.questions or card is None:
         return None
-    best = next(r for r in readings.all() if rd.reading_name(r) == card.best)
+    best = readings.declared_reading() or next(r for r in readings.all() if rd.reading_name(r) == card.best)
     first = {q: answers[0] for q, answers in readings.questions}
     return rd.Reading(tuple(a if a.cost == "comet-dse" else first[a.question] for a in best.answers))
 

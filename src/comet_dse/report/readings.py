@@ -104,6 +104,14 @@ class Readings:
     studies: tuple
     questions: tuple = ()
     firsts: dict = field(default_factory=dict)      # question -> its first (literal) answer's name
+    declared: tuple = ()                            # ((question, answer name, evidence), ...): the declared reading
+
+    def declared_reading(self) -> Reading | None:
+        """The declared reading (``declare``), or None where none is declared."""
+        if not self.declared:
+            return None
+        chosen = {q: name for q, name, _ in self.declared}
+        return Reading(tuple(next(a for a in answers if a.name == chosen[q]) for q, answers in self.questions))
 
     def all(self) -> list:
         """Every reading, in product order (the literal one first)."""
@@ -155,6 +163,34 @@ def from_yaml(raw, prefix: str = "report.readings") -> Readings:
     if len(set(every)) != len(every):
         raise InputError(f.name("questions"), "two answers share a name; a reading's name lists its answers")
     return Readings(studies=studies, questions=tuple(questions), firsts=firsts)
+
+
+def declare(readings: Readings, raw, prefix: str) -> Readings:
+    """``readings`` with its declared reading: ``raw`` is the declared-reading file ({answers: {question: {answer,
+    evidence}}}), one answer, with its evidence, to every question of the readings block (errors name the field)."""
+    from dataclasses import replace
+
+    f = Fields(raw, prefix)
+    given = f.sub("answers")
+    declared = []
+    for question, answers in readings.questions:
+        if not given.has(question):
+            raise InputError(f"{given.prefix}.{question}", "is missing: the declared reading answers every question "
+                             f"of report.yaml's readings ({', '.join(q for q, _ in readings.questions)})")
+        qf = given.sub(question)
+        name = qf.text("answer")
+        if name not in {a.name for a in answers}:
+            raise InputError(qf.name("answer"), f"must be one of {', '.join(a.name for a in answers)}, got {name!r}")
+        evidence = qf.text("evidence", "")
+        if not evidence.strip():
+            raise InputError(qf.name("evidence"), "is missing: every declared answer states its public evidence")
+        qf.reject_unknown()
+        declared.append((question, name, evidence))
+    given.reject_unknown()
+    f.reject_unknown()
+    if not readings.questions:
+        raise InputError(prefix, "declares a reading, but report.yaml has no readings block to read")
+    return replace(readings, declared=tuple(declared))
 
 
 def _list(value, where: str) -> list:
