@@ -57,6 +57,21 @@ def preset_yaml(kind: str, name: str) -> dict:
 SMALL_MODEL = {"name": "tiny", "layers": 24, "hidden": 1024, "heads": 16, "ffn": 4096, "vocab": 51200, "seq_len": 2048}
 
 
+# --- version ----------------------------------------------------------------------------------
+
+def test_version_prints_the_package_version(capsys):
+    """``comet-dse --version`` prints version.py's version, which is also the installed distribution's
+    (pyproject.toml reads it from version.py), and exits 0."""
+    from importlib.metadata import version
+
+    from comet_dse.version import __version__
+
+    code, out, err = run(capsys, "--version")
+    assert code == 0, err
+    assert out == f"comet-dse {__version__}\n"
+    assert version("comet-dse") == __version__
+
+
 # --- estimate ---------------------------------------------------------------------------------
 
 def test_readme_example_prints_breakdown(capsys):
