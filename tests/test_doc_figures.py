@@ -1,0 +1,309 @@
+"""Every figure README.md and docs/ quote from the tool is the figure the tool prints today.
+
+Each check names a file, the command the text quotes (as the text gives it) and how the text writes the
+figure. The command runs in-process (``comet_dse.cli.main``, or the API), the figure is read from what it
+prints (a regular expression on its text, or a field of its ``--json``) and formatted as the text writes it,
+and the text must contain it (line breaks and runs of spaces read as one space). So a change of the model
+that moves a quoted figure fails here until the text says what the tool says. Wall-clock times are not
+checked (they depend on the machine and the day); every other printed figure the docs quote is.
+
+The calibrated files' figures are read from their ``calibration:`` blocks (the fit that wrote them), which
+are checked to be fits of the runs files as shipped, to the preset's value as shipped.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+from comet_dse.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CALIBRATION = ROOT / "examples" / "calibration"
+
+H100_SEARCH = ("search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--devices", "1024",
+               "--global-batch", "1024", "--top", "3")
+H100_SEARCH_FLASH_OFF = ("search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--devices", "1024",
+                         "--global-batch", "1024", "--top", "1", "--flash-attention", "off")
+TPU_WHATIF = ("whatif", "--model", "megatron-1t", "--cluster", "tpu-v4", "--devices", "4096",
+              "--global-batch", "2048", "--mp", "64", "--dp", "64")
+H100_WHATIF = ("whatif", "--model", "llama3-70b", "--cluster", "dgx-h100", "--devices", "1024",
+               "--global-batch", "1024")
+TPU_SEARCH = ("search", "--model", "megatron-1t", "--cluster", "tpu-v4", "--devices", "4096",
+              "--global-batch", "2048", "--top", "1")
+NARAYANAN = ("calibrate", str(CALIBRATION / "narayanan2021_runs.csv"), "--cluster", "dgx-a100-80gb")
+NARAYANAN_HOLDOUT = ("--holdout", "3.6B,18.4B,76.1B,310.1B,1008.0B")
+
+
+def decisions_search(cluster: str, devices: int) -> tuple:
+    """docs/decisions.md's command for one cluster."""
+    return ("search", "--model", "llama3-70b", "--cluster", cluster, "--devices", str(devices),
+            "--global-batch", "2048", "--tokens", "15T", "--top", "1")
+
+
+@functools.lru_cache(maxsize=None)
+def printed(argv: tuple) -> str:
+    """What ``comet-dse *argv`` prints on stdout (run once per command for the whole module)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    assert code == 0, (argv, err.getvalue())
+    return out.getvalue()
+
+
+def printed_json(argv: tuple) -> dict:
+    return json.loads(printed(argv + ("--json",)))
+
+
+@functools.lru_cache(maxsize=None)
+def text_of(doc: str) -> str:
+    """The file's text with every run of whitespace as one space (the docs wrap lines anywhere)."""
+    return " ".join((ROOT / doc).read_text(encoding="utf-8").split())
+
+
+def one_space(text: str) -> str:
+    return " ".join(text.split())
+
+
+def pct(fraction: float) -> str:
+    """A fraction as the docs write a percentage: one decimal, a space before the sign."""
+    return f"{100 * fraction:.1f} %"
+
+
+def matched(pattern: str, output: str) -> dict:
+    found = re.search(pattern, output, re.MULTILINE | re.DOTALL)
+    assert found, f"the tool's output no longer has {pattern!r}:\n{output}"
+    return found.groupdict()
+
+
+def regex(argv: tuple, pattern: str, *templates: str) -> Callable[[], list]:
+    """Figures: ``pattern``'s named groups in the output of ``comet-dse *argv``, each template filled in."""
+    def figures() -> list:
+        groups = matched(pattern, printed(argv))
+        return [template.format(**groups) for template in templates]
+    return figures
+
+
+@dataclass(frozen=True)
+class Check:
+    doc: str                                   # the file, relative to the repository root
+    what: str                                  # which figure (the test's id)
+    figures: Callable[[], list]                # the figures as the doc writes them, from the tool
+
+
+# --- README.md ---------------------------------------------------------------------------------
+
+STEP = r"^Step time\s+(?P<step>\S+ s)$.*?^Throughput\s+(?P<tps>[\d,]+) tokens/s$.*?^MFU / HFU\s+(?P<mfu>[\d.]+)%"
+RANK_1 = r"^ +1 [^\n]*? (?P<step>[\d.]+ s)\s+(?P<tps>[\d,]+)\s+(?P<mfu>[\d.]+)%"
+SMALLEST = r"^Smallest hbm_capacity at which (?P<split>[^\n]*?) has a strategy that fits: (?P<cap>\S+ GiB) \([^\n]*?; " \
+           r"(?P<cluster>the cluster has [^\n]*?)\), with (?P<with>[^:\n]*): (?P<code>[^\n]*)$"
+
+
+def validation_table() -> list:
+    """README's Accuracy table: each dataset's rows, mean and max |error| (`comet-dse validate --json`)."""
+    labels = {"korthikanti2022_table5.csv": "Korthikanti et al. 2022, Table 5",
+              "korthikanti2022_table4.csv": "Korthikanti et al. 2022, Table 4",
+              "narayanan2021_table1.csv": "Narayanan et al. 2021, Table 1",
+              "h100_public.csv": "MLPerf v3.x GPT-3 175B and Llama 3 405B on H100",
+              "gpu_public.csv": "gpu_public: "}
+    summary = printed_json(("validate",))["summary"]
+    assert set(summary) == set(labels), "a dataset was added or removed: add it to README's Accuracy table"
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    figures = []
+    for csv, label in labels.items():
+        row = next(line for line in lines if line.startswith(f"| {label}"))
+        s = summary[csv]
+        figures.append(f"| {row.split('|')[1].strip()} | {s['rows']} | {pct(s['mean_abs_error'])} | "
+                       f"{pct(s['max_abs_error'])} |")
+    return figures
+
+
+def validation_memory_and_fit() -> list:
+    data = printed_json(("validate",))
+    memory = data["memory"]["summary"]
+    gpu = [r for r in data["rows"] if r["dataset"] == "gpu_public.csv"]
+    others = data["feasibility_recall"]["runs"] - len(gpu)
+    others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in gpu)
+    assert others_fit == others, "README says every paper and MLPerf v3 run is judged to fit"
+    return [f"The {others} runs of the papers and MLPerf v3 are all judged to fit",
+            f"of gpu_public's {len(gpu)}, {sum(r['fits'] for r in gpu)} (most of the others",
+            f"Peak memory per device against {memory['rows']} measured runs (`memory.csv`): "
+            f"mean error {pct(memory['mean_abs_error'])}, max {pct(memory['max_abs_error'])}."]
+
+
+def cluster_list() -> list:
+    """README names every cluster preset in its list of presets."""
+    names = sorted(p.stem for p in (ROOT / "src" / "comet_dse" / "presets" / "clusters").glob("*.yaml"))
+    return [f"`{name}`" for name in names]
+
+
+README = [
+    Check("README.md", "search: strategies and feasible", regex(
+        H100_SEARCH, r"(?P<n>[\d,]+) strategies evaluated in \S+ s, (?P<f>[\d,]+) feasible",
+        "prints the 3 fastest of {n} strategies ({f} fit)")),
+    Check("README.md", "search: step time, tokens/s, MFU", regex(
+        H100_SEARCH, STEP, "{step} per step, {tps} tokens/s, {mfu} % MFU")),
+    Check("README.md", "search: the strategy", regex(
+        H100_SEARCH, r"^  tp=(?P<tp>\d+) cp=(?P<cp>\d+) pp=(?P<pp>\d+) dp=(?P<dp>\d+)$.*?interleave (?P<v>\d+),"
+        r".*?ZeRO (?P<z>\d)", "with tp{tp} cp{cp} pp{pp} dp{dp}, {v} virtual stages, ZeRO {z}")),
+    Check("README.md", "search: error band", regex(
+        H100_SEARCH, r"^Error band\s+validated (?P<lo>\S+ %) \.\. (?P<hi>\S+ %) \(predicted vs measured step time\) "
+        r"on (?P<runs>\d+) NVIDIA H100 SXM5 80GB 16-bit dense runs", '"validated {lo} .. {hi} on {runs} H100 16-bit '
+        'dense runs"')),
+    Check("README.md", "search: memory", regex(
+        H100_SEARCH, r"^  reserved \(runtime and allocator\)\s+(?P<res>\S+ \S+)$.*?^  in HBM (?P<mem>\S+ GiB) of "
+        r"(?P<cap>\S+ GiB)$", "using {mem} of the {cap} per GPU, of which {res} is the part")),
+    Check("README.md", "search: flash attention off", regex(
+        H100_SEARCH_FLASH_OFF, RANK_1, "(`--flash-attention off`: {step}, {mfu} % MFU)")),
+    Check("README.md", "whatif: TPU v4 capacity", regex(
+        TPU_WHATIF, SMALLEST, 'ends with "Smallest hbm_capacity at which {split} has a strategy that fits: {cap} '
+        '(...; {cluster}), with {with}: {code}"')),
+    Check("README.md", "whatif: H100 capacity", regex(
+        H100_WHATIF, SMALLEST, "it is {cap}, with {with} inside the NVLink domain")),
+    Check("README.md", "Speed: strategies of the TPU v4 search", regex(
+        TPU_SEARCH, r"(?P<n>[\d,]+) strategies evaluated in",
+        "| exhaustive strategy search, megatron-1t on 4096 TPU v4 chips | {n} strategies")),
+    Check("README.md", "Accuracy: the validation table", validation_table),
+    Check("README.md", "Accuracy: memory and what fits", validation_memory_and_fit),
+    Check("README.md", "the cluster presets", cluster_list),
+]
+
+
+# --- docs/decisions.md -------------------------------------------------------------------------
+
+TRAINING_LINES = ("time to train", "device-hours", "energy", "cost", "renting", "owning")
+
+
+def decision(cluster: str, devices: int) -> Callable[[], list]:
+    """The search line, the fastest strategy's row and the training block's figures."""
+    def figures() -> list:
+        out = printed(decisions_search(cluster, devices))
+        head = matched(r"^(?P<head>[^\n]*?): (?P<n>[\d,]+) strategies evaluated in \S+ s, (?P<f>[\d,]+) feasible$", out)
+        row = matched(r"^(?P<row> +1 [^\n]*)$", out)["row"]
+        lines = [f"{head['head']}: {head['n']} strategies evaluated in", f"s, {head['f']} feasible", row]
+        for label in TRAINING_LINES:
+            lines.append(f"{label} " + matched(rf"^  +{label}  +(?P<v>[^\n]*)$", out)["v"])
+        return lines
+    return figures
+
+
+DECISIONS = [Check("docs/decisions.md", f"{cluster} x {devices}", decision(cluster, devices))
+             for cluster, devices in (("dgx-h100", 1024), ("dgx-b200", 512), ("tpu-v5p", 1024))]
+
+
+# --- docs/calibration.md -------------------------------------------------------------------------
+
+def calibration_block(name: str) -> dict:
+    """A shipped calibrated file's ``calibration:`` block, checked to be a fit of its runs file as shipped
+    from the preset's value as shipped."""
+    block = yaml.safe_load((CALIBRATION / f"{name}.yaml").read_text(encoding="utf-8"))["calibration"]
+    runs = (CALIBRATION / block["runs_file"]).read_bytes()
+    assert hashlib.sha256(runs).hexdigest() == block["runs_sha256"], f"{name}.yaml: its runs file changed; refit"
+    preset = yaml.safe_load((ROOT / "src" / "comet_dse" / "presets" / "clusters" / f"{block['base']}.yaml")
+                            .read_text(encoding="utf-8"))
+    for parameter, fit in block["fitted"].items():
+        if parameter == "sustained":
+            assert fit["preset"] == preset["accelerator"]["tensor_sustained"], f"{name}.yaml: the preset changed"
+    return block
+
+
+def fitted(block: dict, parameter: str) -> str:
+    fit = block["fitted"][parameter]
+    return f"{fit['value']:.3f} +/- {fit['sigma']:.3f}"
+
+
+def errors(summary: dict, sep: str = " | ") -> str:
+    return f"{pct(summary['mean_abs_error'])}{sep}{pct(summary['max_abs_error'])}"
+
+
+def mlperf_file() -> list:
+    block = calibration_block("dgx-h100-mlperf")
+    return [f"| sustained (`tensor_sustained`) | {block['fitted']['sustained']['preset']} | "
+            f"{fitted(block, 'sustained')} |",
+            f"| dgx-h100 as shipped | {errors(block['error_before'])} |",
+            f"| in sample | {errors(block['error_in_sample'])} |",
+            f"| leave-one-out | {errors(block['error_cross_validated'])} |"]
+
+
+def public_files() -> list:
+    rows = []
+    for name in ("dgx-h100-public", "gb200-nvl72-public", "dgx-b200-public"):
+        block = calibration_block(name)
+        method = {"10-fold cross-validation": "10-fold"}.get(block["cross_validation"], block["cross_validation"])
+        rows.append(f"| {name}.yaml | {block['runs']} | {block['fitted']['sustained']['preset']} | "
+                    f"{fitted(block, 'sustained')} | {errors(block['error_before'], ' / ')} | "
+                    f"{errors(block['error_cross_validated'], ' / ')} ({method}) |")
+    return rows
+
+
+def two_decimals(fit: dict) -> str:
+    return f"{fit['fitted']:.2f} +/- {fit['sigma']:.2f}"
+
+
+def narayanan_half() -> list:
+    """Fit `memory` on five rows, judge on the other five; and `gemm`, `microbatch_overhead` alone."""
+    pytest.importorskip("scipy")
+    data = printed_json(NARAYANAN + ("--fit", "memory") + NARAYANAN_HOLDOUT)
+    held = [abs(r["error_preset"]) for r in data["held_out"]]
+    figures = [f"| preset, the five held-out rows | {pct(sum(held) / len(held))} | {pct(max(held))} |",
+               f"| fitted on the other five, the held-out rows | {errors(data['summary']['held_out'])} |",
+               f"| leave-one-out on the five fitted rows | {errors(data['summary']['cross_validated'])} |",
+               f"`memory` = {two_decimals(data['parameters'][0])} (preset {data['parameters'][0]['preset']:.2f})"]
+    alone = []
+    for parameter in ("gemm", "microbatch_overhead"):
+        held_out = printed_json(NARAYANAN + ("--fit", parameter) + NARAYANAN_HOLDOUT)["summary"]["held_out"]
+        alone.append(errors(held_out, " / "))
+    figures.append(f"Fitting `gemm` alone instead gives {alone[0]} on the held-out rows, "
+                   f"`microbatch_overhead` alone {alone[1]}.")
+    return figures
+
+
+def narayanan_all() -> list:
+    pytest.importorskip("scipy")
+    data = printed_json(NARAYANAN + ("--fit", "gemm,memory,network.infiniband.efficiency"))
+    figures = [f"| {p['name']} | {p['preset']:.3g} | {two_decimals(p)} |" for p in data["parameters"]]
+    summary = data["summary"]
+    figures.append(f"Errors: preset {errors(summary['preset'], ' mean / ')} max; in sample "
+                   f"{errors(summary['fitted'], ' / ')}; leave-one-out {errors(summary['cross_validated'], ' / ')}.")
+    return figures
+
+
+CALIBRATION_DOC = [
+    Check("docs/calibration.md", "dgx-h100-mlperf.yaml", mlperf_file),
+    Check("docs/calibration.md", "the gpu_public files", public_files),
+    Check("docs/calibration.md", "Narayanan: fit on half", narayanan_half),
+    Check("docs/calibration.md", "Narayanan: all ten", narayanan_all),
+]
+
+
+# --- docs/api.md -------------------------------------------------------------------------------
+
+def api_error_line() -> list:
+    """docs/api.md's example of InputError's text: what the API raises for 80 TB of HBM."""
+    from comet_dse import InputError, estimate
+
+    with pytest.raises(InputError) as raised:
+        estimate(model="llama3-8b", cluster="dgx-h100", devices=8, global_batch=8, overrides={"hbm_capacity": "80TB"})
+    return [f"`{raised.value}`"]
+
+
+API = [Check("docs/api.md", "InputError's text", api_error_line)]
+
+
+CHECKS = README + DECISIONS + CALIBRATION_DOC + API
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[f"{c.doc}: {c.what}" for c in CHECKS])
+def test_the_doc_quotes_what_the_tool_prints(check):
+    text = text_of(check.doc)
+    for figure in check.figures():
+        assert one_space(figure) in text, f"{check.doc} should say, as the tool prints it now: {one_space(figure)}"
