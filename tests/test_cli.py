@@ -426,3 +426,36 @@ def test_cluster_zero_bandwidth_is_rejected(capsys, tmp_path):
     one_line_error(run(capsys, "estimate", "--model", "gpt3-175b", "--cluster", path, "--devices", "8",
                          "--tp", "8", "--global-batch", "8"),
                      "comet-dse: error: cluster.accelerator.memory.hbm.bandwidth: ", "outside the plausible range")
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+TIMED_SEARCH_IMPORTS = """
+import contextlib, io, sys
+import comet_dse.design_space.search as searching
+real, imported = searching.search, []
+
+def timed(*args, **kwargs):
+    before = set(sys.modules)
+    result = real(*args, **kwargs)
+    imported.extend(sorted(set(sys.modules) - before))
+    return result
+
+searching.search = timed
+from comet_dse.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(sys.argv[1:]) == 0
+print(" ".join(imported))
+"""
+
+
+def test_search_times_no_import():
+    """What `search` prints as "evaluated in" times the evaluation, not imports: in a fresh interpreter the
+    timed call imports no module (pyarrow's first array conversion imports pandas; cli.search imports it
+    before the timer starts)."""
+    argv = ["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64",
+            "--top", "1"]
+    done = subprocess.run([sys.executable, "-c", TIMED_SEARCH_IMPORTS, *argv], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
