@@ -459,3 +459,41 @@ def test_search_times_no_import():
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []
+
+
+# --- fused attention without a rate --------------------------------------------------------------
+
+@pytest.mark.parametrize("cluster", CLUSTER_PRESETS)
+def test_a_device_without_a_fused_attention_rate_says_how_attention_was_costed(capsys, cluster):
+    """estimate and search print one line where the accelerator lists no fused attention rate: unfused by
+    default, at the GEMM efficiency with --flash-attention on; nothing where it lists one."""
+    from comet_dse.presets import load_cluster
+
+    accelerator = load_cluster(cluster).accelerator
+    devices = 10 if cluster == "dojo" else 8          # dojo's tile is 5 x 5 D1 dies
+    small = ["--model", "llama3-8b", "--cluster", cluster, "--devices", devices, "--global-batch", devices]
+    runs = [(["estimate", *small], "attention costed unfused"),
+            (["search", *small, "--top", "1"], "attention costed unfused")]
+    if not accelerator.attention_efficiency:
+        runs.append((["estimate", *small, "--flash-attention"], "fused attention costed at the GEMM efficiency"))
+    for argv, costed in runs:
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        notes = [line for line in out.splitlines() if line.startswith("no fused attention rate for")]
+        if accelerator.attention_efficiency:
+            assert notes == [], (argv, notes)
+        else:
+            assert len(notes) == 1 and notes[0].startswith(
+                f"no fused attention rate for {accelerator.name}: {costed}"), (argv, out)
+
+
+def test_flash_attention_without_a_kernel_runs_one_the_device_lists(capsys):
+    """`estimate --flash-attention` on B200 (which lists only fa4) runs fa4, as a search would, instead of
+    refusing the fa2 nobody asked for; a kernel named on the command line is still held to its rate."""
+    small = ["--model", "llama3-8b", "--cluster", "dgx-b200", "--devices", "8", "--global-batch", "8",
+             "--flash-attention"]
+    data = run_json(capsys, "estimate", *small)
+    code, out, err = run(capsys, "estimate", *small)
+    assert code == 0 and "flash attention, fa4 kernel" in out, err
+    assert data["feasible"]
+    one_line_error(run(capsys, "estimate", *small, "--attention-kernel", "fa2"), "attention-kernel", "fa4")

@@ -206,15 +206,30 @@ def describe_peak(flops: dict) -> str:
     return f"{resource(f'peak_flops.{key}').text(flops[key])} {key}"
 
 
+def attention_note(accelerator, flash_values) -> str | None:
+    """The line an estimate or search prints where the accelerator lists no fused attention kernel rate
+    (``attention_efficiency``), saying how its attention was costed: unfused (every flash_attention value
+    off: the s x s scores written and read, the default a search takes there), or, with flash attention on,
+    as a fused kernel at the GEMM efficiency (``matmul_efficiency``), an assumption (cost/microbatch.py).
+    None where the accelerator lists a rate."""
+    if accelerator.attention_efficiency:
+        return None
+    if any(bool(v) for v in flash_values):
+        return (f"no fused attention rate for {accelerator.name}: fused attention costed at the GEMM efficiency, "
+                f"an assumption (docs/hardware.md, \"Attention outside Hopper\")")
+    return (f"no fused attention rate for {accelerator.name}: attention costed unfused "
+            f"(docs/hardware.md, \"Attention outside Hopper\")")
+
+
 def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int,
-                  basis: str = "rent") -> str:
+                  basis: str = "rent", notes: tuple = ()) -> str:
     """Counts, infeasible reasons and the top-k table of an exhaustive search; the cost column on the cluster's
-    cost ``basis``, named in its header."""
+    cost ``basis``, named in its header; each of ``notes`` on a line of its own under the counts."""
     from comet_dse.design_space.table import RULE_TEXT, RULES
 
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "
-             f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible"]
+             f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible", *notes]
     if result.infeasible_by_rule:
         lines.append("Infeasible, by rule (a strategy can break several):")
         for code in RULES:

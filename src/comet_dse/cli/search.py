@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from comet_dse.cli.render import render_estimate, render_search
+    from comet_dse.cli.render import attention_note, render_estimate, render_search
     from comet_dse.design_space.output import to_arrow, write_atomically
     from comet_dse.design_space.search import search, strategy_at
     from comet_dse.estimate import estimate
@@ -50,8 +50,9 @@ def run(args) -> int:
         return 0
     from comet_dse.economics import cost_basis
 
+    note = attention_note(cluster.accelerator, np.unique(result.columns["flash_attention"]))
     print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top,
-                        cost_basis(cluster)))
+                        cost_basis(cluster), notes=(note,) if note else ()))
     if len(per_dtype) > 1:
         print(render_best_by(result, per_dtype, "precision"))
     if best:
