@@ -462,7 +462,7 @@ def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_
     points = sum(c.stop - c.start for c in chunks)
     if on_start is not None:
         on_start(points, len(chunks), len(chunks) - len(todo))
-    bar = _progress(points, sum(c.stop - c.start for c in chunks if store.done(c.index)), progress)
+    bar = _progress(study.name, points, sum(c.stop - c.start for c in chunks if store.done(c.index)), progress)
     summaries = {}
 
     def finished(index: int, summary: dict, rows: int) -> None:
@@ -508,11 +508,14 @@ def _write_summary(path, ranking: dict) -> None:
         written.write_file(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
-def _progress(total: int, done: int, enabled: bool):
+def _progress(name: str, total: int, done: int, enabled: bool):
+    """The progress bar of one study's design points, labelled with the study's name (a report runs several)."""
     from tqdm import tqdm
 
+    from comet_dse.text import printable
+
     return tqdm(total=total, initial=done, unit="pt", unit_scale=True, disable=not enabled, file=sys.stderr,
-                desc="design points", mininterval=0.5, smoothing=0.1)
+                desc=printable(name), mininterval=0.5, smoothing=0.1)
 
 
 def worker_setup(parent: int | None = None) -> None:
