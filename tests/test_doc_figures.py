@@ -146,6 +146,30 @@ def cluster_list() -> list:
     return [f"`{name}`" for name in names]
 
 
+def parquet_size() -> list:
+    """README's Speed table: how much smaller the chunk's Parquet is with parquet_options than with pyarrow's
+    dictionary encoding of every column (benchmarks/bench_parquet.py's chunk and settings; the sizes do not
+    depend on the machine, the times do and are not checked)."""
+    import importlib.util
+    import io as bytes_io
+
+    import pyarrow.parquet as pq
+
+    from comet_dse.design_space.storage import parquet_options
+
+    spec = importlib.util.spec_from_file_location("bench_parquet", ROOT / "benchmarks" / "bench_parquet.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table = bench.first_chunk(bench.HERE / "sweep-10m.yaml")
+    sizes = []
+    for options in ({"compression": "zstd"}, parquet_options(table.schema)):
+        buffer = bytes_io.BytesIO()
+        pq.write_table(table, buffer, **options)
+        sizes.append(buffer.tell())
+    return [f"| Parquet encoding of one {table.num_rows:,}-row chunk |",
+            f"and {1 - sizes[1] / sizes[0]:.0%} smaller than pyarrow's default dictionary encoding".replace("%", " %")]
+
+
 README = [
     Check("README.md", "search: strategies and feasible", regex(
         H100_SEARCH, r"(?P<n>[\d,]+) strategies evaluated in \S+ s, (?P<f>[\d,]+) feasible",
@@ -175,6 +199,7 @@ README = [
     Check("README.md", "Accuracy: the validation table", validation_table),
     Check("README.md", "Accuracy: memory and what fits", validation_memory_and_fit),
     Check("README.md", "the cluster presets", cluster_list),
+    Check("README.md", "Speed: Parquet size", parquet_size),
 ]
 
 
