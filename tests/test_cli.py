@@ -497,3 +497,34 @@ def test_flash_attention_without_a_kernel_runs_one_the_device_lists(capsys):
     assert code == 0 and "flash attention, fa4 kernel" in out, err
     assert data["feasible"]
     one_line_error(run(capsys, "estimate", *small, "--attention-kernel", "fa2"), "attention-kernel", "fa4")
+
+
+TINY_STUDY = """name: tiny
+description: a study that names no baseline
+models: [llama3-8b]
+cluster: {cluster}
+devices: [8]
+global_batch: 8
+axes:
+  hbm_bandwidth: {{scale: [0.5, 1.0]}}
+strategy:
+  tp: [1, 8]
+  recompute: [full]
+token_budget: 1T
+"""
+
+
+@pytest.mark.parametrize("cluster, unknown", [("dgx-h100", False), ("tpu-v5p", True)])
+def test_sweep_says_what_its_baseline_is_and_explains_unknown_only_when_shown(capsys, tmp_path, cluster, unknown):
+    """Without `baseline:` the speed-ups are over the first variant, and the output says so; the note on
+    'unknown' figures appears only where a row shows one (TPU v5p has no power figure, DGX H100 has all)."""
+    study = write(tmp_path / "s.yaml", TINY_STUDY.format(cluster=cluster))
+    code, out, err = run(capsys, "sweep", study, "--output", tmp_path / "out.parquet", "--no-progress")
+    assert code == 0, err
+    assert "baseline: hbm_bandwidth=x0.5 (the study names no baseline: every axis at its first value)" in out
+    rows = [line for line in out.splitlines() if line.startswith("llama3-8b") and "/275" in line]   # the best-per-variant table
+    assert len(rows) == 2 and any("unknown" in row for row in rows) == unknown
+    assert ("unknown: no rent figure" in out) == unknown
+    named = write(tmp_path / "named.yaml", TINY_STUDY.format(cluster=cluster) + "baseline: {hbm_bandwidth: 0.5}\n")
+    code, out, err = run(capsys, "sweep", named, "--output", tmp_path / "named.parquet", "--no-progress")
+    assert code == 0 and "baseline: hbm_bandwidth=x0.5\n" in out, err

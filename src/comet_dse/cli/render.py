@@ -271,12 +271,14 @@ def _cell(knob, value) -> str:
     return str(knob.decode(value))
 
 
-def render_sweep(ranking: dict, seconds: float) -> str:
-    """Best strategy per cluster variant with the speedup over the baseline, then the Pareto fronts."""
+def render_sweep(ranking: dict, seconds: float, baseline_named: bool = True) -> str:
+    """Best strategy per cluster variant with the speedup over the baseline (said to be the first variant when
+    the study names no ``baseline:``), then the Pareto fronts."""
+    chosen = "" if baseline_named else " (the study names no baseline: every axis at its first value)"
     lines = [f"{ranking['study']}: {ranking['points']:,} design points in {ranking['chunks']} chunks, "
              f"{seconds:.1f} s ({ranking['points'] / max(seconds, 1e-9):,.0f} points/s)"
              + (f", {ranking['skipped']} chunks resumed" if ranking["skipped"] else ""),
-             f"baseline: {ranking['baseline']}", ""]
+             f"baseline: {ranking['baseline']}{chosen}", ""]
     budget = ranking.get("token_budget")
     basis = ranking.get("cost_basis", "rent")
     rows = []
@@ -293,8 +295,10 @@ def render_sweep(ranking: dict, seconds: float) -> str:
     lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
                                "speedup"] + extra, rows, left=(0, 2, 6)))
     if budget:
+        unknown = any("unknown" in row[-3:] for row in rows)
         lines.append(f"Training on {format_count(budget)} tokens, goodput included; cost {basis}ing for every variant "
-                     f"(the baseline's basis); unknown: no {basis} figure, price or power (docs/economics.md)")
+                     f"(the baseline's basis)"
+                     + (f"; unknown: no {basis} figure, price or power (docs/economics.md)" if unknown else ""))
     lines += _legend([r[6] for r in rows])
     for f in FRONTS:
         column, shown = f.column_for(budget), _FRONT_SHOWN[f.key]
