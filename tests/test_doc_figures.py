@@ -134,10 +134,38 @@ def validation_memory_and_fit() -> list:
     others = data["feasibility_recall"]["runs"] - len(gpu)
     others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in gpu)
     assert others_fit == others, "README says every paper and MLPerf v3 run is judged to fit"
-    return [f"The {others} runs of the papers and MLPerf v3 are all judged to fit",
+    by_measure = {}
+    for row in data["memory"]["rows"]:
+        by_measure.setdefault(row["measures"], []).append(abs(row["error"]))
+    allocated, reserved = by_measure["max_allocated"], by_measure["max_reserved"]
+    return [f"Megatron-LM's functional tests ({len(allocated)} runs on A100",
+            f"the framework whose memory the model follows): mean {pct(sum(allocated) / len(allocated))}, "
+            f"max {pct(max(allocated))}",
+            f"torchtitan's Llama 3.1 benchmarks ({len(reserved)} runs,",
+            f"cached blocks): mean {pct(sum(reserved) / len(reserved))}, max {pct(max(reserved))}",
+            f"The {others} runs of the papers and MLPerf v3 are all judged to fit",
             f"of gpu_public's {len(gpu)}, {sum(r['fits'] for r in gpu)} (most of the others",
             f"Peak memory per device against {memory['rows']} measured runs (`memory.csv`): "
             f"mean error {pct(memory['mean_abs_error'])}, max {pct(memory['max_abs_error'])}."]
+
+
+def validation_families() -> list:
+    """README's summary of Round 3: each GPU's dense runs' mean |error| (all precisions), the range of the MoE
+    families' (each accelerator and precision), and an estimate's band as it prints it."""
+    data = printed_json(("validate",))
+
+    def dense(hardware: str) -> str:
+        errors = [abs(r["error"]) for r in data["rows"] if r.get("hardware") == hardware and r.get("kind") == "dense"]
+        return f"{100 * sum(errors) / len(errors):.0f} %"
+
+    moe = [100 * b["mean_abs_error"] for b in data["error_bands"] if b["kind"] == "MoE"]
+    b200, gb200 = dense("NVIDIA B200 180GB"), dense("NVIDIA GB200 Blackwell GPU 186GB")
+    assert b200 == gb200, "README gives B200 and GB200 dense one figure"
+    band = matched(r"^Error band\s+(?P<band>validated \S+ % \.\. \S+ %) \(predicted vs measured step time\) "
+                   r"(?P<runs>on \d+ NVIDIA H100 SXM5 80GB 16-bit dense runs)", printed(H100_SEARCH))
+    return [f"H100 dense by {dense('NVIDIA H100 SXM5 80GB')} on average, H200 by {dense('NVIDIA H200 SXM 141GB')}, "
+            f"B200 and GB200 dense by {b200}, MoE by {min(moe):.0f}-{max(moe):.0f} %",
+            f'e.g. "{band["band"]} {band["runs"]}"']
 
 
 def cluster_list() -> list:
@@ -198,6 +226,7 @@ README = [
         "| exhaustive strategy search, megatron-1t on 4096 TPU v4 chips | {n} strategies")),
     Check("README.md", "Accuracy: the validation table", validation_table),
     Check("README.md", "Accuracy: memory and what fits", validation_memory_and_fit),
+    Check("README.md", "Accuracy: the families", validation_families),
     Check("README.md", "the cluster presets", cluster_list),
     Check("README.md", "Speed: Parquet size", parquet_size),
 ]
