@@ -339,6 +339,85 @@ CALIBRATION_DOC = [
 ]
 
 
+# --- docs/deepseek-v3.md ------------------------------------------------------------------------
+
+DEEPSEEK = ("estimate", "--model", "deepseek-v3", "--cluster", "dgx-h800", "--devices", "2048", "--pp", "16",
+            "--ep", "64", "--zero", "1", "--global-batch", "15360", "--seq-len", "4096", "--flash-attention",
+            "--dtype", "fp8", "--recompute", "full", "--ep-overlap", "--ep-fp8-dispatch", "--placement", "dp-tp-pp")
+
+
+def without(argv: tuple, *options: str) -> tuple:
+    """``argv`` without each option (and its value, for an option that takes one)."""
+    out = list(argv)
+    for option in options:
+        i = out.index(option)
+        del out[i:i + (1 if option in ("--ep-overlap", "--ep-fp8-dispatch") else 2)]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def flat_routing_model() -> str:
+    """The deepseek-v3 preset without group-limited routing (no expert groups): a model file for the table."""
+    import tempfile
+
+    model = yaml.safe_load((ROOT / "src" / "comet_dse" / "presets" / "models" / "deepseek-v3.yaml").read_text())
+    del model["moe"]["expert_groups"], model["moe"]["groups_per_token"]
+    path = Path(tempfile.mkdtemp(prefix="comet-dse-doc-")) / "deepseek-v3-flat.yaml"
+    path.write_text(yaml.safe_dump(model), encoding="utf-8")
+    return str(path)
+
+
+def deepseek_rows() -> list:
+    """The table of configurations: step time, GPU-hours per 10^12 tokens (--tokens 1T --goodput off), whether
+    it fits, the exposed all-to-all and the compute-bound kernels, from each command's --json."""
+    rows = [("fp8, fp8 dispatch, full recompute, all-to-all overlapped, EP in 8 nodes", DEEPSEEK),
+            ("same, 16-bit dispatch", without(DEEPSEEK, "--ep-fp8-dispatch")),
+            ("same as the first, EP across 64 nodes (default placement)", without(DEEPSEEK, "--placement")),
+            ("same as the first, no group-limited routing (flat all-to-all)",
+             tuple(flat_routing_model() if a == "deepseek-v3" else a for a in DEEPSEEK)),
+            ("fp8, fp8 dispatch, no recompute, overlapped, EP in 8 nodes",
+             without(DEEPSEEK, "--recompute") + ("--recompute", "none")),
+            ("fp8, fp8 dispatch, full recompute, all-to-all exposed, EP in 8 nodes", without(DEEPSEEK, "--ep-overlap")),
+            ("bf16, full recompute, all-to-all exposed, EP in 8 nodes",
+             without(DEEPSEEK, "--ep-overlap", "--ep-fp8-dispatch", "--dtype"))]
+    figures = []
+    for label, argv in rows:
+        d = printed_json(argv + ("--tokens", "1T", "--goodput", "off"))
+        fits = f"{'yes' if d['feasible'] else 'no'} ({d['memory_per_device_bytes'] / 2**30:.0f} GiB)"
+        figures.append(f"| {label} | {d['step_time_s']:.1f} s | {d['training']['device_time_s'] / 3600e3:.0f}K | "
+                       f"{fits} | {d['breakdown_s']['ep_communication']:.1f} s | {d['breakdown_s']['compute']:.1f} s |")
+    return figures
+
+
+def deepseek_training() -> list:
+    """The training block of --tokens 14.8T, the steps alone (--goodput off), how far both are from the
+    reported 2,664K GPU-hours and 180K per trillion tokens, and the footprint with selective recomputation."""
+    out = printed(DEEPSEEK + ("--tokens", "14.8T"))
+    figures = [f"{label} " + matched(rf"^  +{label}  +(?P<v>[^\n]*)$", out)["v"]
+               for label in ("time to train", "of which steps", "goodput", "device-hours", "cost")]
+
+    def gpu_hours(*options: str) -> float:
+        return printed_json(DEEPSEEK + options)["training"]["device_time_s"] / 3600
+
+    def over(value: float, reported: float) -> str:
+        return f"{100 * (value / reported - 1):.0f} % over"
+
+    steps, whole = gpu_hours("--tokens", "14.8T", "--goodput", "off"), gpu_hours("--tokens", "14.8T")
+    per_trillion = gpu_hours("--tokens", "1T", "--goodput", "off") / 1e3
+    selective = printed_json(without(DEEPSEEK, "--recompute") + ("--recompute", "selective"))
+    return figures + [
+        f"The steps alone take {steps:,.0f} GPU-hours (`--goodput off`; about {per_trillion:.0f}K per trillion "
+        f"tokens x 14.8), {over(steps, 2664e3)} the reported 2,664K GPU-hours",
+        f'reports, docs/economics.md "Goodput") {whole:,.0f}, {over(whole, 2664e3)}.',
+        f"comet-dse predicts {per_trillion:.0f}K GPU-hours per trillion tokens, {over(per_trillion, 180)} the "
+        f"reported 180K",
+        f"does not fit ({selective['memory_per_device_bytes'] / 2**30:.0f} GiB per GPU)"]
+
+
+DEEPSEEK_DOC = [Check("docs/deepseek-v3.md", "the configurations", deepseek_rows),
+                Check("docs/deepseek-v3.md", "time to train and GPU-hours", deepseek_training)]
+
+
 # --- docs/api.md -------------------------------------------------------------------------------
 
 def api_error_line() -> list:
@@ -353,7 +432,7 @@ def api_error_line() -> list:
 API = [Check("docs/api.md", "InputError's text", api_error_line)]
 
 
-CHECKS = README + DECISIONS + CALIBRATION_DOC + API
+CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + API
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f"{c.doc}: {c.what}" for c in CHECKS])
