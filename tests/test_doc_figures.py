@@ -418,6 +418,52 @@ DEEPSEEK_DOC = [Check("docs/deepseek-v3.md", "the configurations", deepseek_rows
                 Check("docs/deepseek-v3.md", "time to train and GPU-hours", deepseek_training)]
 
 
+# --- docs/validation.md ------------------------------------------------------------------------
+
+SHORT = {"NVIDIA A100 SXM4 80GB": "A100", "NVIDIA H100 SXM5 80GB": "H100", "NVIDIA H200 SXM 141GB": "H200",
+         "NVIDIA B200 180GB": "B200", "NVIDIA GB200 Blackwell GPU 186GB": "GB200"}
+
+
+def validation_results() -> list:
+    """The Results table's rows, mean and max |error| per dataset, and the per-row table of the papers' runs
+    (Korthikanti Table 5, then Narayanan Table 1, in validate's order)."""
+    data = printed_json(("validate",))
+    lines = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8").splitlines()
+    starts = {"korthikanti2022_table5.csv": "| Korthikanti 2022 Table 5", "korthikanti2022_table4.csv":
+              "| Korthikanti 2022 Table 4", "narayanan2021_table1.csv": "| Narayanan 2021 Table 1",
+              "h100_public.csv": "| h100_public:", "gpu_public.csv": "| gpu_public:"}
+    figures = []
+    for csv, start in starts.items():
+        row = next(line for line in lines if line.startswith(start))
+        s = data["summary"][csv]
+        figures.append(f"| {row.split('|')[1].strip()} | {s['rows']} | {pct(s['mean_abs_error'])} | "
+                       f"{pct(s['max_abs_error'])} |")
+    first = lines.index("| run | predicted | measured | error |") + 2
+    table = lines[first:lines.index("", first)]
+    runs = [r for r in data["rows"] if r["dataset"] in ("korthikanti2022_table5.csv", "narayanan2021_table1.csv")]
+    assert len(table) == len(runs), "docs/validation.md's per-row table has a row per paper run"
+    for line, run in zip(table, runs):
+        figures.append(f"| {line.split('|')[1].strip()} | {run['predicted_s']:.2f} s | {run['measured_s']:.2f} s | "
+                       f"{100 * run['error']:+.1f} % |")
+    return figures
+
+
+def validation_families_shipped() -> list:
+    """Round 3's "As shipped" table: each family's runs, mean |error| and range (validate --json's error bands)."""
+    figures = []
+    for band in printed_json(("validate",))["error_bands"]:
+        if band["hardware"] == "NVIDIA A100 SXM4 80GB":
+            continue
+        spread = f"{100 * band['low']:.1f} .. {100 * band['high']:+.1f} %" if band["runs"] > 1 else ""
+        figures.append(f"| {SHORT[band['hardware']]}, {band['precision']}, {band['kind']} | {band['runs']} | "
+                       f"{pct(band['mean_abs_error'])} | {spread} |")
+    return figures
+
+
+VALIDATION_DOC = [Check("docs/validation.md", "Results and the papers' runs", validation_results),
+                  Check("docs/validation.md", "Round 3 as shipped", validation_families_shipped)]
+
+
 # --- docs/api.md -------------------------------------------------------------------------------
 
 def api_error_line() -> list:
@@ -432,11 +478,11 @@ def api_error_line() -> list:
 API = [Check("docs/api.md", "InputError's text", api_error_line)]
 
 
-CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + API
+CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + VALIDATION_DOC + API
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f"{c.doc}: {c.what}" for c in CHECKS])
 def test_the_doc_quotes_what_the_tool_prints(check):
     text = text_of(check.doc)
-    for figure in check.figures():
-        assert one_space(figure) in text, f"{check.doc} should say, as the tool prints it now: {one_space(figure)}"
+    missing = [one_space(figure) for figure in check.figures() if one_space(figure) not in text]
+    assert not missing, f"{check.doc} should say, as the tool prints it now:\n" + "\n".join(missing)
