@@ -124,7 +124,7 @@ def validation_table() -> list:
         s = summary[csv]
         figures.append(f"| {row.split('|')[1].strip()} | {s['rows']} | {pct(s['mean_abs_error'])} | "
                        f"{pct(s['max_abs_error'])} |")
-    return figures
+    return figures + [f"| gpu_public: {summary['gpu_public.csv']['rows']} runs on"]
 
 
 def validation_memory_and_fit() -> list:
@@ -438,6 +438,7 @@ def validation_results() -> list:
         s = data["summary"][csv]
         figures.append(f"| {row.split('|')[1].strip()} | {s['rows']} | {pct(s['mean_abs_error'])} | "
                        f"{pct(s['max_abs_error'])} |")
+    figures.append(f"| gpu_public: {data['summary']['gpu_public.csv']['rows']} runs on")
     first = lines.index("| run | predicted | measured | error |") + 2
     table = lines[first:lines.index("", first)]
     runs = [r for r in data["rows"] if r["dataset"] in ("korthikanti2022_table5.csv", "narayanan2021_table1.csv")]
