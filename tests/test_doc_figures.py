@@ -461,7 +461,25 @@ def validation_families_shipped() -> list:
     return figures
 
 
+def validation_whole_runs() -> list:
+    """The whole runs' table (published, steps alone, goodput, predicted device-hours, error, the band's range)
+    and its summary line."""
+    whole = printed_json(("validate",))["whole_runs"]
+    figures = []
+    for r in whole["rows"]:
+        low, high = r["predicted_device_hours_range"] or (None, None)
+        spread = f"{low / 1e6:.2f}M .. {high / 1e6:.2f}M" if low is not None else "not validated"
+        figures.append(f"| {r['published_device_hours'] / 1e6:.3f}M | {r['steps_device_hours'] / 1e6:.3f}M | "
+                       f"{pct(r['goodput'])} | {r['predicted_device_hours'] / 1e6:.3f}M | "
+                       f"{100 * r['error']:+.1f} % | {spread} |")
+    both, steps = whole["summary"]["with_goodput"], whole["summary"]["steps_only"]
+    figures.append(f"Mean |error| {pct(both['mean_abs_error'])} ({pct(steps['mean_abs_error'])} for the steps alone), "
+                   f"max {pct(both['max_abs_error'])}:")
+    return figures
+
+
 VALIDATION_DOC = [Check("docs/validation.md", "Results and the papers' runs", validation_results),
+                  Check("docs/validation.md", "Whole runs", validation_whole_runs),
                   Check("docs/validation.md", "Round 3 as shipped", validation_families_shipped)]
 
 
