@@ -1,10 +1,13 @@
 """Every `comet-dse` command README.md, docs/ and studies/README.md show in a code block is one the tool takes as
-written: it parses with the command line's own parser, and the study, runs and cluster files it names from
-this repository exist. The usage lines (with placeholders such as MODEL, N, [--json]) name only options their
+written: it parses with the command line's own parser, the study, runs and cluster files it names from
+this repository exist, and those that only read and print (estimate, search, whatif, plan, presets, validate,
+on files that exist) run to exit status 0. The usage lines (with placeholders such as MODEL, N, [--json]) name only options their
 command has. What the commands print is checked by test_doc_figures.py; docs/api.md's Python by test_api.py.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shlex
 from pathlib import Path
@@ -63,3 +66,29 @@ def test_a_usage_line_names_only_options_its_command_has(doc, line):
     command = line.split()[1]
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line))
     assert named <= _options(command), f"{doc}: `{line}` names {sorted(named - _options(command))}"
+
+
+READ_ONLY = ("estimate", "search", "whatif", "plan", "presets", "validate")
+
+
+def _runs_here(line: str) -> bool:
+    """A command that only reads and prints, on files of this repository (not a hypothetical my-h100.yaml)."""
+    argv = shlex.split(line)[1:]
+    files = [a for a in argv if a.endswith((".yaml", ".csv", ".json"))]
+    return (argv[0] in READ_ONLY and not {"--output", "--figure"} & set(argv)
+            and all((ROOT / f).is_file() for f in files))
+
+
+PRINTING = [(doc, line) for doc, line in RUNNABLE if _runs_here(line)]
+
+
+@pytest.mark.parametrize("doc, line", PRINTING, ids=[f"{d}: {line[:60]}" for d, line in PRINTING])
+def test_a_documented_command_that_prints_runs(doc, line, monkeypatch):
+    from comet_dse.cli import main
+
+    monkeypatch.chdir(ROOT)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(shlex.split(line)[1:])
+    assert code == 0, f"{doc}: `{line}` exits {code}: {err.getvalue()}"
+    assert out.getvalue().strip(), f"{doc}: `{line}` printed nothing"
