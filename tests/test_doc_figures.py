@@ -483,6 +483,37 @@ VALIDATION_DOC = [Check("docs/validation.md", "Results and the papers' runs", va
                   Check("docs/validation.md", "Round 3 as shipped", validation_families_shipped)]
 
 
+# --- docs/explore-ui.md -------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def explorer_pages() -> tuple:
+    """How many strategies the explorer's default page and bench_web.py's page search (web/view.py; the times
+    are not checked)."""
+    import importlib.util
+
+    from comet_dse.web.view import Controls, compute
+
+    spec = importlib.util.spec_from_file_location("bench_web", ROOT / "benchmarks" / "bench_web.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    benched = Controls(model=bench.MODEL, cluster=bench.CLUSTER, devices=bench.DEVICES, global_batch=bench.BATCH,
+                       tp_across_nodes=True)
+    return compute(Controls()).evaluated, compute(benched).evaluated
+
+
+def explorer_counts() -> list:
+    page, benched = explorer_pages()
+    return [f"(the default page, TP inside one ICI axis) | {page:,} |", f"as `bench_web.py` runs it) | {benched:,} |"]
+
+
+def readme_explorer() -> list:
+    return [f"a {explorer_pages()[1] / 1e3:.0f}K-strategy search answers"]
+
+
+EXPLORE_DOC = [Check("docs/explore-ui.md", "strategies per page", explorer_counts),
+               Check("README.md", "explore: strategies of bench_web's page", readme_explorer)]
+
+
 # --- docs/api.md -------------------------------------------------------------------------------
 
 def api_error_line() -> list:
@@ -497,7 +528,7 @@ def api_error_line() -> list:
 API = [Check("docs/api.md", "InputError's text", api_error_line)]
 
 
-CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + VALIDATION_DOC + API
+CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + VALIDATION_DOC + EXPLORE_DOC + API
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f"{c.doc}: {c.what}" for c in CHECKS])
