@@ -480,6 +480,9 @@ def test_a_device_without_a_fused_attention_rate_says_how_attention_was_costed(c
         code, out, err = run(capsys, *argv)
         assert code == 0, err
         notes = [line for line in out.splitlines() if line.startswith("no fused attention rate for")]
+        if argv[0] == "search":
+            data = run_json(capsys, *argv)
+            assert data["notes"] == notes, (data["notes"], notes)       # --json carries the same line
         if accelerator.attention_efficiency:
             assert notes == [], (argv, notes)
         else:

@@ -40,17 +40,17 @@ def run(args) -> int:
         best = with_band(estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
                                   tokens=args.tokens), cluster, model)
     per_dtype = best_by(result, "dtype")
+    note = attention_note(cluster.accelerator, np.unique(result.columns["flash_attention"]))
     if args.json:
         top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]
         print(jsonout.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,
                           "infeasible_by_rule": result.infeasible_by_rule, "top": top,
                           "best_by_dtype": {name: {"rank": rank, **row_dict(result.columns, row)}
                                             for name, (rank, row) in per_dtype.items()},
-                          "best": best.to_dict() if best else None}, indent=2))
+                          "best": best.to_dict() if best else None, "notes": [note] if note else []}, indent=2))
         return 0
     from comet_dse.economics import cost_basis
 
-    note = attention_note(cluster.accelerator, np.unique(result.columns["flash_attention"]))
     print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top,
                         cost_basis(cluster), notes=(note,) if note else ()))
     if len(per_dtype) > 1:
