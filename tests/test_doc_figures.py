@@ -483,6 +483,19 @@ VALIDATION_DOC = [Check("docs/validation.md", "Results and the papers' runs", va
                   Check("docs/validation.md", "Round 3 as shipped", validation_families_shipped)]
 
 
+# --- docs/economics.md --------------------------------------------------------------------------
+
+LLAMA3_405B = ("estimate", "--model", "llama3-405b", "--cluster", "dgx-h100", "--devices", "16384", "--tp", "8",
+               "--pp", "16", "--interleave", "8", "--sequence-parallel", "--zero", "2", "--flash-attention",
+               "--pipeline-split", "embedding-loss", "--global-batch", "2048", "--tokens", "15.6T")
+
+ECONOMICS_DOC = [Check("docs/economics.md", "Llama 3 405B's goodput", regex(
+    LLAMA3_405B, r"^    goodput +(?P<goodput>\S+ %)$.*?job MTBF (?P<mtbf>\S+ h):.*?^    checkpoints +sync, (?P<size>\S+ TiB) "
+    r"each, training stops (?P<stop>\S+ s), every (?P<every>\S+ min) of steps .*?= (?P<young>\S+ min)\)",
+    "has a job MTBF of {mtbf}, a {size} checkpoint written in {stop} every {every} of steps (Young's optimum: "
+    "{young}), and a goodput of {goodput}:"))]
+
+
 # --- docs/explore-ui.md -------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
@@ -528,7 +541,7 @@ def api_error_line() -> list:
 API = [Check("docs/api.md", "InputError's text", api_error_line)]
 
 
-CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + VALIDATION_DOC + EXPLORE_DOC + API
+CHECKS = README + DECISIONS + CALIBRATION_DOC + DEEPSEEK_DOC + VALIDATION_DOC + ECONOMICS_DOC + EXPLORE_DOC + API
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f"{c.doc}: {c.what}" for c in CHECKS])
