@@ -531,3 +531,11 @@ def test_sweep_says_what_its_baseline_is_and_explains_unknown_only_when_shown(ca
     named = write(tmp_path / "named.yaml", TINY_STUDY.format(cluster=cluster) + "baseline: {hbm_bandwidth: 0.5}\n")
     code, out, err = run(capsys, "sweep", named, "--output", tmp_path / "named.parquet", "--no-progress")
     assert code == 0 and "baseline: hbm_bandwidth=x0.5\n" in out, err
+
+
+@pytest.mark.parametrize("cluster, note", [("tpu-v5e", True), ("dgx-h100", False)])
+def test_whatif_says_how_attention_was_costed_where_no_rate_is_listed(capsys, cluster, note):
+    code, out, err = run(capsys, "whatif", "--model", "llama3-8b", "--cluster", cluster, "--devices", "8",
+                         "--global-batch", "8", "--resources", "peak_flops", "--no-fit")
+    assert code == 0, err
+    assert ("no fused attention rate for" in out and "attention costed unfused" in out) == note, out
