@@ -57,6 +57,21 @@ def preset_yaml(kind: str, name: str) -> dict:
 SMALL_MODEL = {"name": "tiny", "layers": 24, "hidden": 1024, "heads": 16, "ffn": 4096, "vocab": 51200, "seq_len": 2048}
 
 
+# --- version ----------------------------------------------------------------------------------
+
+def test_version_prints_the_package_version(capsys):
+    """``comet-dse --version`` prints version.py's version, which is also the installed distribution's
+    (pyproject.toml reads it from version.py), and exits 0."""
+    from importlib.metadata import version
+
+    from comet_dse.version import __version__
+
+    code, out, err = run(capsys, "--version")
+    assert code == 0, err
+    assert out == f"comet-dse {__version__}\n"
+    assert version("comet-dse") == __version__
+
+
 # --- estimate ---------------------------------------------------------------------------------
 
 def test_readme_example_prints_breakdown(capsys):
@@ -411,3 +426,116 @@ def test_cluster_zero_bandwidth_is_rejected(capsys, tmp_path):
     one_line_error(run(capsys, "estimate", "--model", "gpt3-175b", "--cluster", path, "--devices", "8",
                          "--tp", "8", "--global-batch", "8"),
                      "comet-dse: error: cluster.accelerator.memory.hbm.bandwidth: ", "outside the plausible range")
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+TIMED_SEARCH_IMPORTS = """
+import contextlib, io, sys
+import comet_dse.design_space.search as searching
+real, imported = searching.search, []
+
+def timed(*args, **kwargs):
+    before = set(sys.modules)
+    result = real(*args, **kwargs)
+    imported.extend(sorted(set(sys.modules) - before))
+    return result
+
+searching.search = timed
+from comet_dse.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(sys.argv[1:]) == 0
+print(" ".join(imported))
+"""
+
+
+def test_search_times_no_import():
+    """What `search` prints as "evaluated in" times the evaluation, not imports: in a fresh interpreter the
+    timed call imports no module (pyarrow's first array conversion imports pandas; cli.search imports it
+    before the timer starts)."""
+    argv = ["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64",
+            "--top", "1"]
+    done = subprocess.run([sys.executable, "-c", TIMED_SEARCH_IMPORTS, *argv], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
+
+
+# --- fused attention without a rate --------------------------------------------------------------
+
+@pytest.mark.parametrize("cluster", CLUSTER_PRESETS)
+def test_a_device_without_a_fused_attention_rate_says_how_attention_was_costed(capsys, cluster):
+    """estimate and search print one line where the accelerator lists no fused attention rate: unfused by
+    default, at the GEMM efficiency with --flash-attention on; nothing where it lists one."""
+    from comet_dse.presets import load_cluster
+
+    accelerator = load_cluster(cluster).accelerator
+    devices = 10 if cluster == "dojo" else 8          # dojo's tile is 5 x 5 D1 dies
+    small = ["--model", "llama3-8b", "--cluster", cluster, "--devices", devices, "--global-batch", devices]
+    runs = [(["estimate", *small], "attention costed unfused"),
+            (["search", *small, "--top", "1"], "attention costed unfused")]
+    if not accelerator.attention_efficiency:
+        runs.append((["estimate", *small, "--flash-attention"], "fused attention costed at the GEMM efficiency"))
+    for argv, costed in runs:
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        notes = [line for line in out.splitlines() if line.startswith("no fused attention rate for")]
+        if argv[0] == "search":
+            data = run_json(capsys, *argv)
+            assert data["notes"] == notes, (data["notes"], notes)       # --json carries the same line
+        if accelerator.attention_efficiency:
+            assert notes == [], (argv, notes)
+        else:
+            assert len(notes) == 1 and notes[0].startswith(
+                f"no fused attention rate for {accelerator.name}: {costed}"), (argv, out)
+
+
+def test_flash_attention_without_a_kernel_runs_one_the_device_lists(capsys):
+    """`estimate --flash-attention` on B200 (which lists only fa4) runs fa4, as a search would, instead of
+    refusing the fa2 nobody asked for; a kernel named on the command line is still held to its rate."""
+    small = ["--model", "llama3-8b", "--cluster", "dgx-b200", "--devices", "8", "--global-batch", "8",
+             "--flash-attention"]
+    data = run_json(capsys, "estimate", *small)
+    code, out, err = run(capsys, "estimate", *small)
+    assert code == 0 and "flash attention, fa4 kernel" in out, err
+    assert data["feasible"]
+    one_line_error(run(capsys, "estimate", *small, "--attention-kernel", "fa2"), "attention-kernel", "fa4")
+
+
+TINY_STUDY = """name: tiny
+description: a study that names no baseline
+models: [llama3-8b]
+cluster: {cluster}
+devices: [8]
+global_batch: 8
+axes:
+  hbm_bandwidth: {{scale: [0.5, 1.0]}}
+strategy:
+  tp: [1, 8]
+  recompute: [full]
+token_budget: 1T
+"""
+
+
+@pytest.mark.parametrize("cluster, unknown", [("dgx-h100", False), ("tpu-v5p", True)])
+def test_sweep_says_what_its_baseline_is_and_explains_unknown_only_when_shown(capsys, tmp_path, cluster, unknown):
+    """Without `baseline:` the speed-ups are over the first variant, and the output says so; the note on
+    'unknown' figures appears only where a row shows one (TPU v5p has no power figure, DGX H100 has all)."""
+    study = write(tmp_path / "s.yaml", TINY_STUDY.format(cluster=cluster))
+    code, out, err = run(capsys, "sweep", study, "--output", tmp_path / "out.parquet", "--no-progress")
+    assert code == 0, err
+    assert "baseline: hbm_bandwidth=x0.5 (the study names no baseline: every axis at its first value)" in out
+    rows = [line for line in out.splitlines() if line.startswith("llama3-8b") and "/275" in line]   # the best-per-variant table
+    assert len(rows) == 2 and any("unknown" in row for row in rows) == unknown
+    assert ("unknown: no rent figure" in out) == unknown
+    named = write(tmp_path / "named.yaml", TINY_STUDY.format(cluster=cluster) + "baseline: {hbm_bandwidth: 0.5}\n")
+    code, out, err = run(capsys, "sweep", named, "--output", tmp_path / "named.parquet", "--no-progress")
+    assert code == 0 and "baseline: hbm_bandwidth=x0.5\n" in out, err
+
+
+@pytest.mark.parametrize("cluster, note", [("tpu-v5e", True), ("dgx-h100", False)])
+def test_whatif_says_how_attention_was_costed_where_no_rate_is_listed(capsys, cluster, note):
+    code, out, err = run(capsys, "whatif", "--model", "llama3-8b", "--cluster", cluster, "--devices", "8",
+                         "--global-batch", "8", "--resources", "peak_flops", "--no-fit")
+    assert code == 0, err
+    assert ("no fused attention rate for" in out and "attention costed unfused" in out) == note, out

@@ -144,3 +144,19 @@ def test_missing_preset_leaves_no_report(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown preset 'tpu-v9'" in err[0]
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_report_labels_its_progress_and_says_what_it_draws(tmp_path, capsys):
+    """Each progress bar names its study, and a line says what the report does after the runs (each study's
+    figures, the page), so the time the figures take is not silence."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    shutil.copy(STUDIES / "paper-rq1-parallelism.yaml", studies)
+    assert main(["report", str(studies), "--output", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    bars = [line for line in re.split(r"[\r\n]+", err) if "pt/s" in line]
+    assert bars and all(line.startswith("paper-rq1-parallelism:") for line in bars), bars
+    lines = err.splitlines()
+    assert "comet-dse: drawing paper-rq1-parallelism: 1 figure (1 of 1 studies)" in lines, err
+    assert lines.index("comet-dse: writing report.html") > lines.index(
+        "comet-dse: drawing paper-rq1-parallelism: 1 figure (1 of 1 studies)")

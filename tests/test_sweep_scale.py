@@ -2,6 +2,7 @@
 re-encoding, a URL output works like a path, and a killed Dask worker loses and duplicates nothing."""
 import io
 import pickle
+import shutil
 import socket
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from comet_dse.cli import main
 from comet_dse.design_space import engine
@@ -44,6 +46,21 @@ def study_path(tmp_path, monkeypatch) -> Path:
 
 def _files(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _same_dataset(folder: Path, other: Path) -> None:
+    """Two dataset folders hold the same files, the same rows byte for byte, and the same ranking in their
+    summaries (which name their own folder and how many chunks a resumed run skipped)."""
+    files, others = _files(folder), _files(other)
+    assert files.keys() == others.keys()
+    parts = [name for name in files if name.endswith(".parquet")]
+    assert parts and all(files[name] == others[name] for name in parts)
+
+    def ranking_of(found: dict) -> dict:
+        summary = yaml.safe_load(found[engine.SUMMARY_IN_DATASET])
+        return {k: v for k, v in summary.items() if k not in ("skipped", "output")}
+
+    assert ranking_of(files) == ranking_of(others)
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
@@ -85,12 +102,15 @@ def test_dataset_output_is_one_table_equal_to_the_single_file(study_path, tmp_pa
     engine.run_study(load_study(study_path), tmp_path / "ds", progress=False, workers=2)
     folder = tmp_path / "ds"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == [DATASET_MARKER] + [f"part-{i:06d}.parquet" for i in range(ranking["chunks"])]
+    assert names == [DATASET_MARKER, engine.SUMMARY_IN_DATASET] + [f"part-{i:06d}.parquet"
+                                                                   for i in range(ranking["chunks"])]
     single = pq.read_table(tmp_path / "one.parquet")
     assert pq.read_table(folder).equals(single)                    # pyarrow reads the folder as one table
     pd = pytest.importorskip("pandas")
     assert len(pd.read_parquet(folder)) == single.num_rows
-    assert not (tmp_path / "ds.parts").exists() and (tmp_path / "ds.summary.json").is_file()
+    assert not (tmp_path / "ds.parts").exists() and not (tmp_path / "ds.summary.json").exists()
+    summary = yaml.safe_load((folder / engine.SUMMARY_IN_DATASET).read_text())     # the ranking goes with the folder
+    assert (summary["study"], summary["points"], summary["output"]) == (ranking["study"], ranking["points"], str(folder))
     engine.run_study(load_study(study_path), folder, progress=False)   # an earlier dataset is replaced
     assert pq.read_table(folder).equals(single)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [LEDGER]    # no temporaries
@@ -107,7 +127,7 @@ def test_interrupted_dataset_sweep_resumes_to_identical_files(study_path, tmp_pa
     assert not (tmp_path / "resumed").exists()                  # no final name before the whole result
     ranking = engine.run_study(load_study(study_path), tmp_path / "resumed", progress=False, resume=True)
     assert ranking["skipped"] == 1
-    assert _files(tmp_path / "resumed") == _files(tmp_path / "clean")
+    _same_dataset(tmp_path / "resumed", tmp_path / "clean")
 
 
 def test_dataset_output_refuses_a_foreign_folder_or_a_file(study_path, tmp_path, capsys):
@@ -163,7 +183,7 @@ def test_dask_dataset_sweep_survives_a_killed_worker(study_path, tmp_path):
     engine.run_study(load_study(study_path), tmp_path / "serial", progress=False)
     ranking, killed = sweep_killing_a_worker(distributed, load_study(study_path), tmp_path / "dask")
     assert killed and ranking["skipped"] == 0
-    assert _files(tmp_path / "dask") == _files(tmp_path / "serial")
+    _same_dataset(tmp_path / "dask", tmp_path / "serial")
 
 
 def test_the_allocator_is_set_once_and_by_the_command_line(monkeypatch, capsys):
@@ -178,3 +198,19 @@ def test_the_allocator_is_set_once_and_by_the_command_line(monkeypatch, capsys):
     allocator.keep_freed_memory()
     allocator.keep_freed_memory()               # idempotent, never raises (nothing without glibc)
     assert allocator._TUNED == [True]
+
+
+def test_a_dataset_sweep_leaves_nothing_beside_its_folder(study_path, tmp_path):
+    """The ranking of a dataset sweep lives in its folder (listed in its manifest): deleting the folder
+    deletes it, nothing (no summary, no ledger) is left beside it, and a later run to the same name runs."""
+    out = tmp_path / "out"
+    folder = out / "ds"
+    engine.run_study(load_study(study_path), folder, progress=False)
+    assert engine.summary_path(folder) == folder / engine.SUMMARY_IN_DATASET and engine.summary_path(folder).is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["ds"]
+    shutil.rmtree(folder)
+    assert list(out.iterdir()) == []
+    ranking = engine.run_study(load_study(study_path), folder, progress=False)
+    assert ranking["skipped"] == 0 and (folder / engine.SUMMARY_IN_DATASET).is_file()
+    engine.run_study(load_study(study_path), folder, progress=False)            # and replaces its own, summary too
+    assert sorted(p.name for p in out.iterdir()) == ["ds"]

@@ -109,3 +109,14 @@ def test_factor_beyond_the_plausible_bound_is_a_note(small):
 ])
 def test_bad_whatif_input_is_one_line_and_exit_2(capsys, argv, needles):
     one_line_error(run(capsys, "whatif", *SMALL, *argv), *needles)
+
+
+def test_whatif_where_nothing_fits_answers_no_fit_instead_of_evaluating_nothing(capsys):
+    """Llama 3 8B on 8 TPU v5e chips fits nowhere: scaling compute leaves no candidate strategy, which is an
+    answer ('no fit'), not an evaluation of an empty set (an IndexError in the cost model before)."""
+    from comet_dse.cli import main
+
+    code = main(["whatif", "--model", "llama3-8b", "--cluster", "tpu-v5e", "--devices", "8", "--global-batch", "8",
+                 "--resources", "peak_flops", "--no-fit"])
+    out = capsys.readouterr().out
+    assert code == 0 and "As it is: no strategy fits" in out and "no fit" in out, out

@@ -39,6 +39,33 @@ def test_a_new_path_is_written_recorded_and_then_replaceable(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == [written.LEDGER, "a.txt"]
 
 
+def test_a_write_that_fails_leaves_no_ledger_where_nothing_else_was_written(tmp_path, monkeypatch):
+    """The rename into place fails (the system refuses it): no file, no temporary and no ledger is left in a
+    folder where comet-dse keeps nothing else; in a folder where it keeps another file the ledger stays,
+    recording that one only."""
+    real_replace = os.replace
+
+    def refuse(src, dst):             # only the rename of the result into place; the ledger's own goes through
+        if Path(dst).name.endswith(".yaml"):
+            raise PermissionError(13, "Permission denied", str(dst))
+        real_replace(src, dst)
+
+    alone = tmp_path / "alone" / "a.yaml"
+    monkeypatch.setattr(written.os, "replace", refuse)
+    with pytest.raises(Exception, match="Permission denied"):
+        written.write_file(alone, lambda tmp: Path(tmp).write_text("one"))
+    assert sorted(os.listdir(alone.parent)) == []
+    monkeypatch.undo()
+    kept = tmp_path / "kept"
+    written.write_file(kept / "first.yaml", lambda tmp: Path(tmp).write_text("one"))
+    monkeypatch.setattr(written.os, "replace", refuse)
+    with pytest.raises(Exception, match="Permission denied"):
+        written.write_file(kept / "second.yaml", lambda tmp: Path(tmp).write_text("two"))
+    monkeypatch.undo()
+    assert sorted(os.listdir(kept)) == [written.LEDGER, "first.yaml"]
+    assert written.owns_file(kept / "first.yaml")
+
+
 def test_a_file_changed_after_it_was_written_is_not_replaced(tmp_path):
     target = tmp_path / "a.txt"
     written.write_file(target, lambda tmp: Path(tmp).write_text("one"))

@@ -203,7 +203,10 @@ def candidates(st, cols: dict, resource: str):
 
 
 def best_of(model: Transformer, cluster: Cluster, devices: int, st, tokens: float | None = None) -> Best:
-    """The fastest feasible strategy of ``st`` on ``cluster``, or why there is none."""
+    """The fastest feasible strategy of ``st`` on ``cluster``, or why there is none. No strategy at all (the
+    ``candidates`` of a resource when none can fit) is such an answer, not an evaluation of nothing."""
+    if not len(st):
+        return Best(None, None, None, None, 0, 0, "no strategy fits: none can, whatever this resource is")
     return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens, model.total_params())
 
 

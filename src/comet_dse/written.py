@@ -355,6 +355,12 @@ def _enter(folder: Path, name: str, entry, field: str) -> None:
         files[name] = entry
     for gone in [n for n in files if n != name and not (folder / n).is_file()]:
         del files[gone]
+    if not files:          # it records nothing: a folder where comet-dse keeps no file keeps no ledger either
+        try:
+            (folder / LEDGER).unlink(missing_ok=True)
+        except OSError as exc:
+            raise failure(field, "remove", folder / LEDGER, exc) from None
+        return
     _write_json(folder / LEDGER, ledger, field)
 
 

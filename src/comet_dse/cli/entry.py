@@ -11,6 +11,7 @@ from comet_dse.cli import calibrate, estimate, explore, export, plan, presets, r
     whatif
 from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_STORAGE, Parser
 from comet_dse.errors import InputError, RunFailed, StorageError
+from comet_dse.version import __version__
 
 # In the order `comet-dse --help` lists them.
 COMMANDS = {"estimate": estimate, "search": search, "whatif": whatif, "plan": plan, "sweep": sweep, "report": report,
@@ -20,6 +21,7 @@ COMMANDS = {"estimate": estimate, "search": search, "whatif": whatif, "plan": pl
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="comet-dse", description="Analytical model of distributed LLM training (COMET methodology).")
+    parser.add_argument("--version", action="version", version=f"comet-dse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS.values():
         command.add_parser(sub)

@@ -206,15 +206,30 @@ def describe_peak(flops: dict) -> str:
     return f"{resource(f'peak_flops.{key}').text(flops[key])} {key}"
 
 
+def attention_note(accelerator, flash_values) -> str | None:
+    """The line an estimate or search prints where the accelerator lists no fused attention kernel rate
+    (``attention_efficiency``), saying how its attention was costed: unfused (every flash_attention value
+    off: the s x s scores written and read, the default a search takes there), or, with flash attention on,
+    as a fused kernel at the GEMM efficiency (``matmul_efficiency``), an assumption (cost/microbatch.py).
+    None where the accelerator lists a rate."""
+    if accelerator.attention_efficiency:
+        return None
+    if any(bool(v) for v in flash_values):
+        return (f"no fused attention rate for {accelerator.name}: fused attention costed at the GEMM efficiency, "
+                f"an assumption (docs/hardware.md, \"Attention outside Hopper\")")
+    return (f"no fused attention rate for {accelerator.name}: attention costed unfused "
+            f"(docs/hardware.md, \"Attention outside Hopper\")")
+
+
 def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int,
-                  basis: str = "rent") -> str:
+                  basis: str = "rent", notes: tuple = ()) -> str:
     """Counts, infeasible reasons and the top-k table of an exhaustive search; the cost column on the cluster's
-    cost ``basis``, named in its header."""
+    cost ``basis``, named in its header; each of ``notes`` on a line of its own under the counts."""
     from comet_dse.design_space.table import RULE_TEXT, RULES
 
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "
-             f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible"]
+             f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible", *notes]
     if result.infeasible_by_rule:
         lines.append("Infeasible, by rule (a strategy can break several):")
         for code in RULES:
@@ -256,12 +271,14 @@ def _cell(knob, value) -> str:
     return str(knob.decode(value))
 
 
-def render_sweep(ranking: dict, seconds: float) -> str:
-    """Best strategy per cluster variant with the speedup over the baseline, then the Pareto fronts."""
+def render_sweep(ranking: dict, seconds: float, baseline_named: bool = True) -> str:
+    """Best strategy per cluster variant with the speedup over the baseline (said to be the first variant when
+    the study names no ``baseline:``), then the Pareto fronts."""
+    chosen = "" if baseline_named else " (the study names no baseline: every axis at its first value)"
     lines = [f"{ranking['study']}: {ranking['points']:,} design points in {ranking['chunks']} chunks, "
              f"{seconds:.1f} s ({ranking['points'] / max(seconds, 1e-9):,.0f} points/s)"
              + (f", {ranking['skipped']} chunks resumed" if ranking["skipped"] else ""),
-             f"baseline: {ranking['baseline']}", ""]
+             f"baseline: {ranking['baseline']}{chosen}", ""]
     budget = ranking.get("token_budget")
     basis = ranking.get("cost_basis", "rent")
     rows = []
@@ -278,8 +295,10 @@ def render_sweep(ranking: dict, seconds: float) -> str:
     lines.append(render_table(["model", "devices", "cluster variant", "feasible", "best step", "MFU", "best strategy",
                                "speedup"] + extra, rows, left=(0, 2, 6)))
     if budget:
+        unknown = any("unknown" in row[-3:] for row in rows)
         lines.append(f"Training on {format_count(budget)} tokens, goodput included; cost {basis}ing for every variant "
-                     f"(the baseline's basis); unknown: no {basis} figure, price or power (docs/economics.md)")
+                     f"(the baseline's basis)"
+                     + (f"; unknown: no {basis} figure, price or power (docs/economics.md)" if unknown else ""))
     lines += _legend([r[6] for r in rows])
     for f in FRONTS:
         column, shown = f.column_for(budget), _FRONT_SHOWN[f.key]

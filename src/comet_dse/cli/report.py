@@ -34,10 +34,14 @@ def run(args) -> int:
     def announce(study) -> None:
         sys.stderr.write(printable(f"comet-dse: {study.name}: {study.points:,} design points\n"))
 
+    def step(text: str) -> None:
+        sys.stderr.write(printable(f"comet-dse: {text}\n"))
+
     note_workers(args.workers)
     try:
         page = build_report(Path(args.studies), Path(args.output), workers=args.workers,
-                            progress=not args.no_progress, max_points=args.max_points, announce=announce)
+                            progress=not args.no_progress, max_points=args.max_points, announce=announce,
+                            on_step=step)
     except KeyboardInterrupt:
         sys.stderr.write("comet-dse: interrupted; no report was written\n")
         return EXIT_INTERRUPTED

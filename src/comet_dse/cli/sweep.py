@@ -74,6 +74,18 @@ def run(args) -> int:
         print(jsonout.dumps(ranking, indent=2))
         return 0
     print(printable(describe(study)))
-    print(render_sweep(ranking, elapsed))
+    print(render_sweep(ranking, elapsed, baseline_named=_names_baseline(study)))
     print(f"\nWrote {ranking['points']:,} rows to {output}; ranking in {summary_path(output)}")
     return 0
+
+
+def _names_baseline(study) -> bool:
+    """Whether the study file says which variant is the baseline (``baseline:``); without it the first variant
+    is, which the output then says."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(study.source_text)
+    except yaml.YAMLError:
+        return True
+    return not isinstance(data, dict) or "baseline" in data

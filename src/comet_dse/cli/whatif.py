@@ -65,7 +65,8 @@ def run(args) -> int:
     from comet_dse.api import whatif_with_band
 
     model, cluster = load_inputs(args)
-    result = whatif_with_band(whatif(model, cluster, args.devices, args.global_batch, space_from(args, cluster),
+    space = space_from(args, cluster)
+    result = whatif_with_band(whatif(model, cluster, args.devices, args.global_batch, space,
                                      args.resources, args.scale, None if args.no_fit else args.capacity,
                                      tokens=args.tokens), cluster, model)
     if args.figure:
@@ -75,7 +76,10 @@ def run(args) -> int:
     if args.json:
         print(jsonout.dumps({**result.to_dict(), "error_band": band}, indent=2))
     else:
-        print(render(result))
+        from comet_dse.cli.render import attention_note
+
+        note = attention_note(cluster.accelerator, space.values.get("flash_attention", (False,)))
+        print(render(result) + (f"\n\n{note}" if note else ""))
         if band:
             print(f"\n{ERROR_BAND_LABEL} of the baseline: {band['text']}")
         if args.figure:

@@ -220,7 +220,8 @@ class PartStore:
         if not self.url:
             written.remove_stale_temps_in(self.folder)
             remove_stale_temps(self.output)
-            remove_stale_temps(summary_path(self.output))
+            if check_output_file(self.output) != "dataset":
+                remove_stale_temps(summary_path(self.output))
         self.finished = {i for i in range(len(chunks)) if self._complete(i)}
 
     def _make_local(self) -> bool:
@@ -314,12 +315,13 @@ class PartStore:
         """Every chunk's summary: those of this run from ``known``, the others from the parts folder."""
         return [known[i] if i in known else self.parts.read_json(f"part-{i:06d}.json") for i in range(total)]
 
-    def assemble(self, total: int) -> None:
-        """Put the parts together as the output (dataset folder, one Parquet or CSV file); remove the parts."""
+    def assemble(self, total: int, extra: dict | None = None) -> None:
+        """Put the parts together as the output (dataset folder, one Parquet or CSV file); remove the parts.
+        ``extra`` (name -> bytes): files a dataset folder holds beside its parts (its summary)."""
         fmt = check_output_file(self.output)
         try:
             if fmt == "dataset":
-                write_dataset(self.parts, [self.name(i) for i in range(total)], self.output)
+                write_dataset(self.parts, [self.name(i) for i in range(total)], self.output, extra or {})
             else:
                 writer = _join_parts if fmt == "parquet" else _csv_parts
                 if self.url:
@@ -415,8 +417,16 @@ def _lock(folder: Path, output: Path):
     return handle
 
 
+SUMMARY_IN_DATASET = "_summary.json"    # a dataset folder's ranking; readers skip names starting with _
+
+
 def summary_path(output):
-    """Where the ranking of a sweep is written: next to the output, ``<name>.summary.json`` (a URL for a URL)."""
+    """Where the ranking of a sweep is written, so that it goes with the output it describes: inside a dataset
+    folder (``SUMMARY_IN_DATASET``, listed in the folder's manifest: deleting the folder deletes it), and next
+    to a single file (``<name>.summary.json``); a URL for a URL."""
+    if check_output_file(output) == "dataset":
+        return f"{str(output).rstrip('/')}/{SUMMARY_IN_DATASET}" if is_url(str(output)) \
+            else Path(output) / SUMMARY_IN_DATASET
     if is_url(str(output)):
         return f"{str(output).rstrip('/')}.summary.json"
     output = Path(output)
@@ -444,8 +454,8 @@ def run_study(study: Study, output, *, engine: str = "local", workers: int = 1, 
     if not (engine == "dask" and scheduler):
         workers = local_workers(workers)
     output = str(output) if is_url(str(output)) else Path(output)
-    check_output_file(output, study.files)
-    if not is_url(str(output)):
+    dataset = check_output_file(output, study.files) == "dataset"
+    if not is_url(str(output)) and not dataset:     # a dataset's summary is checked with its folder
         written.check_file(summary_path(output), "output", study.files)
     chunks, strategies = plan(study)
     with contextlib.ExitStack() as stack:
@@ -462,7 +472,7 @@ def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_
     points = sum(c.stop - c.start for c in chunks)
     if on_start is not None:
         on_start(points, len(chunks), len(chunks) - len(todo))
-    bar = _progress(points, sum(c.stop - c.start for c in chunks if store.done(c.index)), progress)
+    bar = _progress(study.name, points, sum(c.stop - c.start for c in chunks if store.done(c.index)), progress)
     summaries = {}
 
     def finished(index: int, summary: dict, rows: int) -> None:
@@ -493,14 +503,17 @@ def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_
                     study.token_budget)
     ranking.update({"study": study.name, "chunks": len(chunks), "points": points,
                     "skipped": len(chunks) - len(todo), "output": str(output)})
-    store.assemble(len(chunks))
-    _write_summary(summary_path(output), ranking)
+    summary = jsonout.dumps(ranking, indent=1).encode("utf-8")
+    if check_output_file(output) == "dataset":
+        store.assemble(len(chunks), extra={SUMMARY_IN_DATASET: summary})
+    else:
+        store.assemble(len(chunks))
+        _write_summary(summary_path(output), summary)
     return ranking
 
 
-def _write_summary(path, ranking: dict) -> None:
-    """The ranking as JSON beside the output: a local file through written.write_file, a URL whole."""
-    data = jsonout.dumps(ranking, indent=1).encode("utf-8")
+def _write_summary(path, data: bytes) -> None:
+    """The ranking (JSON) beside a single-file output: a local file through written.write_file, a URL whole."""
     if is_url(str(path)):
         parent, name = output_parent(path)
         parent.write_bytes(name, data)
@@ -508,11 +521,14 @@ def _write_summary(path, ranking: dict) -> None:
         written.write_file(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
-def _progress(total: int, done: int, enabled: bool):
+def _progress(name: str, total: int, done: int, enabled: bool):
+    """The progress bar of one study's design points, labelled with the study's name (a report runs several)."""
     from tqdm import tqdm
 
+    from comet_dse.text import printable
+
     return tqdm(total=total, initial=done, unit="pt", unit_scale=True, disable=not enabled, file=sys.stderr,
-                desc="design points", mininterval=0.5, smoothing=0.1)
+                desc=printable(name), mininterval=0.5, smoothing=0.1)
 
 
 def worker_setup(parent: int | None = None) -> None:

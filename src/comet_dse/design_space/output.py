@@ -111,18 +111,22 @@ def output_parent(output) -> tuple:
     return Folder(path.parent), path.name
 
 
-def write_dataset(parts: Folder, names: list, output) -> None:
-    """The dataset folder ``output``: the part files ``names`` of ``parts`` (hard links where local) and
-    DATASET_MARKER, assembled under a temporary name and moved into place (an earlier dataset of this tool
-    is replaced). Readers (pyarrow, pandas, DuckDB, polars, Dask) take the folder as one table."""
+def write_dataset(parts: Folder, names: list, output, extra: dict | None = None) -> None:
+    """The dataset folder ``output``: the part files ``names`` of ``parts`` (hard links where local), the files
+    ``extra`` (name -> bytes; names starting with _, which readers skip) and DATASET_MARKER, assembled under a
+    temporary name and moved into place (an earlier dataset of this tool is replaced). Readers (pyarrow,
+    pandas, DuckDB, polars, Dask) take the folder as one table."""
     parent, name = output_parent(output)
+    extra = extra or {}
     if not is_url(str(output)):
-        _write_local_dataset(parts, names, Path(parent.root) / name)
+        _write_local_dataset(parts, names, Path(parent.root) / name, extra)
         return
     tmp = Folder(parent.path(temp_name(name)))
     tmp.make()
     for part in names:
         parts.copy_to(part, tmp, part)
+    for extra_name, data in extra.items():
+        tmp.write_bytes(extra_name, data)
     tmp.write_bytes(DATASET_MARKER, json.dumps({"format": "comet-dse dataset", "parts": len(names)}).encode())
     fs = parent.fs
     if parent.kind(name) == "folder":
@@ -134,7 +138,7 @@ def write_dataset(parts: Folder, names: list, output) -> None:
         fs.move(tmp.root, parent.path(name))
 
 
-def _write_local_dataset(parts: Folder, names: list, path: Path) -> None:
+def _write_local_dataset(parts: Folder, names: list, path: Path, extra: dict) -> None:
     """write_dataset on a local path: the parts are linked into a private temporary folder
     (written.temp_folder: a name nobody can predict, never reached through a link), sealed with a manifest of
     every part (the folder is replaced later only while it holds just these, unchanged) and moved into
@@ -144,6 +148,8 @@ def _write_local_dataset(parts: Folder, names: list, path: Path) -> None:
         target = Folder(tmp)
         for part in names:
             parts.copy_to(part, target, part)
+        for extra_name, data in extra.items():
+            (tmp / extra_name).write_bytes(data)
         written.seal(tmp, DATASET_MARKER, "dataset", format="comet-dse dataset", parts=len(names))
         written.replace_folder(tmp, path, lambda: written.check_folder(path, DATASET_MARKER, "dataset"))
     finally:

@@ -80,12 +80,17 @@ def _path_of(study: Study) -> Path:
 
 
 def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool = True,
-                 max_points: int | None = None, announce=None) -> Path:
+                 max_points: int | None = None, announce=None, on_step=None) -> Path:
     """Run the studies of ``study_dir`` and write ``output``/report.html with figures and data.
 
     A study of more than ``max_points`` design points is refused; ``announce(study)``
-    is called for each study before the first one runs.
+    is called for each study before the first one runs, ``on_step(text)`` before each step after the
+    studies have run (the findings, each study's figures, the page), which take as long as the runs.
     """
+    def step(text: str) -> None:
+        if on_step is not None:
+            on_step(text)
+
     study_dir, output = Path(study_dir), Path(os.path.abspath(output))
     text, studies = load_folder(study_dir, max_points)   # every input error surfaces before anything is written
     reruns = reading_runs(text, studies, max_points)
@@ -115,6 +120,8 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
                 ranking = run_study(study, result, workers=workers, progress=progress)
                 runs.setdefault(label, {})[study.name.split("@", 1)[0]] = Section(study, analysis.load(result, extra),
                                                                                   ranking)
+        if text.findings:
+            step(f"the findings table: {len(text.findings)} findings under every reading")
         table = findings.evaluate(text.findings, sections, text.readings, runs)
         card = findings.score(table, text.readings)
         drawn = _figure_reading(text.readings, card)
@@ -122,9 +129,12 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
             if drawn is not None and text.readings.applies(section.study.name):
                 source = runs.get(drawn.run_label, {}).get(section.study.name, section) if drawn.run_label else section
                 sections[i] = section = under(source, drawn, text.readings)
+            count = len(section.study.figures)
+            step(f"drawing {section.study.name}: {count} figure{'s' * (count != 1)} ({i + 1} of {len(sections)} studies)")
             _draw(section, tmp / "figures")
         if table:
             (tmp / FINDINGS_FILE).write_text(jsonout.dumps([f.to_dict() for f in table], indent=2) + "\n")
+        step("writing report.html")
         write_html(tmp / "report.html", sections, seconds=time.perf_counter() - started, title=text.title,
                    introduction=text.introduction, findings=table, scorecard=card, readings=text.readings)
         written.seal(tmp, MARKER, "report")
