@@ -242,6 +242,8 @@ def _zero(value) -> bool:
     value = np.asarray(value)
     if value.ndim == 0:
         return not value
+    if value.size == 0:          # no points: nothing to add (an empty batch, e.g. a whatif variant nothing fits)
+        return True
     return value.strides[0] == 0 and not np.any(value[0])
 
 
