@@ -109,15 +109,15 @@ SMALLEST = r"^Smallest hbm_capacity at which (?P<split>[^\n]*?) has a strategy t
 
 
 def validation_table() -> list:
-    """README's Accuracy table: each dataset's rows, mean and max |error| (`comet-dse validate --json`)."""
+    """docs/accuracy.md's table: each dataset's rows, mean and max |error| (`comet-dse validate --json`)."""
     labels = {"korthikanti2022_table5.csv": "Korthikanti et al. 2022, Table 5",
               "korthikanti2022_table4.csv": "Korthikanti et al. 2022, Table 4",
               "narayanan2021_table1.csv": "Narayanan et al. 2021, Table 1",
               "h100_public.csv": "MLPerf v3.x GPT-3 175B and Llama 3 405B on H100",
               "gpu_public.csv": "gpu_public: "}
     summary = printed_json(("validate",))["summary"]
-    assert set(summary) == set(labels), "a dataset was added or removed: add it to README's Accuracy table"
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert set(summary) == set(labels), "a dataset was added or removed: add it to docs/accuracy.md's table"
+    lines = (ROOT / "docs" / "accuracy.md").read_text(encoding="utf-8").splitlines()
     figures = []
     for csv, label in labels.items():
         row = next(line for line in lines if line.startswith(f"| {label}"))
@@ -133,7 +133,7 @@ def validation_memory_and_fit() -> list:
     gpu = [r for r in data["rows"] if r["dataset"] == "gpu_public.csv"]
     others = data["feasibility_recall"]["runs"] - len(gpu)
     others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in gpu)
-    assert others_fit == others, "README says every paper and MLPerf v3 run is judged to fit"
+    assert others_fit == others, "docs/accuracy.md says every paper and MLPerf v3 run is judged to fit"
     by_measure = {}
     for row in data["memory"]["rows"]:
         by_measure.setdefault(row["measures"], []).append(abs(row["error"]))
@@ -150,7 +150,7 @@ def validation_memory_and_fit() -> list:
 
 
 def validation_families() -> list:
-    """README's summary of Round 3: each GPU's dense runs' mean |error| (all precisions), the range of the MoE
+    """docs/accuracy.md's summary of Round 3: each GPU's dense runs' mean |error| (all precisions), the range of the MoE
     families' (each accelerator and precision), and an estimate's band as it prints it."""
     data = printed_json(("validate",))
 
@@ -160,7 +160,7 @@ def validation_families() -> list:
 
     moe = [100 * b["mean_abs_error"] for b in data["error_bands"] if b["kind"] == "MoE"]
     b200, gb200 = dense("NVIDIA B200 180GB"), dense("NVIDIA GB200 Blackwell GPU 186GB")
-    assert b200 == gb200, "README gives B200 and GB200 dense one figure"
+    assert b200 == gb200, "docs/accuracy.md gives B200 and GB200 dense one figure"
     band = matched(r"^Error band\s+(?P<band>validated \S+ % \.\. \S+ %) \(predicted vs measured step time\) "
                    r"(?P<runs>on \d+ NVIDIA H100 SXM5 80GB 16-bit dense runs)", printed(H100_SEARCH))
     return [f"H100 dense by {dense('NVIDIA H100 SXM5 80GB')} on average, H200 by {dense('NVIDIA H200 SXM 141GB')}, "
@@ -169,13 +169,13 @@ def validation_families() -> list:
 
 
 def cluster_list() -> list:
-    """README names every cluster preset in its list of presets."""
+    """docs/usage.md names every cluster preset in its list of presets."""
     names = sorted(p.stem for p in (ROOT / "src" / "comet_dse" / "presets" / "clusters").glob("*.yaml"))
     return [f"`{name}`" for name in names]
 
 
 def parquet_size() -> list:
-    """README's Speed table: how much smaller the chunk's Parquet is with parquet_options than with pyarrow's
+    """docs/speed.md's table: how much smaller the chunk's Parquet is with parquet_options than with pyarrow's
     dictionary encoding of every column (benchmarks/bench_parquet.py's chunk and settings; the sizes do not
     depend on the machine, the times do and are not checked)."""
     import importlib.util
@@ -221,14 +221,14 @@ README = [
         '(...; {cluster}), with {with}: {code}"')),
     Check("README.md", "whatif: H100 capacity", regex(
         H100_WHATIF, SMALLEST, "it is {cap}, with {with} inside the NVLink domain")),
-    Check("README.md", "Speed: strategies of the TPU v4 search", regex(
+    Check("docs/speed.md", "Speed: strategies of the TPU v4 search", regex(
         TPU_SEARCH, r"(?P<n>[\d,]+) strategies evaluated in",
         "| exhaustive strategy search, megatron-1t on 4096 TPU v4 chips | {n} strategies")),
-    Check("README.md", "Accuracy: the validation table", validation_table),
-    Check("README.md", "Accuracy: memory and what fits", validation_memory_and_fit),
-    Check("README.md", "Accuracy: the families", validation_families),
-    Check("README.md", "the cluster presets", cluster_list),
-    Check("README.md", "Speed: Parquet size", parquet_size),
+    Check("docs/accuracy.md", "Accuracy: the validation table", validation_table),
+    Check("docs/accuracy.md", "Accuracy: memory and what fits", validation_memory_and_fit),
+    Check("docs/accuracy.md", "Accuracy: the families", validation_families),
+    Check("docs/usage.md", "the cluster presets", cluster_list),
+    Check("docs/speed.md", "Speed: Parquet size", parquet_size),
 ]
 
 
@@ -524,7 +524,7 @@ def readme_explorer() -> list:
 
 
 EXPLORE_DOC = [Check("docs/explore-ui.md", "strategies per page", explorer_counts),
-               Check("README.md", "explore: strategies of bench_web's page", readme_explorer)]
+               Check("docs/usage.md", "explore: strategies of bench_web's page", readme_explorer)]
 
 
 # --- docs/api.md -------------------------------------------------------------------------------
