@@ -200,9 +200,12 @@ class Cluster:
             if left % used and inner == 1 and self.devices_per_node < used:
                 used = self._partial_domain(used, left)
             if left % used:
+                part = cap - cap % self.devices_per_node - self.devices_per_node     # a domain less one node
+                parts = (f", or equal parts of them in whole {self.devices_per_node}-device nodes (e.g. 2 x {part} "
+                         f"= {2 * part})" if inner == 1 and 0 < part else "")
                 raise InputError(
                     "devices", f"{devices} devices cannot fill {self.name}'s {dim.name} dimension of {cap}; "
-                    f"use a multiple of {inner * used}")
+                    f"use a multiple of {inner * used}{parts}")
             sizes.append(used)
             left //= used
             inner *= used
