@@ -416,6 +416,24 @@ def _listed_kernel(accelerators):
     return None if not shared or AttentionKernel.FA2.value in shared else (shared[0],)
 
 
+def runs_fused_attention(values) -> bool:
+    """Whether any point of ``values`` runs flash attention: knob name -> one value or the values of many points
+    (a Strategy's ``to_dict()``, a search's result columns, a SearchSpace's ``values``); the knob's default
+    where ``values`` do not name it."""
+    given = values.get("flash_attention", KNOB["flash_attention"].default)
+    return bool(np.any(np.asarray(given, dtype=bool)))
+
+
+def with_listed_kernel(strategy: "Strategy", accelerator, kernel_named: bool) -> "Strategy":
+    """``strategy`` with, where it runs flash attention and no kernel was named, the kernel a search would run on
+    ``accelerator`` (the attention_kernel knob's cluster default: fa2 where it lists it, else the first it
+    lists, fa4 on Blackwell) instead of the knob's default, which such a device has no rate for."""
+    if not strategy.flash_attention or kernel_named:
+        return strategy
+    listed = _listed_kernel([accelerator])
+    return dataclasses.replace(strategy, attention_kernel=AttentionKernel(listed[0])) if listed else strategy
+
+
 def _degree(name: str, help: str, microbatch: bool, shown: str = ALWAYS, default_text: str | None = None):
     return knob(1, help, search=DERIVED, microbatch=microbatch, layout=True, label=lambda v: f"{name}={v}",
                 shown=shown, line=0, short=name, low=1, default_text=default_text)

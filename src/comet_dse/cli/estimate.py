@@ -25,12 +25,14 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from comet_dse.cli.render import attention_note, render_estimate
     from comet_dse.estimate import estimate
+    from comet_dse.strategy import runs_fused_attention, with_listed_kernel
 
     model, cluster = load_inputs(args)
     cluster.dim_sizes(args.devices)
     from comet_dse.api import with_band
 
-    strategy = listed_kernel(strategy_from(args, args.devices), args, cluster.accelerator)
+    strategy = with_listed_kernel(strategy_from(args, args.devices), cluster.accelerator,
+                                  args.attention_kernel is not None)
     result = with_band(estimate(model, cluster, args.devices, strategy, tokens=args.tokens), cluster, model)
     reasons = dict(zip(result.broken_rules, result.reasons))   # the two lists run in rule order
     for code, field in SPLIT_RULES.items():
@@ -39,24 +41,10 @@ def run(args) -> int:
     if args.json:
         print(jsonout.dumps(result.to_dict(), indent=2))
     else:
-        note = attention_note(cluster.accelerator, (strategy.flash_attention,))
+        note = attention_note(cluster.accelerator, runs_fused_attention(strategy.to_dict()))
         if note:
             print(note)
         exp = cluster.accelerator.expansion
         print(render_estimate(result, cluster.accelerator.state_capacity, exp.capacity if exp else None,
                               model.tied_embeddings))
     return 0
-
-
-def listed_kernel(strategy, args, accelerator):
-    """With flash attention and no --attention-kernel, the kernel a search would run on this accelerator: the
-    knob's default (fa2) where the accelerator lists it, else the first kernel it lists (fa4 on Blackwell),
-    instead of an error naming a kernel the user did not ask for."""
-    from dataclasses import replace
-
-    from comet_dse.strategy import KNOB, AttentionKernel
-
-    if not strategy.flash_attention or args.attention_kernel is not None:
-        return strategy
-    listed = KNOB["attention_kernel"].cluster_default([accelerator])
-    return replace(strategy, attention_kernel=AttentionKernel(listed[0])) if listed else strategy

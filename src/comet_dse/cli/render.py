@@ -206,15 +206,15 @@ def describe_peak(flops: dict) -> str:
     return f"{resource(f'peak_flops.{key}').text(flops[key])} {key}"
 
 
-def attention_note(accelerator, flash_values) -> str | None:
+def attention_note(accelerator, fused: bool) -> str | None:
     """The line an estimate or search prints where the accelerator lists no fused attention kernel rate
-    (``attention_efficiency``), saying how its attention was costed: unfused (every flash_attention value
-    off: the s x s scores written and read, the default a search takes there), or, with flash attention on,
-    as a fused kernel at the GEMM efficiency (``matmul_efficiency``), an assumption (cost/microbatch.py).
-    None where the accelerator lists a rate."""
+    (``attention_efficiency``), saying how its attention was costed: unfused (``fused`` False: no point runs
+    flash attention, the default a search takes there; the s x s scores written and read), or as a fused
+    kernel at the GEMM efficiency (``matmul_efficiency``), an assumption (cost/microbatch.py). None where the
+    accelerator lists a rate."""
     if accelerator.attention_efficiency:
         return None
-    if any(bool(v) for v in flash_values):
+    if fused:
         return (f"no fused attention rate for {accelerator.name}: fused attention costed at the GEMM efficiency, "
                 f"an assumption (docs/hardware.md, \"Attention outside Hopper\")")
     return (f"no fused attention rate for {accelerator.name}: attention costed unfused "

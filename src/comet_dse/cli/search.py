@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from comet_dse.cli.render import attention_note, render_estimate, render_search
+    from comet_dse.strategy import runs_fused_attention
     from comet_dse.design_space.output import to_arrow, write_atomically
     from comet_dse.design_space.search import search, strategy_at
     from comet_dse.estimate import estimate
@@ -40,7 +41,7 @@ def run(args) -> int:
         best = with_band(estimate(model, cluster, args.devices, strategy_at(result.columns, int(result.ranked[0])),
                                   tokens=args.tokens), cluster, model)
     per_dtype = best_by(result, "dtype")
-    note = attention_note(cluster.accelerator, np.unique(result.columns["flash_attention"]))
+    note = attention_note(cluster.accelerator, runs_fused_attention(result.columns))
     if args.json:
         top = [{"rank": i + 1, **row_dict(result.columns, int(r))} for i, r in enumerate(result.ranked[:args.top])]
         print(jsonout.dumps({"evaluated": result.evaluated, "feasible": result.feasible, "seconds": elapsed,

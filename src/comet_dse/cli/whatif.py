@@ -77,8 +77,9 @@ def run(args) -> int:
         print(jsonout.dumps({**result.to_dict(), "error_band": band}, indent=2))
     else:
         from comet_dse.cli.render import attention_note
+        from comet_dse.strategy import runs_fused_attention
 
-        note = attention_note(cluster.accelerator, space.values.get("flash_attention", (False,)))
+        note = attention_note(cluster.accelerator, runs_fused_attention(space.values))
         print(render(result) + (f"\n\n{note}" if note else ""))
         if band:
             print(f"\n{ERROR_BAND_LABEL} of the baseline: {band['text']}")
