@@ -597,19 +597,46 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=Non
     return exposed + phases * lat
 
 
+def _attention_matmul_params(model: Transformer) -> float:
+    """Weights of one layer's attention projections [-]."""
+    return sum(p.n_in * p.n_out for p in model.attention.projections(model.hidden))
+
+
+def dense_layer_matmul_params(model: Transformer) -> float:
+    """Weights every token passes through in one dense layer's matrix multiplies: attention projections and
+    the MLP (3 matrices when gated, else 2) [-]."""
+    mats = 3 if model.mlp.gated else 2
+    return _attention_matmul_params(model) + mats * model.hidden * model.mlp.ffn
+
+
 def _matmul_params(model: Transformer) -> float:
     """Weights every token passes through in matrix multiplies, summed over the layers [-]: attention
     projections and MLP (MoE layers: the router, top_k routed and the shared experts)."""
-    att = model.attention
     h = model.hidden
     mats = 3 if model.mlp.gated else 2
-    attn = sum(p.n_in * p.n_out for p in att.projections(h))
-    dense_layer = attn + mats * h * model.mlp.ffn
-    moe_layer = dense_layer
+    moe_layer = dense_layer = dense_layer_matmul_params(model)
     if model.moe:
         moe = model.moe
-        moe_layer = attn + h * moe.experts + mats * h * (moe.top_k * moe.ffn + moe.shared_ffn)
+        moe_layer = (_attention_matmul_params(model) + h * moe.experts
+                     + mats * h * (moe.top_k * moe.ffn + moe.shared_ffn))
     return model.dense_layers * dense_layer + model.moe_layers * moe_layer
+
+
+def _score_flops_per_token(model: Transformer, keys) -> tuple:
+    """(scores and attention-over-V, scores alone) FLOP per token of one layer's forward, at ``keys`` keys per
+    query: 2 k a (d_qk + d_v) and 2 k a d_qk."""
+    att = model.attention
+    return 2.0 * keys * att.heads * (att.qk_dim + att.v_dim), 2.0 * keys * att.heads * att.qk_dim
+
+
+def dense_layer_flops(model: Transformer, tokens, recompute: Recompute) -> tuple:
+    """(forward, backward with its recomputation) hardware FLOP of one dense layer over ``tokens`` tokens, the
+    per-layer form of ``_flops``: forward 2 P_l + 2 k a (d_qk + d_v) per token (k the causal keys per query),
+    backward twice that, full recomputation the forward again, selective the scores 2 k a d_qk."""
+    both, scores = _score_flops_per_token(model, model.causal_keys_per_query())
+    forward = tokens * (2.0 * dense_layer_matmul_params(model) + both)
+    again = {Recompute.FULL: forward, Recompute.SELECTIVE: tokens * scores}
+    return forward, 2.0 * forward + again.get(recompute, 0.0)
 
 
 def model_flops(model: Transformer, global_batch, causal: bool = True):
@@ -637,11 +664,9 @@ def _flops(model: Transformer, st: StrategyArrays):
     keys per query. A flash kernel's backward recomputes the scores too and is
     not added: HFU counts the algorithm's recomputation, not a kernel's.
     """
-    att = model.attention
-    keys = model.layers * model.causal_keys_per_query()
-    scores = keys * att.heads * (att.qk_dim + att.v_dim)
+    both, scores = _score_flops_per_token(model, model.layers * model.causal_keys_per_query())
     tokens = st.global_batch * model.seq_len
     flops = model_flops(model, st.global_batch)
-    extra = np.where(st.uses(Recompute.FULL), 2.0 * _matmul_params(model) + 2.0 * scores,
-                     np.where(st.uses(Recompute.SELECTIVE), 2.0 * keys * att.heads * att.qk_dim, 0.0))
+    extra = np.where(st.uses(Recompute.FULL), 2.0 * _matmul_params(model) + both,
+                     np.where(st.uses(Recompute.SELECTIVE), scores, 0.0))
     return flops, flops + tokens * extra

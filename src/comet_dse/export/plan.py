@@ -4,9 +4,8 @@
 terms ``estimate`` combines) and its layout (cost/layout.py: layout_of), and lays the model out on the
 devices as comet-dse does: TP innermost unless the placement says otherwise (StrategyArrays.strides),
 pipeline stages holding the layer counts of cost/params.py, interleaved chunks of L / (p v) layers.
-Nothing here costs anything itself; the only formulas are the FLOP counts a Chakra node carries
-(``layer_flops``, the per-device form of cost/step.py's model FLOPs) so that a simulator's roofline
-mode sees the same work.
+Nothing here costs anything itself: the FLOP counts a Chakra node carries are the cost model's own
+(cost/step.py: dense_layer_flops, per device), so that a simulator's roofline mode sees the same work.
 """
 from __future__ import annotations
 
@@ -18,10 +17,11 @@ from comet_dse.cost.layout import layout_of
 from comet_dse.cost.memory import grad_bytes
 from comet_dse.cost.microbatch import ACTIVATION_BYTES, context_of, microbatch_terms
 from comet_dse.cost.params import attention_params_per_device
+from comet_dse.cost.step import dense_layer_flops
 from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit, Recompute, Strategy,
+from comet_dse.strategy import (Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit, Strategy,
                                 StrategyArrays)
 
 LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch.py: embedding_and_head)
@@ -143,20 +143,10 @@ def stage_layers(layers: int, pp: int, slots: int) -> list:
 
 
 def layer_flops(model: Transformer, strategy: Strategy, tokens: float) -> tuple:
-    """(forward, backward with recomputation) FLOP of one layer on one device for ``tokens`` tokens.
-
-    Per token: 2 P_l / t in forward with P_l the layer's matrix weights, plus the scores,
-    2 k a (d_qk + d_v) / t (k the causal keys per query); backward twice that; full recomputation adds
-    the forward again, selective the score GEMM 2 k a d_qk / t (cost/step.py: model_flops, _flops).
-    """
-    att, h, t = model.attention, model.hidden, strategy.tp
-    mats = 3 if model.mlp.gated else 2
-    matmul = sum(p.n_in * p.n_out for p in att.projections(h)) + mats * h * model.mlp.ffn
-    keys = model.causal_keys_per_query()
-    scores = keys * att.heads * (att.qk_dim + att.v_dim)
-    forward = tokens * (2.0 * matmul + 2.0 * scores) / t
-    again = {Recompute.FULL: forward, Recompute.SELECTIVE: tokens * 2.0 * keys * att.heads * att.qk_dim / t}
-    return forward, 2.0 * forward + again.get(strategy.recompute, 0.0)
+    """(forward, backward with recomputation) FLOP of one layer on one device for ``tokens`` tokens: the cost
+    model's per-layer hardware FLOPs (cost/step.py: dense_layer_flops) split over the TP group."""
+    forward, backward = dense_layer_flops(model, tokens, strategy.recompute)
+    return forward / strategy.tp, backward / strategy.tp
 
 
 def plan_of(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy) -> Plan:
