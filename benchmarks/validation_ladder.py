@@ -27,7 +27,7 @@ from comet_dse.errorband import precision_class
 from comet_dse.presets import load_cluster, load_model
 from comet_dse.strategy import Strategy, knob_values
 from comet_dse.validation import (
-    GPU, H100, _gpt, _llama, _read, gpu_file, h100_strategy, model_kind, validation_dir,
+    H100, _gpt, _llama, _read, gpu_file, h100_measured, h100_strategy, model_kind, validation_dir,
 )
 
 RUNGS = ("before", "sustained", "rank order", "fa4", "permutation")
@@ -39,14 +39,7 @@ def _runs(directory: Path) -> list:
     for row in _read(directory, H100):
         model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
         strategy = h100_strategy(row)
-        if row["metric"] == "iter_s":
-            measured = float(row["measured"])
-        else:
-            from comet_dse.cost.step import model_flops
-
-            peak = load_cluster("dgx-h100").accelerator.flops(strategy.dtype.value)
-            measured = model_flops(model, strategy.global_batch, causal=False) / (
-                int(row["gpus"]) * peak * float(row["measured"]))
+        measured = h100_measured(row, model, strategy, load_cluster("dgx-h100"))
         out.append((row["id"], "dgx-h100", model, int(row["gpus"]), strategy, measured))
     path = gpu_file(directory)
     for row in _read(path.parent, path.name):

@@ -336,14 +336,14 @@ def measured_time(run: Run, cluster: Cluster) -> float:
     / tokens/s; an MFU as model FLOPs / (devices x peak(dtype) x MFU), with the FLOPs counted as published
     MFU figures count them (every score: cost.step.model_flops(..., causal=False)), as ``comet-dse validate``
     converts its MFU rows. None of these depends on a fitted parameter."""
-    from comet_dse.cost.step import model_flops
+    from comet_dse.cost.step import step_time_of_mfu
 
     if run.metric == "iter_s":
         return run.measured
     if run.metric == "tokens_per_s":
         return run.strategy.global_batch * run.model.seq_len / run.measured
-    peak = cluster.accelerator.flops(run.strategy.dtype.value)
-    return model_flops(run.model, run.strategy.global_batch, causal=False) / (run.devices * peak * run.measured)
+    return step_time_of_mfu(run.model, run.strategy.global_batch, run.devices,
+                            cluster.accelerator.flops(run.strategy.dtype.value), run.measured)
 
 
 def step_errors(run: Run, cluster: Cluster, fitted: list, values: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ import yaml
 from comet_dse.bounds import BOUNDS, shown
 from comet_dse.errors import InputError
 from comet_dse.cost.memory import footprint_bytes
-from comet_dse.cost.step import model_flops
+from comet_dse.cost.step import step_time_of_mfu
 from comet_dse.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
@@ -253,15 +253,20 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
         model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
         strategy = h100_strategy(row)
         result = estimate(model, cluster, int(row["gpus"]), strategy)
-        if row["metric"] == "iter_s":
-            measured = measured_value(row, "measured", H100)
-        else:
-            peak = cluster.accelerator.flops(strategy.dtype.value)
-            reported = model_flops(model, strategy.global_batch, causal=False)
-            measured = reported / (int(row["gpus"]) * peak * measured_value(row, "measured", H100, "mfu"))
+        measured = h100_measured(row, model, strategy, cluster)
         out.append(_compared(H100, row["id"], result, measured, cluster,
                              NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3, strategy.dtype.value))
     return out
+
+
+def h100_measured(row: dict, model: Transformer, strategy: Strategy, cluster: Cluster) -> float:
+    """The measured step time of an h100_public.csv row [s]: its iter_s, or the step time its MFU stands for
+    (cost/step.py: step_time_of_mfu, at ``cluster``'s peak for the row's dtype)."""
+    if row["metric"] == "iter_s":
+        return measured_value(row, "measured", H100)
+    return step_time_of_mfu(model, strategy.global_batch, int(row["gpus"]),
+                            cluster.accelerator.flops(strategy.dtype.value),
+                            measured_value(row, "measured", H100, "mfu"))
 
 
 def _compared(dataset: str, label: str, result, measured: float, cluster: Cluster, framework: str = "",

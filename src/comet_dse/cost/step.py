@@ -656,6 +656,13 @@ def model_flops(model: Transformer, global_batch, causal: bool = True):
     return global_batch * model.seq_len * (6.0 * (_matmul_params(model) + model.vocab * model.hidden) + 6.0 * scores)
 
 
+def step_time_of_mfu(model: Transformer, global_batch, devices, peak, mfu):
+    """The step time a published MFU stands for [s]: model FLOPs counted as such reports count them (every
+    score, ``model_flops(..., causal=False)``: Megatron-LM's and PaLM's convention) / (devices x peak x MFU),
+    peak in FLOP/s of the run's dtype."""
+    return model_flops(model, global_batch, causal=False) / (devices * peak * mfu)
+
+
 def _flops(model: Transformer, st: StrategyArrays):
     """Model and hardware FLOPs per iteration (``model_flops``, causal).
 
