@@ -1,6 +1,6 @@
 """Goodput (goodput.py, docs/economics.md "Goodput"): failures, restarts and checkpoints, by hand; Young's
 interval; the settings through --set, the API and a cluster file; the error band carried into every
-derived figure (errorband.with_ranges)."""
+derived figure (economics.with_ranges)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 import comet_dse
 from comet_dse import economics, goodput
-from comet_dse.errorband import band_range, with_ranges
+from comet_dse.economics import band_range, with_ranges
 from comet_dse.overrides import apply_overrides
 from comet_dse.presets import load_cluster
 from cli_run import one_line_error, run

@@ -90,7 +90,8 @@ def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimat
     precision and kind of model, or "not validated" with the nearest validated family as an assumption)."""
     from dataclasses import replace
 
-    from comet_dse.errorband import band_of_cluster, with_ranges
+    from comet_dse.economics import with_ranges
+    from comet_dse.errorband import band_of_cluster
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
     band = band_of_cluster(cluster, dtype, bool(model.moe))
@@ -212,10 +213,11 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
 
 def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> WhatIf:
     """``result`` with its baseline's training figures given their ranges under the error band of the
-    baseline's strategy (errorband.with_ranges), as ``with_band`` gives an estimate's."""
+    baseline's strategy (economics.with_ranges), as ``with_band`` gives an estimate's."""
     from dataclasses import replace
 
-    from comet_dse.errorband import band_of_cluster, with_ranges
+    from comet_dse.economics import with_ranges
+    from comet_dse.errorband import band_of_cluster
 
     base = result.baseline
     if not base.training or not base.strategy:

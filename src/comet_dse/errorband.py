@@ -21,12 +21,10 @@ import io
 from functools import lru_cache
 from importlib import resources
 
-from comet_dse.economics import RANGED, band_range, with_ranges  # noqa: F401 - re-exported
 from comet_dse.stats import error_stats
 
 BANDS_FILE = "error_bands.csv"
 COLUMNS = ("hardware", "precision", "kind", "runs", "low", "high", "mean_abs_error", "frameworks")
-KINDS = ("dense", "MoE")
 
 
 def precision_class(dtype: str) -> str:

@@ -30,7 +30,7 @@ DEFAULT_DEVICES = (512, 1024, 2048, 4096, 8192, 16384)   # the sizes tried unles
 @dataclass(frozen=True)
 class Candidate:
     """The fastest strategy on one cluster at one size, and what training on the budget takes there
-    (``training``: economics.training_of with its ranges, errorband.with_ranges; None when nothing fits or
+    (``training``: economics.training_of with its ranges, economics.with_ranges; None when nothing fits or
     the size does not suit the cluster, ``note`` says why)."""
 
     cluster: str

@@ -64,7 +64,7 @@ class Best:
     energy_j: float | None = None
     training_cost_usd: float | None = None
     training: dict | None = None              # with a token budget: economics.training_of in full (the baseline's
-                                              # carries its error band's ranges, errorband.with_ranges)
+                                              # carries its error band's ranges, economics.with_ranges)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def training_lines(training: dict | None) -> list:
     """What training on the token budget takes (Estimate.training, economics.py): time to train (with the time
     the steps take and the goodput: goodput.py), device-hours, average power, energy and cost, renting and
     owning, each 'unknown' where a figure is missing and with its range under the error band where there is
-    one (errorband.with_ranges); then what was assumed. Nothing without a budget."""
+    one (economics.with_ranges); then what was assumed. Nothing without a budget."""
     if not training:
         return []
     t, inputs = training, training
@@ -157,7 +157,7 @@ def _span(seconds: float) -> str:
 
 
 def _range(t: dict, key: str, shown) -> str:
-    """'  (low .. high with the error band)' for a figure that has a range (errorband.with_ranges), else ''."""
+    """'  (low .. high with the error band)' for a figure that has a range (economics.with_ranges), else ''."""
     r = t.get(f"{key}_range")
     return f"  ({shown(r[0])} .. {shown(r[1])})" if r else ""
 

@@ -121,7 +121,7 @@ def _run_band(run) -> dict:
 def whole_run_dict(run) -> dict:
     """One whole run as JSON: published and predicted device-hours (with goodput, and of the steps alone), the
     range the step time's error band leaves, the errors, and each phase's strategy and where it came from."""
-    from comet_dse.errorband import band_range
+    from comet_dse.economics import band_range
 
     band = _run_band(run)
     low_high = band_range(run.predicted_device_hours, band)
