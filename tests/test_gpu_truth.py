@@ -12,8 +12,7 @@ from comet_dse.cost.layout import grad_zeroing_params, optimizer_step_bytes
 from comet_dse.cost.params import StageParams
 from comet_dse.estimate import estimate
 from comet_dse.presets import load_cluster, load_model
-from comet_dse.strategy import Placement, Strategy, StrategyArrays
-from comet_dse.validation import LLAMA3, MEGATRON_2021, MEGATRON_2022, NEMO_MLPERF, RANK_ORDER
+from comet_dse.strategy import Strategy, StrategyArrays
 
 
 def _bench_device(cluster, dtype="bf16") -> Device:
@@ -71,11 +70,6 @@ def test_blackwell_searches_run_fused_attention_and_hopper_has_no_fa4():
     h100 = estimate(model, load_cluster("dgx-h100"), 8, Strategy(dp=8, global_batch=8, flash_attention=True,
                                                                     attention_kernel="fa4"))
     assert "attention_kernel" in h100.broken_rules
-
-
-def test_each_framework_runs_its_documented_rank_order():
-    assert RANK_ORDER[MEGATRON_2021] is RANK_ORDER[MEGATRON_2022] is RANK_ORDER[NEMO_MLPERF] is Placement.TP_DP_PP
-    assert RANK_ORDER[LLAMA3] is Placement.TP_PP_DP
 
 
 def test_megatron_order_keeps_part_of_the_data_parallel_group_inside_the_node():
