@@ -163,6 +163,67 @@ def test_the_remote_memory_roofline_by_hand():
     assert overlapped.breakdown_s["offload"] < roof.breakdown_s["offload"]
 
 
+def test_the_remote_memory_roofline_compute_roof_by_hand():
+    """`roofline` with the tier's compute roof P_x (MemoryTier.compute, the authors' remote-mem-roofline-peak-perf):
+    megatron-1.7b on 8 A100s, half its weights and gradients in a fast tier (1 TB/s, so the stream never binds)
+    computed on at 1 TFLOP/s. Per micro-batch the forward's GEMMs on the spilled half take s_w F_f / P_x, the
+    backward's (with the full recomputation) s_w F_b / P_x (no activations spilled), F_f and F_b one device's
+    share of the step's FLOP: 2 tokens (P_matmul + V h) + the causal scores forward, twice that backward, the
+    layers' forward again recomputed; each pass then lasts its capped work, and the excess over its own duration shows:
+        T = m [(s_w F_f / P_x - C_f) + (s_w F_b / P_x - C_b)] + max(0, 2 O_x / B - T_opt)
+    The same tier without a roof hides its stream; the prefetched tier ignores the roof."""
+    model = load_model("megatron-1.7b")
+    point = Strategy(dp=8, global_batch=64, micro_batch=1, recompute="full", dp_overlap=False)
+    parts = estimate(model, A100, 8, point).memory_bytes
+    opt, wg = parts["optimizer"], parts["weights"] + parts["gradients"]
+    hbm = estimate(model, A100, 8, point).memory_per_device_bytes - opt - 0.5 * wg
+    bw, roof, m = 1e12, 1e12, 8
+    plain = _with_tier(A100, hbm, 64 * GiB, bw)
+    capped = dc.replace(plain, accelerator=dc.replace(plain.accelerator, expansion=dc.replace(
+        plain.accelerator.expansion, compute=roof)))
+    on = dc.replace(point, expansion_roofline=True)
+    est = estimate(model, capped, 8, on)
+    s_w = (est.memory_tiers_bytes["expansion"] - opt) / wg
+    assert s_w == pytest.approx(0.5, rel=1e-6)
+    tokens = 8 * model.seq_len                       # one micro-batch of each of the 8 replicas
+    att = model.attention
+    scores = 2 * model.layers * model.causal_keys_per_query() * att.heads * (att.qk_dim + att.v_dim)
+    matmul = 12 * model.hidden**2 * model.layers if not model.mlp.gated else None
+    assert matmul is not None and model.mlp.ffn == 4 * model.hidden and att.heads * att.qk_dim == model.hidden
+    forward = tokens * (2 * (matmul + model.vocab * model.hidden) + scores) / 8
+    backward = 2 * forward + tokens * (2 * matmul + scores) / 8     # the layers' forward recomputed (not the head)
+    c_f = est.phases_s["forward"] / m
+    c_b = (est.phases_s["backward"] + est.phases_s["recompute"]) / m
+    hand = m * ((s_w * forward / roof - c_f) + (s_w * backward / roof - c_b))
+    hand += max(0.0, 2 * opt / bw - est.breakdown_s["optimizer"])
+    assert s_w * forward / roof > c_f and s_w * backward / roof > c_b      # the roof binds in both passes
+    assert est.breakdown_s["offload"] == pytest.approx(hand, rel=1e-6)
+    assert estimate(model, plain, 8, on).breakdown_s["offload"] < 1e-3 * est.breakdown_s["offload"]
+    prefetched = dc.replace(point, expansion_overlap=True)
+    assert (estimate(model, capped, 8, prefetched).breakdown_s["offload"]
+            == estimate(model, plain, 8, prefetched).breakdown_s["offload"])
+
+
+@pytest.mark.parametrize("preset, model_name, knobs", [
+    ("tpu-v4", "comet-transformer-1t", dict(tp=64, dp=64, global_batch=2048, zero=1, **PAPER)),
+    ("dgx-h100", "llama3-70b", dict(tp=8, pp=4, dp=4, global_batch=256, interleave=2, zero=1)),
+])
+def test_a_higher_compute_roof_never_slows_a_step(preset, model_name, knobs):
+    """The step never gets slower as the tier's compute roof rises, and no roof is the fastest."""
+    cluster = load_cluster(preset)
+    model = load_model(model_name)
+    point = Strategy(**knobs, expansion_roofline=True)
+    devices = 4096 if preset == "tpu-v4" else 128
+    need = estimate(model, cluster, devices, point).memory_per_device_bytes
+    tiered = _with_tier(cluster, 0.6 * need, need, 64e9)
+    times = []
+    for roof in (1e12, 1e13, 1e14, 1e15, None):
+        acc = dc.replace(tiered.accelerator, expansion=dc.replace(tiered.accelerator.expansion, compute=roof))
+        times.append(estimate(model, dc.replace(tiered, accelerator=acc), devices, point).step_time_s)
+    assert all(a >= b for a, b in zip(times, times[1:])), times
+    assert times[0] > 1.5 * times[-1]          # a 1 TFLOP/s roof on 40 % of the state shows
+
+
 # --- the readings block -----------------------------------------------------------------------------------
 
 TINY = """name: {name}
@@ -324,17 +385,48 @@ def test_a_reading_that_selects_what_a_study_does_not_search_is_refused(tmp_path
 
 
 def test_the_shipped_readings_are_every_combination_of_their_answers():
-    """studies/comet/report.yaml: 8 questions, 2 x 2 x 2 x 2 x 2 x 2 x 2 x 3 = 384 readings; the first is the
-    literal one, the studies as written."""
+    """studies/comet/report.yaml: 8 questions, 2 x 2 x 2 x 2 x 2 x 2 x 3 x 3 = 576 readings; the first is the
+    literal one, the studies as written. A study without an expansion tier runs again only for the sequence
+    length; one with a tier also for the tier's compute roof."""
     import yaml
 
     block = rd.from_yaml(yaml.safe_load((STUDIES / "report.yaml").read_text())["readings"])
     every = block.all()
-    assert len(every) == 384 and len(block.questions) == 8
+    assert len(every) == 576 and len(block.questions) == 8
     literal = every[0]
     assert literal.name == "seq2048 grid2 whole 80gb x4096 tile prefetch comet-dse"
     assert not literal.run and not literal.clusters and literal.cost == "comet-dse"
-    assert block.runs() == {"": {}, "seq1024": {"seq_len": 1024, "global_batch": 4096}}
+    seq = {"seq_len": 1024, "global_batch": 4096}
+    assert block.runs(tier=False) == {"": {}, "seq1024": seq}
+    roof = {"expansion": {"compute": "10 TFLOP/s"}}
+    assert block.runs(tier=True) == {"": {}, "seq1024": seq, "roofline-peak": roof, "seq1024+roofline-peak": {**seq, **roof}}
+
+
+@pytest.mark.parametrize("value", ["10 TFLOP/s", "{}", "[1, 2]"])
+def test_a_tier_answer_must_be_a_mapping_of_tier_fields(value):
+    raw = {"studies": ["tiny"], "questions": [{"question": "tier", "answers": [
+        {"name": "plain"}, {"name": "roof", "set": {"expansion": __import__("yaml").safe_load(value)}}]}]}
+    with pytest.raises(InputError) as info:
+        rd.from_yaml(raw)
+    assert info.value.field == "report.readings.questions[0].answers[1].set.expansion"
+    assert "mapping of expansion-tier fields" in info.value.message
+
+
+def test_a_tier_answer_runs_only_the_studies_with_a_tier_again():
+    """`set: {expansion: {compute: ...}}` merges into a study's own `expansion:` (capacity, bandwidth and latency
+    stay the file's) and leaves a study without a tier as written (no run of its own)."""
+    from comet_dse.report.build import load_folder, reading_runs
+
+    text, studies = load_folder(STUDIES)
+    runs = reading_runs(text, studies)
+    assert {s.name for s in runs["roofline-peak"]} == {"paper-rq5-expansion@roofline-peak"}
+    assert {s.name for s in runs["seq1024"]} == {f"{n}@seq1024" for n in text.readings.studies}
+    written = next(s for s in studies if s.name == "paper-rq5-expansion").variants[0].cluster.accelerator.expansion
+    again = runs["seq1024+roofline-peak"][0]
+    tier = again.variants[0].cluster.accelerator.expansion
+    assert tier.compute == 10e12 and written.compute is None
+    assert (tier.capacity, tier.bandwidth, tier.latency) == (written.capacity, written.bandwidth, written.latency)
+    assert again.models[0].seq_len == 1024
 
 
 def test_a_study_searches_each_clusters_mp_grid(tmp_path):

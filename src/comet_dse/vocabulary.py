@@ -168,6 +168,9 @@ RESOURCES = (
              "bytes/s to and from the expansion tier"),
     Resource("expansion_latency", "expansion tier latency", "s", "us", 1e-6, "per access",
              "seconds per transfer phase to the expansion tier"),
+    Resource("expansion_compute", "compute on expansion-tier operands", "FLOP/s", "TFLOP/s", 1e12, PER_DEVICE,
+             "FLOP/s on operands read from the expansion tier in place (a remote-memory roofline's compute roof; "
+             "used with expansion_roofline)"),
     Resource("reserved_memory", "reserved memory", "B", "GiB", GiB, PER_DEVICE,
              "device memory a job cannot use for its tensors: driver, runtime context, collective buffers"),
     Resource("workspace_memory", "GEMM workspaces", "B", "MiB", 2.0**20, PER_DEVICE,

@@ -139,12 +139,19 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     placed = place(memory, acc.state_capacity, exp_cap, memory_total)
 
     dp_fwd, dp_bwd = fwd, bwd
+    roofline = None
     if acc.expansion is not None and np.any(st.expansion_roofline):
-        # a pass that streams spilled data from the tier lasts max(its work, the stream) (the roofline
-        # below), and the data-parallel reduction hides behind that whole duration
+        # a pass that streams spilled data from the tier lasts max(its work, the stream, its work on spilled
+        # operands at the tier's compute roof) (the roofline below), and the data-parallel reduction hides
+        # behind that whole duration
         remote_f, remote_b = _remote_per_pass(acc, placed, memory, act_per_mb)
+        if acc.expansion.compute is not None:
+            capped_f, capped_b = _remote_compute_per_pass(acc.expansion.compute, placed, memory,
+                                                          _stage_pass_flops(model, st, lay, m))
+            remote_f, remote_b = np.maximum(remote_f, capped_f), np.maximum(remote_b, capped_b)
         dp_fwd = np.where(st.expansion_roofline, np.maximum(fwd, remote_f), fwd)
         dp_bwd = np.where(st.expansion_roofline, np.maximum(bwd, remote_b), bwd)
+        roofline = (st.expansion_roofline, fwd, bwd, remote_f, remote_b)
     dp_exposed, dp_hidden = _data_parallel(st, dp_fwd, dp_bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0),
                                            u > 0)
     # fp8 amax all-reduces: every micro-batch of every stage, on the critical path like the stage's work
@@ -153,8 +160,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     optimizer = lay.optimizer
 
     offload = _offload_time(acc, placed, memory, act_per_mb, m,
-                            overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed),
-                            roofline=(st.expansion_roofline, fwd, bwd))
+                            overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed), roofline=roofline)
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]) + dp_slowdown,
@@ -529,6 +535,38 @@ def _remote_per_pass(acc, placed, memory, act_per_mb) -> tuple:
     return (placed.spilled_weights + spilled_act) / bw, (2.0 * placed.spilled_weights + spilled_act) / bw
 
 
+def _stage_pass_flops(model: Transformer, st: StrategyArrays, lay: Layout, m) -> tuple:
+    """Hardware FLOP one device of the fullest stage runs per micro-batch in forward and in backward (with its
+    recomputation): the step's (``_flops``) shares F/3 and H - F/3 (F model, H hardware FLOP; backward is
+    twice forward), times the device's part of them,
+        n_stage / (L tp cp dp m)
+    (n_stage the stage's transformer layers of L; a stage's embedding and head taken in proportion to its
+    layers)."""
+    model_f, hardware_f = _flops(model, st)
+    share = np.maximum(lay.stage_layers, 1.0) / (model.layers * st.tp * st.cp * st.dp * m)
+    return model_f / 3.0 * share, (hardware_f - model_f / 3.0) * share
+
+
+def _remote_compute_per_pass(peak, placed, memory, pass_flops) -> tuple:
+    """Seconds per micro-batch the forward and the backward pass compute on operands read from the expansion
+    tier in place, at the tier's compute roof P_x (MemoryTier.compute; the COMET authors' remote-memory
+    roofline, trial/run.log: remote-mem-roofline-peak-perf 10000 GFLOP/s beside remote-mem-roofline-bw):
+        forward  s_w F_f / P_x            (its GEMMs read the spilled weights)
+        backward max(s_w, f_x) F_b / P_x  (it reads weights and saved activations and writes gradients)
+    s_w = W_x / (W + G): the spilled share of the weights and gradients; f_x the spilled share of the
+    activations; F_f, F_b the pass's FLOP (``_stage_pass_flops``). Spilled bytes are taken as the same share of
+    every layer, and the two kinds on the same layers, so that the fewest operators touch the tier: a lower
+    bound of the capped work. The optimizer's work on spilled state is left out: about 16 FLOP per 24 bytes
+    streamed (read and write of fp32 master, m, v), under the roof's ridge P_x / B (100 FLOP/B in the
+    authors' configs), so the stream ``_offload_time`` charges bounds it."""
+    f_fwd, f_bwd = pass_flops
+    wg = memory["weights"] + memory["gradients"]
+    weights_share = np.where(wg > 0, placed.spilled_weights / np.maximum(wg, 1.0), 0.0)
+    act_share = np.where(memory["activations"] > 0,
+                         placed.spilled_activations / np.maximum(memory["activations"], 1.0), 0.0)
+    return weights_share * f_fwd / peak, np.maximum(weights_share, act_share) * f_bwd / peak
+
+
 def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None):
     """Traffic to the expansion tier per step that is not hidden behind compute [s].
 
@@ -562,16 +600,17 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=Non
     T_f, T_b: the stage's forward and backward (+ recomputation) seconds per
     micro-batch with their exposed communication; T_opt: the optimizer step;
     T_dp: the step's exposed data-parallel communication.
-    ``roofline`` = (expansion_roofline per point, C_f, C_b): where on, the tier is costed as COMET's
-    remote-memory roofline (dkadiyala3/comet-astrasim, trial/run.log: remote-mem-roofline-bw beside
-    local-mem-roofline-bw): an operator takes max(compute, local memory, remote memory), so each pass's
-    traffic hides only behind that pass's own duration C_f, C_b (T_f, T_b: its kernels, compute- or
-    memory-bound, and the in-layer communication they wait on), and nothing is prefetched from one pass
-    into another or into exposed DP time. (Hiding it behind the compute-bound kernels alone made faster
-    compute slow a step: a GEMM that turns memory-bound, or attention that stops hiding a CP ring, left
-    that window, issue 32.)
-        T = m [max(0, (W_x + f_x A)/B - C_f) + max(0, (2 W_x + f_x A)/B - C_b)]
-            + max(0, 2 O_x / B - T_opt) + latencies
+    ``roofline`` = (expansion_roofline per point, C_f, C_b, R_f, R_b): where on, the tier is costed as
+    COMET's remote-memory roofline (dkadiyala3/comet-astrasim, trial/run.log: remote-mem-roofline-bw and
+    -peak-perf beside local-mem-roofline-*): an operator takes max(compute, local memory, remote memory,
+    compute on remote operands), so each pass's remote time R (its stream (W_x + f_x A)/B, (2 W_x + f_x A)/B,
+    or where the tier has a compute roof its work on spilled operands at that roof, whichever is longer:
+    ``_remote_compute_per_pass``) hides only behind that pass's own duration C_f, C_b (T_f, T_b: its kernels,
+    compute- or memory-bound, and the in-layer communication they wait on), and nothing is prefetched from
+    one pass into another or into exposed DP time. (Hiding it behind the compute-bound kernels alone made
+    faster compute slow a step: a GEMM that turns memory-bound, or attention that stops hiding a CP ring,
+    left that window, issue 32.)
+        T = m [max(0, R_f - C_f) + max(0, R_b - C_b)] + max(0, 2 O_x / B - T_opt) + latencies
     (the optimizer, memory-bound, streams its spilled state beside its HBM traffic).
     Sources: Rajbhandari et al. 2021 (ZeRO-Infinity, arXiv:2104.07857,
     Sec. 6: overlap-centric design); docs/model.md.
@@ -589,10 +628,10 @@ def _offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=Non
         backward = np.maximum(remote_b - t_b, 0.0)
         optimizer = np.maximum(2.0 * placed.spilled_optimizer / bw - t_opt, 0.0)
         exposed = np.where(on, np.maximum(m * (forward + backward) + optimizer - t_dp, 0.0), exposed)
-        if roofline is not None and np.any(roofline[0]):
-            on, c_f, c_b = roofline
-            forward = np.maximum(remote_f - c_f, 0.0)
-            backward = np.maximum(remote_b - c_b, 0.0)
+        if roofline is not None:
+            on, c_f, c_b, roof_f, roof_b = roofline
+            forward = np.maximum(roof_f - c_f, 0.0)
+            backward = np.maximum(roof_b - c_b, 0.0)
             exposed = np.where(on, m * (forward + backward) + optimizer, exposed)
     return exposed + phases * lat
 

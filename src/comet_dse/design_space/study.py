@@ -41,6 +41,7 @@ CLUSTER_AXES = {
     "expansion_capacity": KIND_BYTES,
     "expansion_bandwidth": KIND_BANDWIDTH,
     "expansion_latency": KIND_TIME,
+    "expansion_compute": KIND_FLOPS,
     "reserved_memory": KIND_BYTES,
     "workspace_memory": KIND_BYTES,
     "fragmentation": KIND_COUNT,
@@ -67,6 +68,7 @@ AXIS_BOUNDS = {
     "expansion_capacity": BOUNDS["expansion_capacity"],
     "expansion_bandwidth": BOUNDS["memory_bandwidth"],
     "expansion_latency": BOUNDS["latency"],
+    "expansion_compute": BOUNDS["peak_flops"],
     "reserved_memory": BOUNDS["reserved_memory"],
     "workspace_memory": BOUNDS["reserved_memory"],
     "fragmentation": BOUNDS["fragmentation"],
@@ -182,7 +184,8 @@ def load_study(path: Path, max_points: int | None = None, overrides: dict | None
     The design points are counted before any cluster variant is built: a study
     of more than ``max_points`` (None: no limit) is refused with its count.
     ``overrides``: top-level fields that replace the file's (a report's readings,
-    report/readings.py), e.g. {"seq_len": 1024, "global_batch": 4096, "name": ...}.
+    report/readings.py), e.g. {"seq_len": 1024, "global_batch": 4096, "name": ...}; a mapping merges into
+    the file's mapping of that name (e.g. {"expansion": {"compute": "10 TFLOP/s"}}).
     """
     path = Path(path)
     text = read_text_file(path, "study")
@@ -192,7 +195,9 @@ def load_study(path: Path, max_points: int | None = None, overrides: dict | None
         data = parse_yaml(text, path, "study")
         if not isinstance(data, dict):
             raise InputError("study", f"{path} must hold a mapping of fields")
-        text = yaml.safe_dump({**data, **overrides}, sort_keys=False)
+        merged = {k: {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+                  for k, v in overrides.items()}
+        text = yaml.safe_dump({**data, **merged}, sort_keys=False)
     f = Fields(parse_yaml(text, path, "study"), "")
     if not f.has("models") or f.raw("models") in ([], ""):
         raise InputError("models", "give at least one: a model YAML, a config.json or a preset "
@@ -478,9 +483,12 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
         peaks = {k: scaled(v) for k, v in acc.peak_flops.items()}
         return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
     if name in ("hbm_capacity", "hbm_bandwidth", "sram_capacity", "sram_bandwidth",
-                "expansion_capacity", "expansion_bandwidth", "expansion_latency"):
+                "expansion_capacity", "expansion_bandwidth", "expansion_latency", "expansion_compute"):
         tier_name, attr = name.split("_", 1)
         tier = getattr(acc, tier_name)
+        if mode == "scale" and getattr(tier, attr) is None:      # the tier's compute roof: none unless given
+            raise InputError(f"axes.{name}", f"{cluster.name}'s expansion tier has no compute roof to scale; "
+                             "give values in FLOP/s")
         tier = dc.replace(tier, **{attr: scaled(getattr(tier, attr))})
         return dc.replace(cluster, accelerator=dc.replace(acc, **{tier_name: tier}))
     if name in ("reserved_memory", "workspace_memory", "fragmentation"):   # memory a job cannot use (docs/hardware.md)

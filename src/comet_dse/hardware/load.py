@@ -26,7 +26,8 @@ TIER_CAPACITY = {"sram": "sram_capacity", "hbm": "hbm_capacity", "expansion": "e
 def tier_from(fields: Fields, name: str, with_latency: bool = False, may_hold_state: bool = False) -> MemoryTier:
     """A memory tier ``name`` (sram, hbm or expansion: its capacity is checked against that row of
     bounds.BOUNDS, ``TIER_CAPACITY``); ``may_hold_state``: it takes `holds_state` (on-chip SRAM counted
-    as capacity)."""
+    as capacity). The expansion tier also takes `compute`, the FLOP/s on operands read from it in place
+    (MemoryTier.compute; absent: no roof beyond the device's own)."""
     tier = MemoryTier(
         name=name,
         capacity=fields.quantity("capacity", KIND_BYTES, bound=TIER_CAPACITY[name]),
@@ -34,6 +35,7 @@ def tier_from(fields: Fields, name: str, with_latency: bool = False, may_hold_st
         efficiency=fields.fraction("efficiency", 1.0),
         latency=fields.quantity("latency", KIND_TIME, 0.0, bound="latency") if with_latency else 0.0,
         holds_state=fields.boolean("holds_state", False) if may_hold_state else False,
+        compute=fields.quantity("compute", KIND_FLOPS, None, bound="peak_flops") if name == "expansion" else None,
     )
     fields.reject_unknown(("source",))
     return tier

@@ -41,6 +41,12 @@ class MemoryTier:
     holds_state: on-chip SRAM only: the tier holds model state and activations
     like HBM does (its capacity adds to HBM's, ``Accelerator.state_capacity``),
     as on SRAM-rich designs that keep weights on chip (Dojo, wafer-scale engines).
+    compute: expansion tier only: FLOP/s the device reaches on operands that are
+    read from the tier in place, the compute roof of a remote-memory roofline
+    (the COMET authors' `remote-mem-roofline-peak-perf`; the host CPU's rate
+    where the tier is host memory that computes on what it holds); None: no
+    roof beyond the device's own. Used where the tier is costed as a roofline
+    (``expansion_roofline``, cost/step.py: _remote_compute_per_pass).
     """
 
     name: str
@@ -49,6 +55,7 @@ class MemoryTier:
     efficiency: float = 1.0
     latency: float = 0.0
     holds_state: bool = False
+    compute: float | None = None
 
     @property
     def achievable_bandwidth(self) -> float:

@@ -64,14 +64,16 @@ def load_folder(study_dir: Path, max_points: int | None = None) -> tuple:
 
 def reading_runs(text: "ReportText", studies: list, max_points: int | None = None) -> dict:
     """run label -> [Study]: the studies a report's readings run again with their overrides (seq_len,
-    global_batch; report/readings.py), named ``<study>@<answers>``, before anything runs."""
+    global_batch, the expansion tier's fields; report/readings.py), named ``<study>@<answers>``, before anything
+    runs. A study without an expansion tier is not run again for an answer that changes only the tier."""
     by_name = {s.name: s for s in studies}
     out = {}
-    for label, overrides in text.readings.runs().items():
-        if label:
-            out[label] = [load_study(_path_of(by_name[name]), max_points,
-                                     overrides={**overrides, "name": f"{name}@{label}"})
-                          for name in text.readings.studies]
+    for name in text.readings.studies:
+        study = by_name[name]
+        for label, overrides in text.readings.runs(rd.has_tier(study)).items():
+            if label:
+                out.setdefault(label, []).append(load_study(_path_of(study), max_points,
+                                                            overrides={**overrides, "name": f"{name}@{label}"}))
     return out
 
 
@@ -127,7 +129,8 @@ def build_report(study_dir: Path, output: Path, workers: int = 1, progress: bool
         drawn = _figure_reading(text.readings, card)
         for i, section in enumerate(sections):
             if drawn is not None and text.readings.applies(section.study.name):
-                source = runs.get(drawn.run_label, {}).get(section.study.name, section) if drawn.run_label else section
+                label = drawn.run_label_for(rd.has_tier(section.study))
+                source = runs.get(label, {}).get(section.study.name, section) if label else section
                 sections[i] = section = under(source, drawn, text.readings)
             count = len(section.study.figures)
             step(f"drawing {section.study.name}: {count} figure{'s' * (count != 1)} ({i + 1} of {len(sections)} studies)")

@@ -359,7 +359,8 @@ def evaluate(specs: list, sections: list, readings: rd.Readings = rd.NO_READINGS
         for reading in every:
             setup = spec.paper_setup
             applies = readings.applies(setup.study)
-            section = runs[reading.run_label if applies else ""][setup.study]
+            label = reading.run_label_for(rd.has_tier(by_name[setup.study].study)) if applies else ""
+            section = runs[label][setup.study]
             here = reading if applies else rd.Reading(())
             key = (index, id(section), _relevant(spec, section.study, here))
             if key not in memo:

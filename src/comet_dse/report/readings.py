@@ -8,6 +8,8 @@ under every combination (``Readings.all``), the first answer of each question ma
 An answer may set
 
 - ``seq_len`` and ``global_batch``: the studies are run again with them (their own results);
+- ``expansion: {field: value}``: the studies that have an expansion tier are run again with these fields merged
+  into their ``expansion:`` (e.g. ``compute``, the tier's compute roof); the others are not affected;
 - ``strategy: {knob: value}``: the rows with that value of a knob the study searches;
 - ``mp: {cluster: [MP, ...]}``: the rows of that cluster's splits on the grid (the study field ``mp:``);
 - ``clusters: {cluster: other}``: where a finding names ``cluster``, the reading reads ``other`` (a cluster of the
@@ -18,7 +20,8 @@ An answer may set
 
 The selections (strategy, mp, clusters, devices) restrict the sweep of the study as written: the study must search
 every value an answer selects, so that a selection equals a run with that override (tests/test_readings.py checks
-one). That way 384 readings cost two sweeps per study, not 384.
+one). That way the COMET report's 576 readings cost two sweeps per study (four of the one with an expansion tier),
+not 576.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from comet_dse.errors import InputError
 from comet_dse.loading import Fields
 from comet_dse.strategy import KNOB
 
-RUN_KEYS = ("seq_len", "global_batch")
+RUN_KEYS = ("seq_len", "global_batch", "expansion")
+TIER_RUN_KEYS = ("expansion",)    # run keys that change only a study with an expansion tier
 COSTS = ("comet-dse", "gemm", "elementwise")
 # Knobs that only matter where a cluster has an expansion tier: a study without one need not search them.
 TIER_KNOBS = ("expansion_overlap", "expansion_roofline")
@@ -70,7 +74,18 @@ class Reading:
     @property
     def run_label(self) -> str:
         """The answers that change the sweep, joined ('' when none does): the suffix of their results."""
-        return "+".join(a.name for a in self.answers if a.run)
+        return self.run_label_for(True)
+
+    def run_label_for(self, tier: bool) -> str:
+        """``run_label`` of a study with (``tier``) or without an expansion tier: the latter leaves out the answers
+        that only change a tier (``TIER_RUN_KEYS``)."""
+        return "+".join(a.name for a in self.answers if _runs_again(a, tier))
+
+    def overrides_for(self, tier: bool) -> dict:
+        """The study fields a study with or without an expansion tier runs again with (``run_label_for``); a
+        mapping's fields are given as a dict (load_study merges it into the study's own)."""
+        return {k: dict(v) if k in TIER_RUN_KEYS else v for a in self.answers if _runs_again(a, tier)
+                for k, v in a.run if tier or k not in TIER_RUN_KEYS}
 
     @property
     def strategy(self) -> dict:
@@ -123,15 +138,26 @@ class Readings:
         """Answers of ``reading`` that are not the literal ones."""
         return sum(1 for a in reading.answers if a.name != self.firsts[a.question])
 
-    def runs(self) -> dict:
-        """run label -> the study overrides of that run ('' -> none: the studies as written)."""
+    def runs(self, tier: bool = True) -> dict:
+        """run label -> the study overrides of that run ('' -> none: the studies as written), for a study with
+        (``tier``) or without an expansion tier."""
         out = {}
         for r in self.all():
-            out.setdefault(r.run_label, dict(r.run))
+            out.setdefault(r.run_label_for(tier), r.overrides_for(tier))
         return out
 
     def applies(self, study_name: str) -> bool:
         return study_name in self.studies
+
+
+def _runs_again(answer: Answer, tier: bool) -> bool:
+    """True where ``answer`` changes the sweep of a study with (``tier``) or without an expansion tier."""
+    return any(tier or k not in TIER_RUN_KEYS for k, _ in answer.run)
+
+
+def has_tier(study) -> bool:
+    """True where some variant of ``study`` has an expansion tier (its tier answers can change it)."""
+    return any(v.cluster.accelerator.expansion is not None for v in study.variants)
 
 
 NO_READINGS = Readings(studies=())
@@ -204,7 +230,7 @@ def _answer(f: Fields, question: str) -> Answer:
     if not name or " " in name:
         raise InputError(f.name("name"), f"must be one word (it names the answer in reading names), got {name!r}")
     s = f.sub("set") if f.has("set") else Fields({}, f.name("set"))
-    run = tuple((k, s.raw(k)) for k in RUN_KEYS if s.has(k))
+    run = tuple((k, _run_value(s, k)) for k in RUN_KEYS if s.has(k))
     strategy = ()
     if s.has("strategy"):
         st = s.sub("strategy")
@@ -231,6 +257,17 @@ def _answer(f: Fields, question: str) -> Answer:
     return answer
 
 
+def _run_value(s: Fields, key: str):
+    """An answer's run value: as given, but ``expansion`` a non-empty mapping, kept as sorted (field, value)
+    pairs (a Reading stays hashable); its fields are checked where the study is loaded with them."""
+    value = s.raw(key)
+    if key not in TIER_RUN_KEYS:
+        return value
+    if not isinstance(value, dict) or not value:
+        raise InputError(s.name(key), "must be a mapping of expansion-tier fields, e.g. {compute: 10 TFLOP/s}")
+    return tuple(sorted((str(k), v) for k, v in value.items()))
+
+
 def _cell(value):
     """A knob value as the report's data columns hold it: a choice by name, a switch as a bool."""
     return value.value if hasattr(value, "value") and not isinstance(value, bool) else value
@@ -254,8 +291,7 @@ def check(readings: Readings, studies: list) -> None:
                     if not isinstance(searched, tuple):
                         raise InputError(where, f"selects {knob}, which the studies enumerate; select a listed knob")
                     if value not in {_cell(v) for v in searched}:
-                        tierless = all(v.cluster.accelerator.expansion is None for v in study.variants)
-                        if not (knob in TIER_KNOBS and tierless):
+                        if not (knob in TIER_KNOBS and not has_tier(study)):
                             raise InputError(where, f"selects {knob} {value}, which study {study.name} does not "
                                              f"search (it tries {', '.join(str(_cell(v)) for v in searched)})")
                 for literal, other in a.clusters:
@@ -285,7 +321,7 @@ def roles(study, readings: Readings) -> list:
 def mask(data: dict, study, reading: Reading) -> np.ndarray:
     """The rows of a study's results that ``reading`` selects (its strategy values, MP grids and device counts)."""
     rows = np.ones(len(data["variant"]), dtype=bool)
-    tierless = all(v.cluster.accelerator.expansion is None for v in study.variants)
+    tierless = not has_tier(study)
     for knob, value in reading.strategy.items():
         if knob in data and not (knob in TIER_KNOBS and tierless):     # a tier knob cannot matter without a tier
             rows &= data[knob] == value
