@@ -1,9 +1,9 @@
 """Search for points where a better resource makes a step slower, far beyond what the test suite draws.
 
 For every cluster preset that holds 64 devices (and the same preset with a 512 GiB, 100 GB/s CXL-like tier
-when it has none), a dense and a MoE model, and N random strategies over the whole knob space, it evaluates
+with a 20 TFLOP/s compute roof when it has none), a dense and a MoE model, and N random strategies over the whole knob space, it evaluates
 the batched cost model once as it is and once per improved resource (2x FLOP/s, HBM, SRAM and vector rates,
-HBM and tier capacity, tier bandwidth, 4x SRAM capacity, the sustained tensor rate at 1; per network dimension
+HBM and tier capacity, tier bandwidth and compute roof, 4x SRAM capacity, the sustained tensor rate at 1; per network dimension
 2x link bandwidth, 1.25x efficiency capped at 1, half the latency), over pipelines up to 16 stages, ZeRO 0-3,
 the expansion tier as memory or as a roofline, every placement family and each device's attention kernels and prints each (cluster, resource) with violations: how many, the worst ratio, and the
 worst strategy. No output means none was found. tests/test_physics.py checks the same property on fewer
@@ -25,7 +25,7 @@ from comet_dse.presets import load_cluster, load_model, preset_names
 from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy, StrategyArrays
 
 DEVICES = 64
-CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6)
+CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6, compute=20e12)   # a compute roof that binds (roofline)
 
 
 def random_strategy(rng: random.Random, moe: bool, kernels=("fa2",)) -> Strategy:
@@ -65,6 +65,8 @@ def improved(cluster):
         yield "expansion_bandwidth", _acc(cluster, expansion=dc.replace(exp, bandwidth=2 * exp.bandwidth))
         yield "expansion_latency", _acc(cluster, expansion=dc.replace(exp, latency=0.5 * exp.latency))
         yield "expansion_capacity", _acc(cluster, expansion=dc.replace(exp, capacity=2 * exp.capacity))
+        if exp.compute is not None:
+            yield "expansion_compute", _acc(cluster, expansion=dc.replace(exp, compute=2 * exp.compute))
     for i, d in enumerate(cluster.network):
         for what, new in (("link_bandwidth", dc.replace(d, link_bandwidth=2 * d.link_bandwidth)),
                           ("efficiency", dc.replace(d, efficiency=min(1.0, 1.25 * d.efficiency))),
