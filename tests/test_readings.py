@@ -130,6 +130,24 @@ def test_the_dojo_tray_preset_by_hand():
     assert need(4, "layer")[0] == pytest.approx(layer, rel=0.005) and need(4, "layer")[1]
 
 
+def test_the_dojo_d1_mesh_preset_by_hand():
+    """`d1`: 64 D1 dies as an 8 x 8 block of the die mesh (the `dojo` preset's 5 x 5 tiles cannot hold 64), each
+    row and column crossing one tile edge at 9 TB/s / 5 dies = 1.8 TB/s. A die holds 6.4 GiB of DIP HBM and 440 MB
+    of SRAM: 64 of them 426 GiB, so MP8_DP8 needs 2P + 2P + 12P/8 + C with P = 929e9 / 8 and nothing fits."""
+    d1 = load_cluster("dojo-d1-mesh")
+    assert d1.dim_sizes(64) == (8, 8)
+    with pytest.raises(InputError):
+        load_cluster("dojo").dim_sizes(64)
+    assert all(d.link_bandwidth == 1.8e12 and d.topology.value == "mesh" for d in d1.network)
+    assert d1.accelerator.state_capacity == pytest.approx(6.4 * GiB + 440e6)
+    assert d1.accelerator.peak_flops["bf16"] == 362e12
+    point = Strategy(tp=8, dp=8, global_batch=2048, zero=1, grad_buffer="whole", **PAPER)
+    e = estimate(COMET, d1, 64, point)
+    p8, c = 929.0625e9 / 8, 128 * 2048 * 24576 * 2
+    assert e.memory_per_device_bytes == pytest.approx(5.5 * p8 + c, rel=0.005)
+    assert not e.feasible and e.memory_per_device_bytes > 80 * d1.accelerator.state_capacity     # 89x
+
+
 def _with_tier(cluster, hbm: float, capacity: float, bandwidth: float):
     acc = dc.replace(cluster.accelerator, hbm=dc.replace(cluster.accelerator.hbm, capacity=hbm),
                      expansion=MemoryTier("expansion", capacity, bandwidth, 1.0, 0.0))
@@ -385,14 +403,14 @@ def test_a_reading_that_selects_what_a_study_does_not_search_is_refused(tmp_path
 
 
 def test_the_shipped_readings_are_every_combination_of_their_answers():
-    """studies/comet/report.yaml: 8 questions, 2 x 2 x 2 x 2 x 2 x 2 x 3 x 3 = 576 readings; the first is the
+    """studies/comet/report.yaml: 8 questions, 2 x 2 x 2 x 2 x 2 x 3 x 3 x 3 = 864 readings; the first is the
     literal one, the studies as written. A study without an expansion tier runs again only for the sequence
     length; one with a tier also for the tier's compute roof."""
     import yaml
 
     block = rd.from_yaml(yaml.safe_load((STUDIES / "report.yaml").read_text())["readings"])
     every = block.all()
-    assert len(every) == 576 and len(block.questions) == 8
+    assert len(every) == 864 and len(block.questions) == 8
     literal = every[0]
     assert literal.name == "seq2048 grid2 whole 80gb x4096 tile prefetch comet-dse"
     assert not literal.run and not literal.clusters and literal.cost == "comet-dse"

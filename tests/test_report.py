@@ -58,7 +58,7 @@ def test_report_has_the_findings_table_and_its_json(report):
     assert len(rows) >= 9
     for row in rows:
         assert {"finding", "paper", "unit", "readings", "status", "evidence"} <= set(row)
-        assert row["unit"] in ("split", "x", "shape") and len(row["readings"]) == 576
+        assert row["unit"] in ("split", "x", "shape") and len(row["readings"]) == 864
         assert row["status"] in ("reproduced", "not reproduced", "not determinable")
         declared = row["declared"]
         assert declared["reading"] == "seq1024 grid2 whole 80gb x4096 tile roofline sim-gemm"

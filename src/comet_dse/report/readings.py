@@ -20,8 +20,8 @@ An answer may set
 
 The selections (strategy, mp, clusters, devices) restrict the sweep of the study as written: the study must search
 every value an answer selects, so that a selection equals a run with that override (tests/test_readings.py checks
-one). That way the COMET report's 576 readings cost two sweeps per study (four of the one with an expansion tier),
-not 576.
+one). That way the COMET report's 864 readings cost two sweeps per study (four of the one with an expansion tier),
+not 864.
 """
 from __future__ import annotations
 
