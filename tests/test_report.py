@@ -160,3 +160,21 @@ def test_report_labels_its_progress_and_says_what_it_draws(tmp_path, capsys):
     assert "comet-dse: drawing paper-rq1-parallelism: 1 figure (1 of 1 studies)" in lines, err
     assert lines.index("comet-dse: writing report.html") > lines.index(
         "comet-dse: drawing paper-rq1-parallelism: 1 figure (1 of 1 studies)")
+
+
+def test_the_case_studies_doc_quotes_the_findings_table(report):
+    """docs/case-studies.md and the README quote the report: the reading count, the score sentence's spread over
+    the readings, and each finding's count of reproducing readings with and without the tolerances."""
+    rows = json.loads((report.parent / "findings.json").read_text())
+    doc = " ".join((ROOT / "docs" / "case-studies.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    count = len(rows[0]["readings"])
+    assert f"= {count} readings" in doc and f"all {count} readings" in doc and f"the {count} readings" in readme
+    sentence = report.read_text().split('<p class="score">', 1)[1].split("</p>", 1)[0]
+    spread = re.search(r"over all \d+ readings: (.*?)\. No single", sentence).group(1)
+    parts = [re.fullmatch(r"(\d) of \d under (\d+) readings?", p).groups() for p in spread.split("; ")]
+    quoted = ", ".join(f"{k} under {n}" + (" readings" if i == 0 else "") for i, (k, n) in enumerate(parts))
+    assert f"over all {count} readings: {quoted}." in doc.replace("> ", "")
+    for i, row in enumerate(rows, 1):
+        line = next(r for r in (ROOT / "docs" / "case-studies.md").read_text().splitlines() if r.startswith(f"| F{i} |"))
+        assert f"| {row['reproduced_under']} / {row['reproduced_under_without_tolerances']}" in line, (i, line)
