@@ -383,3 +383,25 @@ def test_no_traces_writes_the_papers_split_without_4096_traces(tmp_path, capsys)
     assert (out / "astrasim1" / "workload.txt").read_text() == asi.workload_v1(
         load_model("comet-transformer-1t").with_seq_len(2048), tpu, 128, 32, 2048)
     assert json.loads((out / "astrasim1" / "network.json").read_text()) == json.loads(asi.network_v1(tpu, 4096))
+
+
+@pytest.mark.parametrize("layers", [1, 2, 5, 24, 61, 126, 128])
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 7, 8, 16])
+@pytest.mark.parametrize("slots", [0, 1])
+def test_each_stages_layers_agree_with_the_cost_models_split(layers, pp, slots):
+    """cost/params.py writes the pipeline split twice, per stage for the traces (layers_per_stage) and over
+    arrays for the cost model (stage_layer_counts: the first and the last stage, and a full middle one); both
+    give the same first and last stage, the fullest middle stage is the full one, and every layer is placed
+    once."""
+    from comet_dse.cost.params import layers_per_stage, stage_layer_counts
+
+    each = layers_per_stage(layers, pp, slots)
+    first, last, most = (float(x) for x in stage_layer_counts(layers, pp, float(slots)))
+    assert len(each) == pp and sum(each) == layers
+    if min(each) < 0:
+        return                     # a split the export refuses (and feasibility too)
+    assert (each[0], each[-1]) == (first, last)
+    if pp == 1:
+        assert each == [layers] == [most]
+    elif pp > 2:
+        assert max(each[1:-1]) == most

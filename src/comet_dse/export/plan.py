@@ -16,7 +16,7 @@ import numpy as np
 from comet_dse.cost.layout import layout_of
 from comet_dse.cost.memory import grad_bytes
 from comet_dse.cost.microbatch import ACTIVATION_BYTES, context_of, microbatch_terms
-from comet_dse.cost.params import attention_params_per_device
+from comet_dse.cost.params import attention_params_per_device, layers_per_stage
 from comet_dse.cost.step import dense_layer_flops
 from comet_dse.errors import InputError
 from comet_dse.hardware.spec import Cluster
@@ -122,21 +122,9 @@ def check_supported(model: Transformer, strategy: Strategy) -> None:
 
 
 def stage_layers(layers: int, pp: int, slots: int) -> list:
-    """Transformer layers on each pipeline stage, as cost/params.py: stage_layer_counts splits them.
-
-    base = floor((L + 2 slots) / p) each; the r extra go to the middle stages first, then to the last;
-    the first and the last stage then give ``slots`` of theirs to the embedding and the loss.
-    """
-    if pp == 1:
-        return [layers]
-    total = layers + 2 * slots
-    base, extra = divmod(total, pp)
-    counts = [base] * pp
-    order = list(range(1, pp - 1)) + [pp - 1, 0]
-    for stage in order[:extra]:
-        counts[stage] += 1
-    counts[0] -= slots
-    counts[-1] -= slots
+    """Transformer layers on each pipeline stage (cost/params.py: layers_per_stage); an InputError where the
+    embedding's and the loss's slots leave a stage fewer than none."""
+    counts = layers_per_stage(layers, pp, slots)
     if min(counts) < 0:
         raise InputError("pp", f"{pp} stages leave a stage without layers for the embedding's and the loss's slots")
     return counts
