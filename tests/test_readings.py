@@ -420,6 +420,35 @@ def test_the_shipped_readings_are_every_combination_of_their_answers():
     assert block.runs(tier=True) == {"": {}, "seq1024": seq, "roofline-peak": roof, "seq1024+roofline-peak": {**seq, **roof}}
 
 
+ROOFS = """name: roofs
+description: compute roofs
+models: [comet-transformer-1t]
+cluster: tpu-v4
+devices: 4096
+global_batch: 2048
+expansion: {{capacity: 64 GiB, bandwidth: 64 GB/s{compute}}}
+axes:
+  expansion_compute: {axis}
+strategy: {{model_parallel: pure-mp, pp: 1, expansion_roofline: [true]}}
+figures: [speedup]
+"""
+
+
+def test_a_study_sweeps_the_tiers_compute_roof(tmp_path):
+    """The study axis `expansion_compute` sets the tier's compute roof per variant (values in FLOP/s); scaling it
+    needs a roof to scale, which the study's tier may give."""
+    path = tmp_path / "roofs.yaml"
+    path.write_text(ROOFS.format(compute="", axis='{values: ["10 TFLOP/s", "1 PFLOP/s"]}'))
+    roofs = [v.cluster.accelerator.expansion.compute for v in load_study(path).variants]
+    assert roofs == [10e12, 1e15]
+    path.write_text(ROOFS.format(compute="", axis="{scale: [2]}"))
+    with pytest.raises(InputError) as info:
+        load_study(path)
+    assert info.value.field == "axes.expansion_compute" and "no compute roof to scale" in info.value.message
+    path.write_text(ROOFS.format(compute=", compute: 10 TFLOP/s", axis="{scale: [0.5, 2]}"))
+    assert [v.cluster.accelerator.expansion.compute for v in load_study(path).variants] == [5e12, 20e12]
+
+
 @pytest.mark.parametrize("value", ["10 TFLOP/s", "{}", "[1, 2]"])
 def test_a_tier_answer_must_be_a_mapping_of_tier_fields(value):
     raw = {"studies": ["tiny"], "questions": [{"question": "tier", "answers": [
