@@ -510,12 +510,24 @@ def _network(section: Section, out: Path) -> None:
         section.findings.append(f"{label}: {', '.join(f'x{x:g}: {y:.2f}x' for x, y in zip(xs, ys))}.")
 
 
+# How a row costs the tier (``_tier_costing``), as the expansion figure names it.
+TIER_COSTINGS = {0: "exposed", 1: "overlapped", 2: "roofline"}
+
+
+def _tier_costing(data: dict) -> np.ndarray:
+    """Per row: 0 the tier's traffic exposed, 1 prefetched and overlapped (expansion_overlap), 2 the remote-memory
+    roofline (expansion_roofline, which replaces the overlap knob, so its rows are one costing whatever that is)."""
+    roofline = data.get("expansion_roofline", np.zeros(len(data["variant"]), dtype=bool))
+    return np.where(roofline, 2, np.asarray(data["expansion_overlap"], dtype=int))
+
+
 def _expansion(section: Section, out: Path) -> None:
     """Kind `expansion`: speedup and feasible strategies against the expansion tier's capacity and bandwidth;
-    where the study tries both, one speedup line per bandwidth with the tier's traffic exposed and one with it
-    overlapped (the expansion_overlap knob)."""
+    where the rows cost the tier more than one way, one speedup line per bandwidth and costing (``_tier_costing``:
+    traffic exposed, overlapped, or the remote-memory roofline)."""
     data, stem = section.data, section.study.file_stem
-    modes = [bool(x) for x in np.unique(data["expansion_overlap"])]
+    costing = _tier_costing(data)
+    modes = [int(x) for x in np.unique(costing)]
     base = figures.variant_best_time(data).get(section.study.baseline)
     series, counts = {}, {}
     for v in section.study.variants:
@@ -523,8 +535,8 @@ def _expansion(section: Section, out: Path) -> None:
                              ("expansion_capacity", "expansion_bandwidth"))
         gib = v.values["expansion_capacity"] / 2**30
         for mode in modes:
-            rows = (data["variant"] == v.index) & data["feasible"] & (data["expansion_overlap"] == mode)
-            name = f"{label}, {'overlapped' if mode else 'exposed'}" if len(modes) > 1 else label
+            rows = (data["variant"] == v.index) & data["feasible"] & (costing == mode)
+            name = f"{label}, {TIER_COSTINGS[mode]}" if len(modes) > 1 else label
             xs, ys = series.setdefault(name, ([], []))
             xs.append(gib)
             ys.append(base / float(data["step_time_s"][rows].min()) if np.any(rows) and base else np.nan)
@@ -532,9 +544,14 @@ def _expansion(section: Section, out: Path) -> None:
         cx.append(gib)
         cy.append(int(np.count_nonzero((data["variant"] == v.index) & data["feasible"])))
     caption = "Best step time with a CXL-like tier of each capacity and bandwidth, relative to no tier"
+    meaning = {0: "'exposed': the tier's traffic adds to the step",
+               1: "'overlapped': prefetched and hidden behind each pass's compute where it can be",
+               2: "'roofline': the COMET authors' remote-memory roofline, each pass's traffic (and its work at the "
+                  "tier's compute roof, where it has one) hidden behind that pass alone"}
     if len(modes) > 1:
-        caption += ("; 'exposed': the tier's traffic adds to the step, 'overlapped': prefetched and hidden behind "
-                    "each pass's compute where it can be (docs/model.md)")
+        caption += "; " + ", ".join(meaning[mode] for mode in modes) + " (docs/model.md)"
+    elif modes:
+        caption += f", costed as {TIER_COSTINGS[modes[0]]}: {meaning[modes[0]].split(': ', 1)[1]} (docs/model.md)"
     section.figures.append(figures.lines(series, "expansion tier capacity (GiB per device)",
                                          "speedup of the best strategy (x)", "Expansion memory tier: speedup",
                                          f"{stem}-expansion", caption + ".", out))
