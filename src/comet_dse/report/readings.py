@@ -71,14 +71,10 @@ class Reading:
     def run(self) -> tuple:
         return tuple(kv for a in self.answers for kv in a.run)
 
-    @property
-    def run_label(self) -> str:
-        """The answers that change the sweep, joined ('' when none does): the suffix of their results."""
-        return self.run_label_for(True)
-
     def run_label_for(self, tier: bool) -> str:
-        """``run_label`` of a study with (``tier``) or without an expansion tier: the latter leaves out the answers
-        that only change a tier (``TIER_RUN_KEYS``)."""
+        """The answers that change the sweep of a study with (``tier``) or without an expansion tier, joined ('' when
+        none does): the suffix of its results. Without a tier the answers that only change one (``TIER_RUN_KEYS``)
+        are left out."""
         return "+".join(a.name for a in self.answers if _runs_again(a, tier))
 
     def overrides_for(self, tier: bool) -> dict:
