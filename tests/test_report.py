@@ -178,3 +178,31 @@ def test_the_case_studies_doc_quotes_the_findings_table(report):
     for i, row in enumerate(rows, 1):
         line = next(r for r in (ROOT / "docs" / "case-studies.md").read_text().splitlines() if r.startswith(f"| F{i} |"))
         assert f"| {row['reproduced_under']} / {row['reproduced_under_without_tolerances']}" in line, (i, line)
+
+
+def test_the_case_studies_doc_quotes_the_compute_roof(report):
+    """docs/case-studies.md, RQ5: what the literal reading's best split with and without a tier is under the
+    authors' compute roof (roofline-peak), and the `seq1024 grid4 layer` reading's, from the report's data."""
+    import pyarrow.parquet as pq
+
+    doc = " ".join((ROOT / "docs" / "case-studies.md").read_text().split())
+    data = report.parent / "data"
+
+    def best(name, tier, **where):
+        t = pq.read_table(data / f"paper-rq5-expansion-{name}.parquet").to_pandas()
+        rows = t[t.feasible & t.expansion_roofline & ((t.axis_expansion_capacity > 0) == tier)]
+        for column, allowed in where.items():
+            rows = rows[rows[column].isin(allowed)]
+        return rows.sort_values("step_time_s").iloc[0]
+
+    tier, none = best("roofline-peak", True, grad_buffer=["whole"]), best("roofline-peak", False, grad_buffer=["whole"])
+    assert (tier.tp, none.tp) == (128, 256)
+    quoted = (f"({tier.expansion_bytes / 1e9:.1f} GB spilled", f"{tier.step_time_s:.1f} s against MP256_DP16's "
+              f"{none.step_time_s:.1f} s without a tier, {none.step_time_s / tier.step_time_s:.2f}x, of which "
+              f"{tier.time_offload_s:.1f} s is the capped work")
+    grid4 = dict(grad_buffer=["layer"], tp=[1, 4, 16, 64, 256, 1024, 4096])
+    short, short_none = best("seq1024-roofline-peak", True, **grid4), best("seq1024-roofline-peak", False, **grid4)
+    quoted += (f"{short_none.step_time_s / short.step_time_s:.2f}x with `seq1024`",
+               f"MP{short.tp}_DP{short.dp} spills {short.expansion_bytes / 1e9:.1f} GB")
+    missing = [q for q in quoted if q not in doc]
+    assert not missing, missing
