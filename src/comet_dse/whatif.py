@@ -40,12 +40,13 @@ def default_resources(cluster: Cluster) -> list:
     """The resources a what-if scales by default: compute, HBM capacity and bandwidth, on-chip SRAM, the
     whole network's bandwidth and, with several network dimensions, each one's (per device, per
     direction: ``network.<dim>.bandwidth``); the expansion tier's capacity and bandwidth when the
-    cluster has one."""
+    cluster has one, and its compute roof where it has one (``MemoryTier.compute``)."""
     names = ["peak_flops", "hbm_capacity", "hbm_bandwidth", "sram_capacity", "network_bandwidth"]
     if len(cluster.network) > 1:
         names += [f"network.{d.name}.bandwidth" for d in cluster.network]
-    if cluster.accelerator.expansion is not None:
-        names += ["expansion_capacity", "expansion_bandwidth"]
+    tier = cluster.accelerator.expansion
+    if tier is not None:
+        names += ["expansion_capacity", "expansion_bandwidth"] + (["expansion_compute"] if tier.compute else [])
     return names
 
 
