@@ -8,7 +8,8 @@ benchmarks/bench_speed.py uses) through ``evaluate_columns``, each in a fresh
 process pinned to one core, alternating A and B for --rounds rounds (A first
 in odd rounds, B first in even ones) so that the machine's drift and any
 advantage of going first hit both alike. Prints each side's median rate, the ratio
-of the medians, and whether the two sides' result columns are bit-identical
+of the medians with the median and range of the per-round ratios (each round's A over
+its B: a noisy machine shows in the range; an A/A run against HEAD measures it), and whether the two sides' result columns are bit-identical
 (NaN equal to NaN). REV is any git revision (a commit, a tag, HEAD~3); its
 ``src`` tree is exported to a temporary folder with ``git archive``.
 With --sweep, each round instead times benchmarks/sweep-10m.yaml on 2 local
@@ -169,7 +170,9 @@ def main() -> int:
     where = "a sweep on 2 worker processes" if args.sweep else "one core"
     print(f"A (this checkout): {a / 1e6:.2f} M points/s, {where} (median of {args.rounds})")
     print(f"B ({args.against}): {b / 1e6:.2f} M points/s, {where}")
-    print(f"A / B: {a / b:.2f}x")
+    paired = sorted(x / y for x, y in zip(rates["A"], rates["B"]))
+    print(f"A / B: {a / b:.2f}x (per round, A over the B beside it: median {statistics.median(paired):.2f}x, "
+          f"range {paired[0]:.2f}-{paired[-1]:.2f}x; run --against HEAD for this machine's A/A spread)")
     if differ is not None:
         print("results: bit-identical" if not differ else f"results differ in {len(differ)} columns: {differ[:8]}")
     return 0
