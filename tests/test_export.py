@@ -388,20 +388,28 @@ def test_no_traces_writes_the_papers_split_without_4096_traces(tmp_path, capsys)
 @pytest.mark.parametrize("layers", [1, 2, 5, 24, 61, 126, 128])
 @pytest.mark.parametrize("pp", [1, 2, 3, 4, 7, 8, 16])
 @pytest.mark.parametrize("slots", [0, 1])
-def test_each_stages_layers_agree_with_the_cost_models_split(layers, pp, slots):
-    """cost/params.py writes the pipeline split twice, per stage for the traces (layers_per_stage) and over
-    arrays for the cost model (stage_layer_counts: the first and the last stage, and a full middle one); both
-    give the same first and last stage, the fullest middle stage is the full one, and every layer is placed
-    once."""
+def test_each_stages_layers_follow_the_cost_models_split(layers, pp, slots):
+    """The traces' layers per stage (cost/params.py: layers_per_stage) place every layer once, the first and the
+    last stage as the cost model's split has them, the middle stages at most one apart with the extra ones first,
+    the fullest of them the cost model's full stage."""
     from comet_dse.cost.params import layers_per_stage, stage_layer_counts
 
+    if (layers + 2 * slots) // pp < slots:
+        return                     # a split the export refuses: the slots leave an end stage less than nothing
     each = layers_per_stage(layers, pp, slots)
     first, last, most = (float(x) for x in stage_layer_counts(layers, pp, float(slots)))
-    assert len(each) == pp and sum(each) == layers
-    if min(each) < 0:
-        return                     # a split the export refuses (and feasibility too)
+    assert len(each) == pp and sum(each) == layers and min(each) >= 0
     assert (each[0], each[-1]) == (first, last)
-    if pp == 1:
-        assert each == [layers] == [most]
-    elif pp > 2:
-        assert max(each[1:-1]) == most
+    middle = each[1:-1]
+    if middle:
+        assert max(middle) == most and max(middle) - min(middle) <= 1 and middle == sorted(middle, reverse=True)
+
+
+def test_each_stages_layers_by_hand():
+    """Llama 3 405B's 126 layers on 16 stages with the embedding and the loss in their own slots: 128 slots, 8 a
+    stage, the ends 7; 61 layers on 4 stages: 15 each and the one extra to the first middle stage."""
+    from comet_dse.cost.params import layers_per_stage
+
+    assert layers_per_stage(126, 16, 1) == [7] + [8] * 14 + [7]
+    assert layers_per_stage(61, 4) == [15, 16, 15, 15]
+    assert layers_per_stage(5, 2) == [2, 3] and layers_per_stage(24, 1, 1) == [24]

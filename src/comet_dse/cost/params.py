@@ -68,20 +68,14 @@ def stage_layer_counts(layers: int, pp, embedding_slots=0.0):
 
 
 def layers_per_stage(layers: int, pp: int, slots: int = 0) -> list:
-    """Transformer layers on each pipeline stage of one strategy: the rule ``stage_layer_counts`` applies over
-    arrays, written out per stage (the export's traces place every stage's layers; tests/test_export.py checks
-    that the two agree). base = floor((L + 2 slots) / p) each; the r extra go to the middle stages first, then
-    to the last; the first and the last stage then give ``slots`` of theirs to the embedding and the loss. A
-    stage left with fewer than 0 layers is returned as such (the caller refuses the split)."""
-    if pp == 1:
-        return [layers]
-    base, extra = divmod(layers + 2 * slots, pp)
-    counts = [base] * pp
-    for stage in (list(range(1, pp - 1)) + [pp - 1, 0])[:extra]:
-        counts[stage] += 1
-    counts[0] -= slots
-    counts[-1] -= slots
-    return counts
+    """Transformer layers on each pipeline stage of one strategy (the export's traces place every stage's layers):
+    the first and the last stage as ``stage_layer_counts`` gives them (the one statement of the split rule), the
+    layers between them over the middle stages, the extra ones to the earliest, as that rule puts them."""
+    first, last, _ = (int(x) for x in stage_layer_counts(layers, pp, float(slots)))
+    if pp <= 2:
+        return [first, last][:pp]
+    base, extra = divmod(layers - first - last, pp - 2)
+    return [first] + [base + 1] * extra + [base] * (pp - 2 - extra) + [last]
 
 
 def embedding_slots(st: StrategyArrays):

@@ -123,11 +123,11 @@ def check_supported(model: Transformer, strategy: Strategy) -> None:
 
 def stage_layers(layers: int, pp: int, slots: int) -> list:
     """Transformer layers on each pipeline stage (cost/params.py: layers_per_stage); an InputError where the
-    embedding's and the loss's slots leave a stage fewer than none."""
-    counts = layers_per_stage(layers, pp, slots)
-    if min(counts) < 0:
+    embedding's and the loss's slots leave the first or the last stage fewer than none: fewer than ``slots``
+    slots each, (L + 2 slots) // p < slots."""
+    if (layers + 2 * slots) // pp < slots:
         raise InputError("pp", f"{pp} stages leave a stage without layers for the embedding's and the loss's slots")
-    return counts
+    return layers_per_stage(layers, pp, slots)
 
 
 def layer_flops(model: Transformer, strategy: Strategy, tokens: float) -> tuple:
