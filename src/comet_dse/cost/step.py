@@ -138,6 +138,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     memory_total = _added(memory.values())
     placed = place(memory, acc.state_capacity, exp_cap, memory_total)
 
+    flops = _flops(model, st)
     dp_fwd, dp_bwd = fwd, bwd
     roofline = None
     if acc.expansion is not None and np.any(st.expansion_roofline):
@@ -147,7 +148,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         remote_f, remote_b = _remote_per_pass(acc, placed, memory, act_per_mb)
         if acc.expansion.compute is not None:
             capped_f, capped_b = _remote_compute_per_pass(acc.expansion.compute, placed, memory,
-                                                          _stage_pass_flops(model, st, lay, m))
+                                                          _stage_pass_flops(model, st, lay, m, flops))
             remote_f, remote_b = np.maximum(remote_f, capped_f), np.maximum(remote_b, capped_b)
         dp_fwd = np.where(st.expansion_roofline, np.maximum(fwd, remote_f), fwd)
         dp_bwd = np.where(st.expansion_roofline, np.maximum(bwd, remote_b), bwd)
@@ -180,7 +181,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         "backward": m * (stage["bwd_math"] + stage["bwd_mem"]),
         "recompute": m * (stage["rec_math"] + stage["rec_mem"]),
     }
-    model_flops, hw_flops = _flops(model, st)
+    model_flops, hw_flops = flops
     step_time = _added(breakdown.values())
     capacity = devices * st.dtype_table(cluster.accelerator.peak_flops) * step_time
     return StepArrays(
@@ -535,14 +536,14 @@ def _remote_per_pass(acc, placed, memory, act_per_mb) -> tuple:
     return (placed.spilled_weights + spilled_act) / bw, (2.0 * placed.spilled_weights + spilled_act) / bw
 
 
-def _stage_pass_flops(model: Transformer, st: StrategyArrays, lay: Layout, m) -> tuple:
+def _stage_pass_flops(model: Transformer, st: StrategyArrays, lay: Layout, m, flops: tuple) -> tuple:
     """Hardware FLOP one device of the fullest stage runs per micro-batch in forward and in backward (with its
-    recomputation): the step's (``_flops``) shares F/3 and H - F/3 (F model, H hardware FLOP; backward is
-    twice forward), times the device's part of them,
+    recomputation): of the step's (F, H) = ``flops`` (``_flops``: model and hardware FLOP; backward is twice
+    forward) the shares F/3 and H - F/3, times the device's part of them,
         n_stage / (L tp cp dp m)
     (n_stage the stage's transformer layers of L; a stage's embedding and head taken in proportion to its
     layers)."""
-    model_f, hardware_f = _flops(model, st)
+    model_f, hardware_f = flops
     share = np.maximum(lay.stage_layers, 1.0) / (model.layers * st.tp * st.cp * st.dp * m)
     return model_f / 3.0 * share, (hardware_f - model_f / 3.0) * share
 
@@ -689,10 +690,9 @@ def model_flops(model: Transformer, global_batch, causal: bool = True):
     above 1 on long sequences. ``causal=False``: k = s (Transformer.keys_per_query), the convention of
     Megatron-LM's and PaLM's published MFU, used to turn a reported MFU into a step time.
     """
-    att = model.attention
     keys = model.causal_keys_per_query() if causal else model.keys_per_query()
-    scores = model.layers * keys * att.heads * (att.qk_dim + att.v_dim)
-    return global_batch * model.seq_len * (6.0 * (_matmul_params(model) + model.vocab * model.hidden) + 6.0 * scores)
+    scores, _ = _score_flops_per_token(model, model.layers * keys)      # forward's 2 L k a (d_qk + d_v)
+    return global_batch * model.seq_len * (6.0 * (_matmul_params(model) + model.vocab * model.hidden) + 3.0 * scores)
 
 
 def step_time_of_mfu(model: Transformer, global_batch, devices, peak, mfu):
