@@ -510,15 +510,19 @@ def _network(section: Section, out: Path) -> None:
         section.findings.append(f"{label}: {', '.join(f'x{x:g}: {y:.2f}x' for x, y in zip(xs, ys))}.")
 
 
-# How a row costs the tier (``_tier_costing``), as the expansion figure names it.
-TIER_COSTINGS = {0: "exposed", 1: "overlapped", 2: "roofline"}
+# How a row costs the tier (``_tier_costing``): the expansion figure's name for it and what it means.
+TIER_COSTINGS = {
+    0: ("exposed", "the tier's traffic adds to the step"),
+    1: ("overlapped", "prefetched and hidden behind each pass's compute where it can be"),
+    2: ("roofline", "the COMET authors' remote-memory roofline, each pass's traffic (and its work at the tier's "
+                    "compute roof, where it has one) hidden behind that pass alone"),
+}
 
 
 def _tier_costing(data: dict) -> np.ndarray:
     """Per row: 0 the tier's traffic exposed, 1 prefetched and overlapped (expansion_overlap), 2 the remote-memory
     roofline (expansion_roofline, which replaces the overlap knob, so its rows are one costing whatever that is)."""
-    roofline = data.get("expansion_roofline", np.zeros(len(data["variant"]), dtype=bool))
-    return np.where(roofline, 2, np.asarray(data["expansion_overlap"], dtype=int))
+    return np.where(data["expansion_roofline"], 2, np.asarray(data["expansion_overlap"], dtype=int))
 
 
 def _expansion(section: Section, out: Path) -> None:
@@ -536,7 +540,7 @@ def _expansion(section: Section, out: Path) -> None:
         gib = v.values["expansion_capacity"] / 2**30
         for mode in modes:
             rows = (data["variant"] == v.index) & data["feasible"] & (costing == mode)
-            name = f"{label}, {TIER_COSTINGS[mode]}" if len(modes) > 1 else label
+            name = f"{label}, {TIER_COSTINGS[mode][0]}" if len(modes) > 1 else label
             xs, ys = series.setdefault(name, ([], []))
             xs.append(gib)
             ys.append(base / float(data["step_time_s"][rows].min()) if np.any(rows) and base else np.nan)
@@ -544,14 +548,11 @@ def _expansion(section: Section, out: Path) -> None:
         cx.append(gib)
         cy.append(int(np.count_nonzero((data["variant"] == v.index) & data["feasible"])))
     caption = "Best step time with a CXL-like tier of each capacity and bandwidth, relative to no tier"
-    meaning = {0: "'exposed': the tier's traffic adds to the step",
-               1: "'overlapped': prefetched and hidden behind each pass's compute where it can be",
-               2: "'roofline': the COMET authors' remote-memory roofline, each pass's traffic (and its work at the "
-                  "tier's compute roof, where it has one) hidden behind that pass alone"}
     if len(modes) > 1:
-        caption += "; " + ", ".join(meaning[mode] for mode in modes) + " (docs/model.md)"
+        meanings = ", ".join(f"'{TIER_COSTINGS[m][0]}': {TIER_COSTINGS[m][1]}" for m in modes)
+        caption += f"; {meanings} (docs/model.md)"
     elif modes:
-        caption += f", costed as {TIER_COSTINGS[modes[0]]}: {meaning[modes[0]].split(': ', 1)[1]} (docs/model.md)"
+        caption += ", costed as {}: {} (docs/model.md)".format(*TIER_COSTINGS[modes[0]])
     section.figures.append(figures.lines(series, "expansion tier capacity (GiB per device)",
                                          "speedup of the best strategy (x)", "Expansion memory tier: speedup",
                                          f"{stem}-expansion", caption + ".", out))

@@ -80,8 +80,8 @@ class Reading:
     def overrides_for(self, tier: bool) -> dict:
         """The study fields a study with or without an expansion tier runs again with (``run_label_for``); a
         mapping's fields are given as a dict (load_study merges it into the study's own)."""
-        return {k: dict(v) if k in TIER_RUN_KEYS else v for a in self.answers if _runs_again(a, tier)
-                for k, v in a.run if tier or k not in TIER_RUN_KEYS}
+        return {k: dict(v) if k in TIER_RUN_KEYS else v for a in self.answers for k, v in a.run
+                if tier or k not in TIER_RUN_KEYS}
 
     @property
     def strategy(self) -> dict:
