@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from comet_dse.calibrate import cross_validate, cross_validation, default_fit, fit, read_runs
-from comet_dse.presets import load_cluster
+from comet_dse.answers.calibrate import cross_validate, cross_validation, default_fit, fit, read_runs
+from comet_dse.presets.catalog import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "calibration" / "narayanan2021_runs.csv"

@@ -56,8 +56,8 @@ def child(points: int, out: Path) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import comet_dse
-    from comet_dse.allocator import keep_freed_memory
-    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.base.allocator import keep_freed_memory
+    from comet_dse.presets.catalog import load_cluster, load_model
 
     engine = _design_space()
     SearchSpace, enumerate_strategies = engine.space.SearchSpace, engine.space.enumerate_strategies
@@ -93,7 +93,7 @@ def _earlier_space(model, st) -> np.ndarray:
 def child_sweep(out: Path) -> None:
     """Time the 10-million-point study on 2 local worker processes with whichever comet_dse is first on the path."""
     import comet_dse
-    from comet_dse.allocator import keep_freed_memory
+    from comet_dse.base.allocator import keep_freed_memory
 
     engine = _design_space()
     run_study, load_study = engine.engine.run_study, engine.study.load_study

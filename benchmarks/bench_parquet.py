@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from comet_dse.allocator import keep_freed_memory
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.design_space import engine
 from comet_dse.design_space.storage import parquet_options
 from comet_dse.design_space.study import load_study

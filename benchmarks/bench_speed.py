@@ -30,14 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from comet_dse.allocator import keep_freed_memory
-from comet_dse.estimate import estimate
+from comet_dse.base.allocator import keep_freed_memory
+from comet_dse.answers.estimate import estimate
 from comet_dse.design_space.engine import run_study
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.study import load_study
 from comet_dse.design_space.table import evaluate_columns
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 
 CALCULON_QUOTED = 350.0
 HERE = Path(__file__).resolve().parent

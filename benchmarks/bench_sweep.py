@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from comet_dse.allocator import keep_freed_memory
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.design_space import engine
 from comet_dse.design_space.study import load_study
 

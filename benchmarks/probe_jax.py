@@ -24,14 +24,14 @@ import time
 import numpy as np
 
 from comet_dse import strategy as strategy_module
-from comet_dse.allocator import keep_freed_memory
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.cost import collectives, feasibility, memory, microbatch, params, step
 from comet_dse.cost.distinct import distinct_rows, map_leaves
 from comet_dse.cost.layout import layout_terms
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.model import spec as model_spec
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS, StrategyArrays
 
 TRACED_MODULES = (step, memory, collectives, feasibility, params, microbatch, strategy_module, model_spec)

@@ -21,7 +21,7 @@ import numpy as np
 
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import MemoryTier
-from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy, StrategyArrays
 
 DEVICES = 64

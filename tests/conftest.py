@@ -10,7 +10,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_names_are_the_functions():
-    import comet_dse.estimate  # noqa: F401 - importing the submodule must not replace the function
+    import comet_dse.answers.estimate  # noqa: F401 - importing the modules behind them must not replace the functions
+    import comet_dse.answers.whatif  # noqa: F401
 
     assert comet_dse.estimate is estimate and callable(comet_dse.estimate)
     assert comet_dse.whatif is whatif and callable(comet_dse.whatif)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from comet_dse.astrasim import CHUNKS, CONCAT_GATHER, block, collective, groups, iteration, roofline
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.cost.astrasim import CHUNKS, CONCAT_GATHER, block, collective, groups, iteration, roofline
+from comet_dse.presets.catalog import load_cluster, load_model
 
 MODEL = load_model("comet-transformer-1t")
 CLUSTERS = {"tpu-v4": load_cluster("tpu-v4"), "dgx-a100": load_cluster("dgx-a100-80gb")}

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import yaml
 
-from comet_dse.calibrate import Run, fit, leave_one_out, parameters, step_errors
+from comet_dse.answers.calibrate import Run, fit, leave_one_out, parameters, step_errors
 from comet_dse.cli import main
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy import Recompute, Strategy
 from cli_run import one_line_error, run as run_cli
 

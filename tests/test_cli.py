@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from comet_dse.units import format_time
-from comet_dse.validation import STEP_TIME_DATASETS
+from comet_dse.base.units import format_time
+from comet_dse.answers.validation import STEP_TIME_DATASETS
 from cli_run import one_line_error, run
 
 PACKAGE = Path(str(resources.files("comet_dse")))
@@ -468,7 +468,7 @@ def test_search_times_no_import():
 def test_a_device_without_a_fused_attention_rate_says_how_attention_was_costed(capsys, cluster):
     """estimate and search print one line where the accelerator lists no fused attention rate: unfused by
     default, at the GEMM efficiency with --flash-attention on; nothing where it lists one."""
-    from comet_dse.presets import load_cluster
+    from comet_dse.presets.catalog import load_cluster
 
     accelerator = load_cluster(cluster).accelerator
     devices = 10 if cluster == "dojo" else 8          # dojo's tile is 5 x 5 D1 dies

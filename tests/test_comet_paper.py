@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from comet_dse.cost.params import attention_params_per_device
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import MemoryTier
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Strategy
 
 TPU = load_cluster("tpu-v4")

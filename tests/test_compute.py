@@ -2,9 +2,7 @@
 import numpy as np
 import pytest
 
-from comet_dse.cost.compute import (
-    gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline,
-)
+from comet_dse.cost.compute import gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline
 from comet_dse.cost.microbatch import device_of
 from comet_dse.strategy import Strategy, StrategyArrays
 

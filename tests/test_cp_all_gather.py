@@ -7,9 +7,9 @@ import pytest
 from comet_dse.cli import main
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.microbatch import context_of, layer_work
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import CpAlgorithm, Recompute, Strategy, StrategyArrays
 
 H100 = load_cluster("dgx-h100")

@@ -7,13 +7,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from comet_dse.cli import main
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
 from comet_dse.design_space import engine
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.study import load_study
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 from cli_run import one_line_error, run
 from dask_kill import sweep_killing_a_worker
 

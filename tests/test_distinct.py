@@ -7,7 +7,7 @@ from comet_dse.cost import distinct
 from comet_dse.cost.distinct import distinct_rows, gathered, once_per_distinct
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import evaluate_columns
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 
 
 def test_groups_hold_equal_rows_and_every_point_maps_back():

@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 import comet_dse
-from comet_dse import economics
-from comet_dse import vocabulary as voc
+from comet_dse.whole_run import economics
+from comet_dse.base import vocabulary as voc
 from comet_dse.design_space.rank import pareto
-from comet_dse.errors import InputError
-from comet_dse.overrides import apply_overrides
-from comet_dse.presets import load_cluster
-from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_TOKENS, parse_per_unit, parse_quantity
+from comet_dse.base.errors import InputError
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.presets.catalog import load_cluster
+from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_TOKENS, parse_per_unit, parse_quantity
 from cli_run import one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ def test_whatif_ranks_by_speedup_per_added_dollar_and_watt(capsys):
     assert bw.added_w == pytest.approx(1.2 * 64 * 3.35 * 31)
     assert bw.speedup_per_kw == pytest.approx((bw.speedup - 1) / (bw.added_w / 1e3))
     assert flops.added_usd is None and flops.added_w is None and flops.speedup_per_kw is None
-    from comet_dse import goodput
+    from comet_dse.whole_run import goodput
     steps = 1e12 / (512 * 8192) * cap.step_time_s             # productive time; then the goodput of 64 devices
     wall = goodput.run(goodput.Reliability(), 64, comet_dse.load_model("llama3-8b").total_params(), steps)["wall_s"]
     assert cap.training_cost_usd is not None and cap.time_to_train_s == pytest.approx(float(wall))

@@ -3,11 +3,11 @@ import dataclasses as dc
 
 import pytest
 
-from comet_dse.estimate import estimate
+from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import MemoryTier
-from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy import Recompute, Strategy
-from comet_dse.units import format_bytes
+from comet_dse.base.units import format_bytes
 
 GiB = 2**30
 
@@ -124,7 +124,7 @@ def test_a_strategy_that_breaks_a_rule_has_no_step_time_in_json():
 
 def test_matmul_efficiency_per_dtype(tmp_path):
     """A preset may give the GEMM efficiency per dtype: fp8 GEMMs then run at their own figure."""
-    from comet_dse.errors import InputError
+    from comet_dse.base.errors import InputError
     from comet_dse.hardware.load import cluster_from
     import yaml
 

@@ -6,10 +6,10 @@ import pytest
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.microbatch import context_of, expert_exchange_time, layer_work, node_copy_fraction
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
 from comet_dse.model.load import transformer_from
-from comet_dse.presets import load_cluster, load_model, preset_data
+from comet_dse.presets.catalog import load_cluster, load_model, preset_data
 from comet_dse.strategy import Recompute, Strategy, StrategyArrays
 
 H800 = load_cluster("dgx-h800")

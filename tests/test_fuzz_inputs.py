@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from comet_dse.cli import main
-from comet_dse.presets import preset_data
+from comet_dse.presets.catalog import preset_data
 
 STUDY = {
     "name": "fuzz",

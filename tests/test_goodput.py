@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import comet_dse
-from comet_dse import economics, goodput
-from comet_dse.economics import band_range, with_ranges
-from comet_dse.overrides import apply_overrides
-from comet_dse.presets import load_cluster
+from comet_dse.whole_run import economics, goodput
+from comet_dse.whole_run.economics import band_range, with_ranges
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.presets.catalog import load_cluster
 from cli_run import one_line_error, run
 
 HOUR, DAY = 3600.0, 86400.0
@@ -219,7 +219,7 @@ def test_whatif_json_has_the_baselines_time_to_train_and_cost(capsys):
 
 
 def test_per_added_and_per_saved_keep_the_sign():
-    from comet_dse.whatif import per_added, per_saved
+    from comet_dse.answers.whatif import per_added, per_saved
 
     assert per_added(0.88, -80_000, 1e6) is None                  # a slowdown that saves: not per added
     assert per_saved(0.88, -80_000) == pytest.approx(80_000 / 12)  # $6,667 saved per 1 % slower

@@ -10,8 +10,8 @@ import pytest
 from comet_dse.cost.compute import Device, attention_rate, matmul_rate
 from comet_dse.cost.layout import grad_zeroing_params, optimizer_step_bytes
 from comet_dse.cost.params import StageParams
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Strategy, StrategyArrays
 
 
@@ -123,6 +123,6 @@ def test_a_job_that_cannot_fill_whole_racks_uses_equal_parts_of_them_in_whole_tr
     assert gb200.dim_sizes(512) == (64, 8)
     assert gb200.dim_sizes(36) == (36, 1)       # inside one rack, as before
     # a domain of one node keeps refusing what it cannot fill (an 8-GPU DGX is not split)
-    from comet_dse.errors import InputError
+    from comet_dse.base.errors import InputError
     with pytest.raises(InputError, match="multiple of 8"):
         load_cluster("dgx-h100").dim_sizes(12)

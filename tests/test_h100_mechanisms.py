@@ -10,8 +10,8 @@ from comet_dse.cost.compute import Device, gemm_time, pipeline_efficiency
 from comet_dse.cost.layer import LayerShape, _linear
 from comet_dse.cost.microbatch import TP_OVERLAP_SM_SHARE, context_of, device_of, layer_work, network_dims, \
     _pipelined
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Strategy, StrategyArrays
 
 H100 = load_cluster("dgx-h100")

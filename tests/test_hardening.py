@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from comet_dse import loading
-from comet_dse.errors import InputError
+from comet_dse.base import loading
+from comet_dse.base.errors import InputError
 from comet_dse.design_space import engine
 from comet_dse.design_space import study as study_module
 from comet_dse.design_space.space import SearchSpace, count_strategies, enumerate_strategies
 from comet_dse.design_space.study import load_study
-from comet_dse.presets import load_model, preset_data
+from comet_dse.presets.catalog import load_model, preset_data
 from cli_run import one_line_error, run
 from hang import no_hang
 

@@ -26,13 +26,13 @@ import pytest
 import yaml
 
 import comet_dse
-from comet_dse import jsonout
-from comet_dse.bounds import BOUNDS
+from comet_dse.base import jsonout
+from comet_dse.base.bounds import BOUNDS
 from comet_dse.design_space import engine
 from comet_dse.design_space import space as space_module
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
-from comet_dse.errors import InputError
-from comet_dse.presets import load_cluster, load_model, preset_data
+from comet_dse.base.errors import InputError
+from comet_dse.presets.catalog import load_cluster, load_model, preset_data
 from cli_run import one_line_error, run
 from hang import no_hang
 
@@ -322,7 +322,7 @@ def test_a_bad_architecture_column_is_one_line(tmp_path, capsys):
 # --- 7. calibrate: linear in the runs, k-fold past a few dozen -----------------------------------
 
 def test_cross_validation_is_leave_one_out_then_k_fold():
-    from comet_dse.calibrate import CV_FOLDS, MAX_LEAVE_ONE_OUT, cross_validation
+    from comet_dse.answers.calibrate import CV_FOLDS, MAX_LEAVE_ONE_OUT, cross_validation
 
     assert cross_validation(MAX_LEAVE_ONE_OUT) == (MAX_LEAVE_ONE_OUT, "leave-one-out")
     assert cross_validation(MAX_LEAVE_ONE_OUT + 1) == (CV_FOLDS, f"{CV_FOLDS}-fold cross-validation")
@@ -331,7 +331,7 @@ def test_cross_validation_is_leave_one_out_then_k_fold():
 def test_runs_evaluated_together_equal_each_run_alone():
     """A RunSet evaluates a group's runs at every parameter vector in one call of more than 64 points (past
     the size at which the cost model groups points): each error equals the run evaluated alone."""
-    from comet_dse.calibrate import Run, RunSet, parameters, step_errors
+    from comet_dse.answers.calibrate import Run, RunSet, parameters, step_errors
     from comet_dse.cost.distinct import MIN_POINTS
     from comet_dse.strategy import Strategy
 
@@ -495,7 +495,7 @@ def test_a_step_time_that_is_not_finite_is_never_feasible():
     """Past every input check (a cluster built in code with a rate of 1e-300 FLOP/s), the point is infeasible
     with the step_time rule, in an estimate and in a search."""
     from comet_dse.design_space.search import search
-    from comet_dse.estimate import estimate
+    from comet_dse.answers.estimate import estimate
     from comet_dse.strategy import Strategy
 
     a100 = load_cluster("dgx-a100-80gb")

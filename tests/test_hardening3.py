@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import comet_dse
-from comet_dse import written
+from comet_dse.base import written
 from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_STORAGE
-from comet_dse.errors import InputError, StorageError
-from comet_dse.presets import load_cluster, preset_data
+from comet_dse.base.errors import InputError, StorageError
+from comet_dse.presets.catalog import load_cluster, preset_data
 from cli_run import one_line_error, run
 from hang import no_hang
 
@@ -449,8 +449,8 @@ def test_a_measured_value_that_is_not_a_positive_number_in_range_is_one_line(tmp
 def test_measured_values_are_held_to_the_measured_time_bound(value):
     """Property: validation.measured_value accepts exactly the finite positive numbers in the measured_time
     row of bounds.BOUNDS, and nothing else, as one InputError."""
-    from comet_dse.bounds import BOUNDS
-    from comet_dse.validation import measured_value
+    from comet_dse.base.bounds import BOUNDS
+    from comet_dse.answers.validation import measured_value
 
     text = repr(value) if isinstance(value, float) else value
     try:
@@ -477,7 +477,7 @@ def _nested(depth: int) -> dict:
 def test_a_config_json_nested_deeper_than_64_is_refused(tmp_path, capsys, depth):
     """Probe: a config.json nested 65 to 900 deep was accepted, although the docs say deeper than 64 is
     refused."""
-    from comet_dse.loading import read_json
+    from comet_dse.base.loading import read_json
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", **_nested(depth)}))
@@ -487,7 +487,7 @@ def test_a_config_json_nested_deeper_than_64_is_refused(tmp_path, capsys, depth)
 
 
 def test_a_config_json_nested_64_deep_is_read(tmp_path):
-    from comet_dse.loading import read_json
+    from comet_dse.base.loading import read_json
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_nested(64)))
@@ -644,7 +644,7 @@ def test_api_arguments_of_the_wrong_type_are_input_errors(kwargs, needle):
 
 def test_calibrate_refuses_a_run_id_given_twice(tmp_path, capsys):
     """Probe: duplicate run ids were accepted, and --holdout then held out both."""
-    from comet_dse.calibrate import read_runs
+    from comet_dse.answers.calibrate import read_runs
 
     runs = write_runs(tmp_path / "runs.csv", ids=[f"r{i}" for i in range(13)] + ["r3"])
     with pytest.raises(InputError, match="'r3' is the id of line 5 too"):
@@ -673,7 +673,7 @@ def test_invisible_format_characters_in_names_are_escaped_when_printed(tmp_path,
 def test_printable_text_holds_no_control_or_invisible_character(text):
     """Property: what text.printable returns shows every character it keeps (no control character but newline
     and tab, no format character, no line or paragraph separator)."""
-    from comet_dse.text import printable
+    from comet_dse.base.text import printable
 
     shown = printable(text)
     assert all(c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp") for c in shown)
@@ -765,7 +765,7 @@ def test_a_feasible_point_never_shows_a_negative_cost():
 @given(price=st.floats(0, 5000), scale=st.floats(0.05, 4), rent=st.floats(0.01, 100))
 def test_training_costs_are_unknown_or_not_negative(price, scale, rent):
     """Property: whatever per-unit price and design, a cost is a number of at least 0 or unknown (NaN)."""
-    from comet_dse import economics
+    from comet_dse.whole_run import economics
 
     try:
         cluster = comet_dse.load_cluster("dgx-h100", overrides={
@@ -810,7 +810,7 @@ SETTINGS = [("peak_flops", "x2"), ("peak_flops.bf16", "x1.5"), ("peak_flops.fp8"
 @given(st.lists(st.sampled_from(SETTINGS), min_size=1, max_size=len(SETTINGS), unique=True), st.randoms())
 def test_the_order_of_settings_never_changes_the_cluster(chosen, random):
     """Property: any set of settings applied in any order gives the same cluster, prices and draws."""
-    from comet_dse import economics
+    from comet_dse.whole_run import economics
 
     shuffled = list(chosen)
     random.shuffle(shuffled)

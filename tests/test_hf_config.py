@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from comet_dse.cli import main
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 from comet_dse.model.load import transformer_from_hf_config
 from comet_dse.model.spec import MLPKind, PositionEmbedding
-from comet_dse.presets import load_model
+from comet_dse.presets.catalog import load_model
 
 # GPT-2 XL, as in the released gpt2-xl config.json (no n_inner: the MLP is 4 x n_embd).
 GPT2_XL = {

@@ -20,7 +20,7 @@ from comet_dse.cost.compute import elementwise_time
 from comet_dse.cost.layer import FLOPS_SOFTCAP, LayerShape, causal_window_keys, layer_cost
 from comet_dse.cost.microbatch import context_of, device_of, embedding_and_head, layer_work
 from comet_dse.cost.params import attention_params_per_device
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 from comet_dse.model.load import transformer_from, transformer_from_hf_config
 from comet_dse.model.spec import MLPKind, Norm
 from comet_dse.strategy import Strategy, StrategyArrays

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from comet_dse.cost.step import evaluate
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Recompute, Strategy, StrategyArrays
 
 A100 = load_cluster("dgx-a100-80gb")

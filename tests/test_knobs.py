@@ -16,14 +16,12 @@ from comet_dse.cli.options import space_from, strategy_from
 from comet_dse.cost.distinct import map_leaves
 from comet_dse.cost.layout import layout_terms
 from comet_dse.cost.microbatch import context_of, microbatch_terms
-from comet_dse.estimate import estimate
+from comet_dse.answers.estimate import estimate
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.study import load_study
 from comet_dse.design_space.table import evaluate_columns
-from comet_dse.presets import load_cluster, load_model
-from comet_dse.strategy import (
-    GIVEN, KNOBS, LAYOUT_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero,
-)
+from comet_dse.presets.catalog import load_cluster, load_model
+from comet_dse.strategy import GIVEN, KNOBS, LAYOUT_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero
 
 H100 = load_cluster("dgx-h100")
 MOE = load_model("mixtral-8x7b").with_seq_len(4096)

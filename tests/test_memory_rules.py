@@ -4,8 +4,8 @@ import dataclasses as dc
 
 import pytest
 
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Recompute, Strategy
 
 H100 = load_cluster("dgx-h100")

@@ -2,7 +2,7 @@
 import pytest
 
 from comet_dse.cost.step import _flops
-from comet_dse.presets import load_model, preset_names
+from comet_dse.presets.catalog import load_model, preset_names
 from comet_dse.strategy import Recompute, Strategy, StrategyArrays
 
 

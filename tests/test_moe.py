@@ -7,11 +7,11 @@ import pytest
 
 from comet_dse.cli import main
 from comet_dse.cost.step import evaluate
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.model.load import transformer_from_hf_config
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Recompute, Strategy, StrategyArrays
 
 H100 = load_cluster("dgx-h100")

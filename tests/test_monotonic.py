@@ -5,8 +5,8 @@ import dataclasses as dc
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy
 
 CLUSTERS = {name: load_cluster(name) for name in preset_names("clusters")}

@@ -7,9 +7,9 @@ from importlib import resources
 import pytest
 import yaml
 
-from comet_dse.errors import InputError
-from comet_dse.overrides import apply_overrides, resource_names
-from comet_dse.presets import load_cluster
+from comet_dse.base.errors import InputError
+from comet_dse.answers.overrides import apply_overrides, resource_names
+from comet_dse.presets.catalog import load_cluster
 from cli_run import one_line_error, run
 
 GiB = 2.0**30

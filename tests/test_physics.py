@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from comet_dse.estimate import estimate
+from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import MemoryTier
-from comet_dse.presets import load_cluster, load_model, preset_names
+from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy
 
 DEVICES = 64
@@ -151,7 +151,7 @@ def test_causal_model_flops_count_half_the_scores():
 def test_a_faster_device_with_an_overlapped_expansion_tier_is_not_slower():
     """megatron-145b on 256 H200 with a 1 TiB tier, overlapped: twice the FLOP/s gave 3.49 s -> 4.68 s
     (the tier's excess and the exposed data-parallel time were each charged against the same window)."""
-    from comet_dse.overrides import apply_overrides, with_expansion
+    from comet_dse.answers.overrides import apply_overrides, with_expansion
 
     model = load_model("megatron-145b")
     cluster = with_expansion(load_cluster("dgx-h200"), "1TiB@200GB/s@2us")
@@ -165,7 +165,7 @@ def test_a_faster_device_with_an_overlapped_expansion_tier_is_not_slower():
 def test_pipeline_pays_for_a_slow_inner_dimension():
     """A 16-stage pipeline on two 8-GPU H100 nodes: NVLink at x0.0001 left it unchanged (only the
     outermost dimension was charged)."""
-    from comet_dse.overrides import apply_overrides
+    from comet_dse.answers.overrides import apply_overrides
 
     model = load_model("megatron-18b")
     cluster = load_cluster("dgx-h100")
@@ -176,7 +176,7 @@ def test_pipeline_pays_for_a_slow_inner_dimension():
 
 
 def test_a_pipeline_inside_one_node_does_not_pay_for_the_outer_network():
-    from comet_dse.overrides import apply_overrides
+    from comet_dse.answers.overrides import apply_overrides
 
     model = load_model("megatron-18b")
     cluster = load_cluster("dgx-h100")

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import comet_dse
-from comet_dse.planner import sizes_for
-from comet_dse.presets import load_cluster
+from comet_dse.answers.planner import sizes_for
+from comet_dse.presets.catalog import load_cluster
 from cli_run import one_line_error, run
 
 SMALL = ["--model", "llama3-8b", "--global-batch", "512", "--tokens", "100G", "--clusters", "dgx-h100,dgx-a100-80gb,mi300x",

@@ -11,10 +11,10 @@ import pytest
 
 from comet_dse.design_space.engine import run_study
 from comet_dse.design_space.study import load_study
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import MemoryTier
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.report import analysis
 from comet_dse.report import readings as rd
 from comet_dse.report.build import build_report

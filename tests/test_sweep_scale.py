@@ -15,7 +15,7 @@ import yaml
 from comet_dse.cli import main
 from comet_dse.design_space import engine
 from comet_dse.design_space.output import DATASET_MARKER
-from comet_dse.written import LEDGER
+from comet_dse.base.written import LEDGER
 from comet_dse.design_space.parquet_concat import ParquetJoinError, _write_struct, join, read_footer
 from comet_dse.design_space.study import load_study
 from dask_kill import sweep_killing_a_worker
@@ -187,7 +187,7 @@ def test_dask_dataset_sweep_survives_a_killed_worker(study_path, tmp_path):
 
 
 def test_the_allocator_is_set_once_and_by_the_command_line(monkeypatch, capsys):
-    from comet_dse import allocator
+    from comet_dse.base import allocator
     from comet_dse.cli import entry
 
     calls = []

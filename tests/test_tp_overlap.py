@@ -8,8 +8,8 @@ import pytest
 from comet_dse.cli import main
 from comet_dse.cost.layer import layer_cost
 from comet_dse.cost.microbatch import context_of, layer_work
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Recompute, Strategy, StrategyArrays
 
 A100 = load_cluster("dgx-a100-80gb")

@@ -1,7 +1,7 @@
 import pytest
 
-from comet_dse.errors import InputError
-from comet_dse.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME, format_bytes, parse_quantity
+from comet_dse.base.errors import InputError
+from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_FLOPS, KIND_TIME, format_bytes, parse_quantity
 
 
 @pytest.mark.parametrize("text,kind,expected", [

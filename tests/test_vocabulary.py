@@ -1,4 +1,4 @@
-"""One vocabulary: every output names a part, a resource and a strategy code as comet_dse.vocabulary and the
+"""One vocabulary: every output names a part, a resource and a strategy code as comet_dse.base.vocabulary and the
 knob declarations say, and shows network bandwidth per device, per direction."""
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from comet_dse import vocabulary as voc
-from comet_dse.errors import InputError
+from comet_dse.base import vocabulary as voc
+from comet_dse.base.errors import InputError
 from comet_dse.cli.render import render_network, render_search
 from comet_dse.cli.whatif import render as render_whatif
 from comet_dse.design_space.search import search
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
-from comet_dse.estimate import estimate
-from comet_dse.overrides import apply_overrides
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import KNOBS, Strategy, compact_text, legend, legend_code, legend_entries
-from comet_dse.whatif import whatif
+from comet_dse.answers.whatif import whatif
 from cli_run import run
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vocabulary.md"
@@ -186,7 +186,7 @@ def test_set_bandwidth_per_device_sets_the_link_bandwidth(h100):
 
 def test_whatif_and_explorer_default_to_the_per_device_name(h100):
     from comet_dse.web.view import controls_for, overrides_for
-    from comet_dse.whatif import default_resources, resource_value
+    from comet_dse.answers.whatif import default_resources, resource_value
 
     assert "network.nvlink.bandwidth" in default_resources(h100)
     assert not any(r.endswith("link_bandwidth") for r in default_resources(h100))

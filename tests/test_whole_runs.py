@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from comet_dse import validation
-from comet_dse.economics import band_range
-from comet_dse.errorband import band_for
+from comet_dse.answers import validation
+from comet_dse.whole_run.economics import band_range
+from comet_dse.answers.errorband import band_for
 from cli_run import one_line_error, run
 
 CSV = Path(validation.__file__).parent / "data" / "validation" / "whole_runs.csv"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cli_run import one_line_error, run
-from comet_dse import written
-from comet_dse.errors import InputError
+from comet_dse.base import written
+from comet_dse.base.errors import InputError
 
 SMALL = ["--model", "megatron-18b", "--cluster", "dgx-a100-80gb", "--devices", "64", "--global-batch", "256",
          "--mp", "8", "--dp", "8", "--resources", "peak_flops", "--no-fit"]

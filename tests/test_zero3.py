@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster, load_model
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy import Recompute, Strategy
 
 A100 = load_cluster("dgx-a100-80gb")

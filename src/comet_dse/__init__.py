@@ -10,10 +10,24 @@ imported when a result is turned into a table.
 
 from comet_dse.version import __version__
 
-# The names shadow the submodules comet_dse.estimate and
-# comet_dse.whatif on purpose: `from comet_dse import estimate` is the function.
-from comet_dse.api import (Estimate, InputError, SearchResults, SearchSpace, Strategy,
-                           SweepResults, WhatIf, estimate, load_cluster, load_model, plan, search, sweep, whatif)
+# The package root holds only its front (docs/architecture.md): these names are the API's functions and types;
+# the modules behind them live in their parts (comet_dse.answers.estimate, comet_dse.answers.whatif, ...).
+from comet_dse.api import (
+    Estimate,
+    InputError,
+    SearchResults,
+    SearchSpace,
+    Strategy,
+    SweepResults,
+    WhatIf,
+    estimate,
+    load_cluster,
+    load_model,
+    plan,
+    search,
+    sweep,
+    whatif,
+)
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError", "__version__"]

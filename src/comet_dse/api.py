@@ -15,22 +15,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from comet_dse import presets
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
-from comet_dse.estimate import Estimate
-from comet_dse.estimate import estimate as _estimate
+from comet_dse.presets import catalog as presets
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import Estimate
+from comet_dse.answers.estimate import estimate as _estimate
 from comet_dse.design_space.search import SearchResult, strategy_at
 from comet_dse.design_space.search import search as _search
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
-from comet_dse.economics import token_budget
+from comet_dse.whole_run.economics import token_budget
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.overrides import apply_overrides
+from comet_dse.answers.overrides import apply_overrides
 from comet_dse.strategy import GIVEN, KNOB, Strategy, coerced
-from comet_dse.tables import Tabular, arrow_to_pandas
-from comet_dse.whatif import DEFAULT_FACTORS, WhatIf
-from comet_dse.whatif import whatif as _whatif
+from comet_dse.base.tables import Tabular, arrow_to_pandas
+from comet_dse.answers.whatif import DEFAULT_FACTORS, WhatIf
+from comet_dse.answers.whatif import whatif as _whatif
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
@@ -50,7 +50,7 @@ def load_cluster(ref, overrides=None, expansion=None) -> Cluster:
     tier added and resources changed as ``comet-dse --expansion`` and ``--set`` do.
 
     overrides: ``{"hbm_capacity": "51.2 GiB", "network.x.topology": "ring", "peak_flops": "x2"}``
-      (names: ``comet_dse.overrides.resource_names``); expansion: ``"512 GiB@64 GB/s"`` or a mapping
+      (names: ``comet_dse.answers.overrides.resource_names``); expansion: ``"512 GiB@64 GB/s"`` or a mapping
       ``{"capacity": ..., "bandwidth": ..., "latency": ...}``.
     """
     cluster = ref if isinstance(ref, Cluster) else presets.load_cluster(str(ref))
@@ -90,8 +90,8 @@ def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimat
     precision and kind of model, or "not validated" with the nearest validated family as an assumption)."""
     from dataclasses import replace
 
-    from comet_dse.economics import with_ranges
-    from comet_dse.errorband import band_of_cluster
+    from comet_dse.whole_run.economics import with_ranges
+    from comet_dse.answers.errorband import band_of_cluster
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
     band = band_of_cluster(cluster, dtype, bool(model.moe))
@@ -216,8 +216,8 @@ def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> Wh
     baseline's strategy (economics.with_ranges), as ``with_band`` gives an estimate's."""
     from dataclasses import replace
 
-    from comet_dse.economics import with_ranges
-    from comet_dse.errorband import band_of_cluster
+    from comet_dse.whole_run.economics import with_ranges
+    from comet_dse.answers.errorband import band_of_cluster
 
     base = result.baseline
     if not base.training or not base.strategy:
@@ -234,8 +234,8 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
     plan.DEFAULT_DEVICES), as ``comet-dse plan`` does: a ``plan.Plan``. ``overrides`` apply to every cluster
     (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own); ``slow_end``
     judges the deadline and the budget at the slow end of each design's error band."""
-    from comet_dse import planner as planning
-    from comet_dse.errorband import band_of_cluster
+    from comet_dse.answers import planner as planning
+    from comet_dse.answers.errorband import band_of_cluster
 
     if basis not in ("rent", "own"):
         raise InputError("basis", f"must be rent or own, got {basis!r}")

@@ -24,9 +24,9 @@ from typing import Callable
 
 import numpy as np
 
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
-from comet_dse.vocabulary import NUMBER_MARK, legend_line
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
+from comet_dse.base.vocabulary import NUMBER_MARK, legend_line
 
 
 class Choice(str, Enum):

@@ -4,12 +4,12 @@ family no published run backs is "not validated", with the nearest validated fam
 import pytest
 
 from comet_dse import estimate as api_estimate
-from comet_dse.errorband import band_for, bands_csv, bands_of, current_bands, packaged_bands
-from comet_dse.validation import Comparison
+from comet_dse.answers.errorband import band_for, bands_csv, bands_of, current_bands, packaged_bands
+from comet_dse.answers.validation import Comparison
 
 
 def test_packaged_bands_are_the_current_validation():
-    """If this fails the model changed: python -m comet_dse.errorband > src/comet_dse/data/error_bands.csv"""
+    """If this fails the model changed: python -m comet_dse.answers.errorband > src/comet_dse/data/error_bands.csv"""
     current = current_bands()
     packaged = packaged_bands()
     assert [(b["hardware"], b["precision"], b["kind"], b["runs"], b["frameworks"]) for b in current] == \

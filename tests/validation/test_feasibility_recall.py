@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from comet_dse.cost.memory import inflight_layer_microbatches, reserved_bytes
-from comet_dse.estimate import estimate
-from comet_dse.presets import load_cluster
-from comet_dse.validation import (
+from comet_dse.answers.estimate import estimate
+from comet_dse.presets.catalog import load_cluster
+from comet_dse.answers.validation import (
     GPU, H100, TABLE1, TABLE5, _llama, _read, all_comparisons, h100_strategy, recall, validation_dir,
 )
 

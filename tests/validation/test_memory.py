@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from comet_dse.presets import load_cluster
-from comet_dse.validation import MEASURES, MEMORY, memory_comparisons, memory_file, memory_summary, validation_dir
+from comet_dse.presets.catalog import load_cluster
+from comet_dse.answers.validation import (
+    MEASURES, MEMORY, memory_comparisons, memory_file, memory_summary, validation_dir,
+)
 from cli_run import one_line_error, run
 
 GiB = 2.0**30
@@ -28,8 +30,8 @@ def test_every_row_is_sourced_and_predicted(comparisons):
 def test_max_reserved_leaves_out_the_fixed_reserve(comparisons):
     """PyTorch's max reserved holds the footprint and the allocator's fragmentation, not the driver's share, the
     CUDA context or NCCL's buffers: the prediction is the estimate less the preset's reserved_memory."""
-    from comet_dse.estimate import estimate
-    from comet_dse.presets import load_model
+    from comet_dse.answers.estimate import estimate
+    from comet_dse.presets.catalog import load_model
     from comet_dse.strategy import Strategy, knob_values
 
     row = next(csv.DictReader(memory_file(validation_dir()).open()))
@@ -72,8 +74,8 @@ def test_max_allocated_is_the_last_ranks_footprint(comparisons):
     """Megatron-LM logs memory from the last rank (global_vars.py: the tensorboard writer on rank world_size - 1):
     the prediction is the last pipeline rank's total less its reserve, R + W + f x footprint, plus the GEMM
     workspaces W, which PyTorch's allocator holds among the tensors."""
-    from comet_dse.estimate import estimate
-    from comet_dse.validation import _memory_model, _strategy
+    from comet_dse.answers.estimate import estimate
+    from comet_dse.answers.validation import _memory_model, _strategy
 
     path = memory_file(validation_dir())
     row = next(r for r in csv.DictReader(path.open()) if r["measures"] == "max_allocated" and r["pp"] == "4")
@@ -86,8 +88,8 @@ def test_max_allocated_is_the_last_ranks_footprint(comparisons):
 
 
 def test_a_model_override_must_name_a_field(tmp_path):
-    from comet_dse.errors import InputError
-    from comet_dse.validation import _memory_model
+    from comet_dse.base.errors import InputError
+    from comet_dse.answers.validation import _memory_model
 
     row = {"model": "megatron-ci-tiny.yaml", "model_set": "posiiton=rope", "seq_len": "1024", "vocab": ""}
     with pytest.raises(InputError, match="posiiton"):

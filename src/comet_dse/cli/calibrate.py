@@ -6,13 +6,22 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from comet_dse.calibrate import (
-    Fit, RunSet, calibrated_data, check_support, cross_validate, cross_validation, default_fit, error_summary, fit,
-    parameters, read_runs,
+from comet_dse.answers.calibrate import (
+    Fit,
+    RunSet,
+    calibrated_data,
+    check_support,
+    cross_validate,
+    cross_validation,
+    default_fit,
+    error_summary,
+    fit,
+    parameters,
+    read_runs,
 )
-from comet_dse import jsonout, written
+from comet_dse.base import jsonout, written
 from comet_dse.cli.options import name_list
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 
 
@@ -76,8 +85,8 @@ def run(args) -> int:
 def _base_cluster(ref: str) -> tuple:
     """(Cluster, its raw mapping) from a preset name or a cluster YAML."""
     from comet_dse.hardware.load import cluster_from
-    from comet_dse.loading import read_yaml
-    from comet_dse.presets import preset_data
+    from comet_dse.base.loading import read_yaml
+    from comet_dse.presets.catalog import preset_data
 
     data = read_yaml(Path(ref), "cluster") if ref.endswith((".yaml", ".yml")) else preset_data("clusters", ref)
     return cluster_from(data, "cluster"), data
@@ -116,7 +125,7 @@ def _value_text(value: float, unit: str) -> str:
 
 
 def _as_text(cluster, train, held, result: Fit, loo, held_before, held_after, output) -> str:
-    from comet_dse.text import render_table
+    from comet_dse.base.text import render_table
 
     catalogue = parameters(cluster)
     lines = [f"Calibrating {cluster.name} on {len(train)} runs"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from comet_dse.allocator import keep_freed_memory
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.cli import calibrate, estimate, explore, export, plan, presets, report, search, sweep, validate, \
     whatif
 from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_STORAGE, Parser
-from comet_dse.errors import InputError, RunFailed, StorageError
+from comet_dse.base.errors import InputError, RunFailed, StorageError
 from comet_dse.version import __version__
 
 # In the order `comet-dse --help` lists them.
@@ -61,6 +61,6 @@ def main(argv: list | None = None) -> int:
 
 def _error_line(text: str) -> None:
     """``text`` as one line on stderr, without terminal control characters."""
-    from comet_dse.text import printable
+    from comet_dse.base.text import printable
 
     sys.stderr.write(printable(text.replace("\n", " ")) + "\n")

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 
-from comet_dse import jsonout
-from comet_dse.cli.options import (add_knob_options, add_model_inputs, add_goodput_options, add_tokens_option, load_inputs,
-                                   strategy_from)
-from comet_dse.errors import InputError
-from comet_dse.overrides import add_override_options
+from comet_dse.base import jsonout
+from comet_dse.cli.options import (
+    add_knob_options, add_model_inputs, add_goodput_options, add_tokens_option, load_inputs, strategy_from,
+)
+from comet_dse.base.errors import InputError
+from comet_dse.answers.overrides import add_override_options
 
 # Broken rules that make a command-line estimate an input error rather than a result.
 SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel"}
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from comet_dse.cli.render import attention_note, render_estimate
-    from comet_dse.estimate import estimate
+    from comet_dse.answers.estimate import estimate
     from comet_dse.strategy import runs_fused_attention, with_listed_kernel
 
     model, cluster = load_inputs(args)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
-from comet_dse.overrides import add_override_options, cluster_from_args
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
+from comet_dse.answers.overrides import add_override_options, cluster_from_args
 from comet_dse.strategy import GIVEN, KNOBS
 
 EXIT_BAD_INPUT = 2
@@ -224,7 +224,7 @@ def load_inputs(args) -> tuple:
     A Hugging Face config.json's keys that are read but not modelled are named on one stderr line.
     """
     from comet_dse.model.load import unmodelled_note
-    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.presets.catalog import load_cluster, load_model
 
     model = load_model(args.model)
     note = unmodelled_note(model)
@@ -238,7 +238,7 @@ def load_inputs(args) -> tuple:
 def token_count(text: str) -> float:
     """argparse type: a token budget (``15T`` = 1.5e13; economics.token_budget, naming --tokens), or a
     one-line error."""
-    from comet_dse.economics import token_budget
+    from comet_dse.whole_run.economics import token_budget
 
     try:
         return token_budget(text, "--tokens")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from comet_dse import jsonout
-from comet_dse.bounds import BOUNDS
+from comet_dse.base import jsonout
+from comet_dse.base.bounds import BOUNDS
 from comet_dse.cli.options import add_goodput_options, bounded_int, positive_int, positive_ints, token_count
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 
 BASES = ("rent", "own")
 
 
 def add_parser(sub) -> None:
-    from comet_dse.planner import DEFAULT_DEVICES
+    from comet_dse.answers.planner import DEFAULT_DEVICES
 
     p = sub.add_parser("plan", help="the cheapest design that trains N tokens within D days, or the fastest "
                                     "within $B, across cluster presets and sizes")
@@ -50,7 +50,7 @@ def _days(text: str) -> float:
 
 def _usd(text: str) -> float:
     """A budget in USD: a number with an optional k, M or G suffix and an optional $ or USD."""
-    from comet_dse.units import KIND_TOKENS, parse_quantity
+    from comet_dse.base.units import KIND_TOKENS, parse_quantity
 
     bare = text.strip().lstrip("$").removesuffix("USD").strip()
     try:
@@ -84,8 +84,8 @@ def run(args) -> int:
 
 def render(result, top: int) -> str:
     """The answer lines, then the designs by cost on the plan's basis (unknown costs last)."""
-    from comet_dse.text import printable, render_table
-    from comet_dse.units import format_count, format_duration, format_usd
+    from comet_dse.base.text import printable, render_table
+    from comet_dse.base.units import format_count, format_duration, format_usd
 
     basis = result.basis
     lines = [f"{result.model}: {format_count(result.tokens)} tokens, global batch {result.global_batch:,}; "

@@ -1,7 +1,7 @@
 """``comet-dse presets``: the built-in models and clusters."""
 from __future__ import annotations
 
-from comet_dse import jsonout
+from comet_dse.base import jsonout
 
 
 def add_parser(sub) -> None:
@@ -11,9 +11,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from comet_dse.cli.render import describe_peak, render_network
-    from comet_dse.presets import load_cluster, load_model, preset_names
-    from comet_dse.text import render_table
-    from comet_dse.vocabulary import BANDWIDTH_CONVENTION, resource
+    from comet_dse.presets.catalog import load_cluster, load_model, preset_names
+    from comet_dse.base.text import render_table
+    from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, resource
 
     models = [load_model(n) for n in preset_names("models")]
     clusters = [load_cluster(n) for n in preset_names("clusters")]

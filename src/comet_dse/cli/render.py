@@ -1,16 +1,27 @@
 """The terminal text of the commands: an estimate's breakdown, a search's ranking, a sweep's summary and
-a study's dry run. Labels come from comet_dse.vocabulary, tables from comet_dse.text."""
+a study's dry run. Labels come from comet_dse.base.vocabulary, tables from comet_dse.base.text."""
 from __future__ import annotations
 
 import numpy as np
 
-from comet_dse.estimate import Estimate
+from comet_dse.answers.estimate import Estimate
 from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
-from comet_dse.text import printable, render_table
-from comet_dse.units import (format_bytes, format_count, format_duration, format_energy, format_hours, format_time,
-                             format_usd, is_finite, is_known, or_unknown)
-from comet_dse.vocabulary import (ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource,
-                                  training_label)
+from comet_dse.base.text import printable, render_table
+from comet_dse.base.units import (
+    format_bytes,
+    format_count,
+    format_duration,
+    format_energy,
+    format_hours,
+    format_time,
+    format_usd,
+    is_finite,
+    is_known,
+    or_unknown,
+)
+from comet_dse.base.vocabulary import (
+    ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource, training_label,
+)
 
 
 def render_dry_run(study, points: list, limit: int | None) -> str:

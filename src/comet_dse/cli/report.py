@@ -4,8 +4,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from comet_dse.cli.options import (DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, note_workers, point_count,
-                                   positive_int)
+from comet_dse.cli.options import (
+    DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, note_workers, point_count, positive_int,
+)
 
 
 def add_parser(sub) -> None:
@@ -24,7 +25,7 @@ def run(args) -> int:
     from comet_dse.cli.render import render_dry_run
     from comet_dse.design_space.engine import first_points
     from comet_dse.report.build import build_report, load_folder
-    from comet_dse.text import printable
+    from comet_dse.base.text import printable
 
     if args.dry_run:
         _, studies = load_folder(Path(args.studies))

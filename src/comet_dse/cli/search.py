@@ -6,8 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from comet_dse import jsonout
-from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, positive_int, space_from
+from comet_dse.base import jsonout
+from comet_dse.cli.options import (
+    add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, positive_int, space_from,
+)
 
 
 def add_parser(sub) -> None:
@@ -25,7 +27,7 @@ def run(args) -> int:
     from comet_dse.strategy import runs_fused_attention
     from comet_dse.design_space.output import to_arrow, write_atomically
     from comet_dse.design_space.search import search, strategy_at
-    from comet_dse.estimate import estimate
+    from comet_dse.answers.estimate import estimate
 
     model, cluster = load_inputs(args)
     load_lazy_imports()
@@ -50,7 +52,7 @@ def run(args) -> int:
                                             for name, (rank, row) in per_dtype.items()},
                           "best": best.to_dict() if best else None, "notes": [note] if note else []}, indent=2))
         return 0
-    from comet_dse.economics import cost_basis
+    from comet_dse.whole_run.economics import cost_basis
 
     print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top,
                         cost_basis(cluster), notes=(note,) if note else ()))
@@ -91,8 +93,8 @@ def best_by(result, knob: str) -> dict:
 def render_best_by(result, per_value: dict, what: str) -> str:
     """One line per value of ``best_by``: its best strategy's rank, step time, MFU and compact text."""
     from comet_dse.strategy import KNOBS, compact_text
-    from comet_dse.text import printable
-    from comet_dse.units import format_time
+    from comet_dse.base.text import printable
+    from comet_dse.base.units import format_time
 
     cols = result.columns
     lines = [f"\nBest per {what}"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from comet_dse import jsonout, written
-from comet_dse.errors import InputError
+from comet_dse.base import jsonout, written
+from comet_dse.base.errors import InputError
 
 
 def add_parser(sub) -> None:
@@ -21,11 +21,13 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import csv
 
-    from comet_dse.presets import load_cluster
-    from comet_dse.text import render_table
-    from comet_dse.errorband import bands_of
-    from comet_dse.validation import all_comparisons, group_summary, memory_comparisons, memory_summary, recall, \
-        summary, validation_dir, whole_run_comparisons, whole_run_summary
+    from comet_dse.presets.catalog import load_cluster
+    from comet_dse.base.text import render_table
+    from comet_dse.answers.errorband import bands_of
+    from comet_dse.answers.validation import (
+        all_comparisons, group_summary, memory_comparisons, memory_summary, recall, summary, validation_dir,
+        whole_run_comparisons, whole_run_summary,
+    )
 
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
@@ -113,7 +115,7 @@ def run(args) -> int:
 
 def _run_band(run) -> dict:
     """The error band of a whole run's accelerator and precision (errorband.band_for)."""
-    from comet_dse.errorband import band_for
+    from comet_dse.answers.errorband import band_for
 
     return band_for(run.hardware, run.dtype)
 
@@ -121,7 +123,7 @@ def _run_band(run) -> dict:
 def whole_run_dict(run) -> dict:
     """One whole run as JSON: published and predicted device-hours (with goodput, and of the steps alone), the
     range the step time's error band leaves, the errors, and each phase's strategy and where it came from."""
-    from comet_dse.economics import band_range
+    from comet_dse.whole_run.economics import band_range
 
     band = _run_band(run)
     low_high = band_range(run.predicted_device_hours, band)
@@ -140,8 +142,8 @@ def whole_run_dict(run) -> dict:
 def whole_run_lines(runs: list) -> list:
     """The whole-run table of ``validate``: published against predicted device-hours, with goodput and the error
     band's range, and the summary."""
-    from comet_dse.text import render_table
-    from comet_dse.validation import whole_run_summary
+    from comet_dse.base.text import render_table
+    from comet_dse.answers.validation import whole_run_summary
 
     rows = []
     for run in runs:
@@ -192,7 +194,7 @@ def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from comet_dse.validation import whole_runs
+    from comet_dse.answers.validation import whole_runs
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
     runs = whole_runs(comparisons)

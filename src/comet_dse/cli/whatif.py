@@ -6,13 +6,13 @@ import argparse
 import math
 from pathlib import Path
 
-from comet_dse import jsonout, written
+from comet_dse.base import jsonout, written
 from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, space_from
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 from comet_dse.strategy import legend
-from comet_dse.units import format_bytes, format_time
-from comet_dse.vocabulary import BANDWIDTH_CONVENTION, ERROR_BAND_LABEL, resource as described
-from comet_dse.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
+from comet_dse.base.units import format_bytes, format_time
+from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, ERROR_BAND_LABEL, resource as described
+from comet_dse.answers.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
 
 
 def add_parser(sub) -> None:
@@ -56,7 +56,7 @@ def _factors(text: str) -> tuple:
 
 def run(args) -> int:
     """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
-    from comet_dse.whatif import whatif
+    from comet_dse.answers.whatif import whatif
 
     if args.figure:          # refused before the search, not after
         if Path(args.figure).suffix.lower() not in (".png", ".svg"):
@@ -90,7 +90,7 @@ def run(args) -> int:
 
 def _band(cluster, result: WhatIf, model) -> dict | None:
     """The error band (errorband.band_for) of the baseline's best strategy, None when nothing fits."""
-    from comet_dse.errorband import band_of_cluster
+    from comet_dse.answers.errorband import band_of_cluster
 
     strategy = result.baseline.strategy
     return band_of_cluster(cluster, strategy.get("dtype", "bf16"), bool(model.moe)) if strategy else None
@@ -98,7 +98,7 @@ def _band(cluster, result: WhatIf, model) -> dict | None:
 
 def render(result: WhatIf) -> str:
     """The text table of ``comet-dse whatif``."""
-    from comet_dse.text import render_table
+    from comet_dse.base.text import render_table
     b = result.baseline
     lines = [f"What if: {result.model} on {result.devices:,} x {result.cluster}, global batch {result.global_batch:,} "
              f"({b.evaluated:,} strategies per variant)"]
@@ -132,9 +132,9 @@ def per_added_lines(result: WhatIf) -> list:
     """The cells ranked by speedup per added dollar (then per added watt): what each change adds to the
     cluster's price and draw (per-unit prices and powers, docs/economics.md), the speedup gain per $1M and
     per kW, and with a token budget the time to train and cost. '-' where the resource has no per-unit figure."""
-    from comet_dse.text import render_table
-    from comet_dse.units import format_count, format_duration, format_usd
-    from comet_dse.vocabulary import training_label
+    from comet_dse.base.text import render_table
+    from comet_dse.base.units import format_count, format_duration, format_usd
+    from comet_dse.base.vocabulary import training_label
 
     def key(c: Cell):
         return (c.speedup_per_musd is None, -(c.speedup_per_musd or 0.0), c.speedup_per_kw is None,

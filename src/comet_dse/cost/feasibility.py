@@ -13,7 +13,7 @@ from comet_dse.cost.params import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOB, ModelParallel, StrategyArrays
-from comet_dse.units import format_bytes
+from comet_dse.base.units import format_bytes
 
 
 def _divides(a, b):

@@ -23,13 +23,21 @@ from comet_dse.cost.layout import DataParallelComm, Layout, layout_grouped
 from comet_dse.cost.memory import inflight_layer_microbatches, place, reserved_bytes, warm_up
 from comet_dse.cost.params import embedding_slots
 from comet_dse.cost.microbatch import (
-    ACTIVATION_BYTES, BACKWARD_COMM, STAGE_KEYS, context_of, contention, deduplicated_grouped, network_dims, prefixed,
+    ACTIVATION_BYTES,
+    BACKWARD_COMM,
+    STAGE_KEYS,
+    context_of,
+    contention,
+    deduplicated_grouped,
+    network_dims,
+    prefixed,
     work_total,
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit, Recompute,
-                                StrategyArrays, Zero)
+from comet_dse.strategy import (
+    GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit, Recompute, StrategyArrays, Zero,
+)
 
 
 @dataclass

@@ -44,11 +44,12 @@ try:
 except ImportError:          # not POSIX: no lock between runs
     fcntl = None
 
-from comet_dse.allocator import keep_freed_memory
-from comet_dse import jsonout, written
-from comet_dse.errors import InputError, RunFailed
-from comet_dse.design_space.output import (check_output_file, csv_table, output_parent, remove_stale_temps,
-                                     to_arrow, write_dataset)
+from comet_dse.base.allocator import keep_freed_memory
+from comet_dse.base import jsonout, written
+from comet_dse.base.errors import InputError, RunFailed
+from comet_dse.design_space.output import (
+    check_output_file, csv_table, output_parent, remove_stale_temps, to_arrow, write_dataset,
+)
 from comet_dse.design_space.parquet_concat import ParquetJoinError, join
 from comet_dse.design_space.rank import chunk_summary, merge
 from comet_dse.design_space.space import enumerate_strategies
@@ -525,7 +526,7 @@ def _progress(name: str, total: int, done: int, enabled: bool):
     """The progress bar of one study's design points, labelled with the study's name (a report runs several)."""
     from tqdm import tqdm
 
-    from comet_dse.text import printable
+    from comet_dse.base.text import printable
 
     return tqdm(total=total, initial=done, unit="pt", unit_scale=True, disable=not enabled, file=sys.stderr,
                 desc=printable(name), mininterval=0.5, smoothing=0.1)

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from comet_dse import written
-from comet_dse.errors import InputError
+from comet_dse.base import written
+from comet_dse.base.errors import InputError
 from comet_dse.design_space.storage import Folder, is_url, parquet_options, temp_name
 from comet_dse.strategy import KNOBS, Choice
 

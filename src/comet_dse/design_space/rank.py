@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 
 from comet_dse.design_space.table import reason_counts
-from comet_dse.jsonout import plain
+from comet_dse.base.jsonout import plain
 from comet_dse.strategy import KNOBS
-from comet_dse.vocabulary import FRONTS   # the Pareto fronts: key, column with and without a token budget
+from comet_dse.base.vocabulary import FRONTS# the Pareto fronts: key, column with and without a token budget
 
 # Every strategy knob, then the results kept for each of the best rows.
 ROW_FIELDS = tuple(k.name for k in KNOBS) + (
@@ -46,7 +46,7 @@ def merge(summaries: list, variants: list, baseline: int, top_k: int, token_budg
     """Per (model, devices, variant): counts, top_k, best; speedup over the baseline; Pareto fronts. The cost
     of training (``training_cost_usd`` of every row) is on one basis for the whole table, the baseline
     cluster's (``cost_basis``): a variant without a figure for it has none (null), never its own basis's."""
-    from comet_dse.economics import cost_basis, cost_column
+    from comet_dse.whole_run.economics import cost_basis, cost_column
 
     basis = cost_basis(variants[baseline].cluster)
     groups = {}

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from comet_dse.bounds import BOUNDS
-from comet_dse.errors import InputError
+from comet_dse.base.bounds import BOUNDS
+from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import CROSS_RULES, DERIVED, GIVEN, KNOB, KNOBS, StrategyArrays, combinations

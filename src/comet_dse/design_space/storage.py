@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from comet_dse import written
-from comet_dse.errors import InputError
+from comet_dse.base import written
+from comet_dse.base.errors import InputError
 
 
 def is_url(where) -> bool:

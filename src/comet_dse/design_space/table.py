@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet_dse import economics
-from comet_dse.allocator import keep_freed_memory
+from comet_dse.whole_run import economics
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.cost.feasibility import violations
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster

@@ -16,7 +16,8 @@ network JSON (link bandwidth in GiB/s, latency in ns).
 """
 from __future__ import annotations
 
-from comet_dse import astrasim, jsonout
+from comet_dse.cost import astrasim
+from comet_dse.base import jsonout
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.model.spec import Transformer
 
@@ -105,7 +106,7 @@ def _phase(op: astrasim.Operator, peak: float, bandwidth: float) -> tuple:
 
 def workload_v1(model: Transformer, cluster: Cluster, mp: int, dp: int, global_batch: int,
                 layernorm: str = "gemm", blocks: int = 2) -> str:
-    """The authors' HYBRID_TRANSFORMER_FWD_IN_BCKWD workload at MP ``mp`` x DP ``dp`` (comet_dse.astrasim.block).
+    """The authors' HYBRID_TRANSFORMER_FWD_IN_BCKWD workload at MP ``mp`` x DP ``dp`` (comet_dse.cost.astrasim.block).
 
     Header: the type, the MP group, the checkpoints (each block's first row) and checkpoint initiators
     (each block's last row, last first); then the row count; per row: name, -1, then for forward, input

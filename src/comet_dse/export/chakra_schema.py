@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from types import SimpleNamespace
 
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 
 SCHEMA_VERSION = "1.0.0"     # Chakra's version of et_def.proto (its pyproject.toml at the vendored commit)
 MESSAGES = ("GlobalMetadata", "Node", "AttributeProto", "IOInfo", "BoolList")

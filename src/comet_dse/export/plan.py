@@ -18,11 +18,12 @@ from comet_dse.cost.memory import grad_bytes
 from comet_dse.cost.microbatch import ACTIVATION_BYTES, context_of, microbatch_terms
 from comet_dse.cost.params import attention_params_per_device, layers_per_stage
 from comet_dse.cost.step import dense_layer_flops
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit, Strategy,
-                                StrategyArrays)
+from comet_dse.strategy import (
+    Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit, Strategy, StrategyArrays,
+)
 
 LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch.py: embedding_and_head)
 

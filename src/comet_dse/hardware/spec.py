@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from comet_dse.bounds import BOUNDS
-from comet_dse.errors import InputError
-from comet_dse.hardware.economics import Economics
+from comet_dse.base.bounds import BOUNDS
+from comet_dse.base.errors import InputError
+from comet_dse.hardware.economics_block import Economics
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
-from comet_dse.loading import Fields, read_json
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
+from comet_dse.base.loading import Fields, read_json
 from comet_dse.model.spec import MLP, Attention, LatentAttention, MLPKind, MoE, Norm, PositionEmbedding, Transformer
 
 

@@ -16,8 +16,8 @@ from enum import Enum
 
 import numpy as np
 
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
 
 
 class MLPKind(str, Enum):

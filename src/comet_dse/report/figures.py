@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
-from comet_dse.report.analysis import PART_LABELS, PARTS, best_rows, breakdown, splits  # noqa: E402
-from comet_dse.vocabulary import TIME_PART  # noqa: E402
+from comet_dse.report.analysis import PART_LABELS, PARTS, best_rows, breakdown, splits# noqa: E402
+from comet_dse.base.vocabulary import TIME_PART# noqa: E402
 
 COLORS = {p: TIME_PART[p].color for p in PARTS}
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8})

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.errors import InputError
-from comet_dse.loading import Fields
+from comet_dse.base.errors import InputError
+from comet_dse.base.loading import Fields
 from comet_dse.report import analysis
 from comet_dse.report import readings as rd
 

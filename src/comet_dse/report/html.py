@@ -8,8 +8,8 @@ from pathlib import Path
 
 from comet_dse.version import __version__
 from comet_dse.strategy import compact_text, legend
-from comet_dse.units import format_count, format_duration, format_energy, format_time, format_usd, or_unknown
-from comet_dse.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS, training_label
+from comet_dse.base.units import format_count, format_duration, format_energy, format_time, format_usd, or_unknown
+from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS, training_label
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
@@ -70,7 +70,7 @@ def _best_table(section) -> str:
 
 
 def _vocabulary() -> str:
-    """What the parts of the step time in the figures mean, and how bandwidth is counted (comet_dse.vocabulary)."""
+    """What the parts of the step time in the figures mean, and how bandwidth is counted (comet_dse.base.vocabulary)."""
     rows = "".join(f'<tr><td class="l">{html.escape(p.label)}</td><td class="l">{html.escape(p.meaning)}</td></tr>'
                    for p in TIME_PARTS)
     return (f"<details><summary>What the parts of the step time mean</summary><table>"

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from comet_dse.errors import InputError
-from comet_dse.loading import Fields
+from comet_dse.base.errors import InputError
+from comet_dse.base.loading import Fields
 from comet_dse.strategy import KNOB
 
 RUN_KEYS = ("seq_len", "global_batch", "expansion")
@@ -338,7 +338,7 @@ def retimed(data: dict, study, layernorm: str, cache: dict) -> dict | None:
     """``data`` with every row's step time and tokens/s as the COMET authors' simulator gives them for its split
     (comet_dse/astrasim.py: one iteration of their 2-block workload); None where a variant has an expansion tier
     (the published simulator cannot cost one). ``cache``: (variant, devices, MP, batch) -> seconds."""
-    from comet_dse.astrasim import iteration
+    from comet_dse.cost.astrasim import iteration
 
     if any(v.cluster.accelerator.expansion is not None and v.cluster.accelerator.expansion.capacity > 0
            for v in study.variants):

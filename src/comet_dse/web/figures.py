@@ -2,11 +2,11 @@
 
 Nothing here imports Plotly or Dash; each function reads a ``view.View`` and returns
 ``{"data": [...], "layout": {...}}``. Units are in the axis titles (seconds, GiB); the parts' and
-resources' names and colours come from comet_dse.vocabulary.
+resources' names and colours come from comet_dse.base.vocabulary.
 """
 from __future__ import annotations
 
-from comet_dse.vocabulary import MEMORY_PARTS, TIME_PART, memory_label, resource, time_label
+from comet_dse.base.vocabulary import MEMORY_PARTS, TIME_PART, memory_label, resource, time_label
 from comet_dse.web.view import GiB, View, designs as cluster_designs
 
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12}

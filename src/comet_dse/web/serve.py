@@ -7,7 +7,7 @@ import sys
 import threading
 import webbrowser
 
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 
 
 def serve(host: str = "127.0.0.1", port: int = 8050, open_browser: bool = False) -> int:

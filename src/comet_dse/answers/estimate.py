@@ -12,11 +12,11 @@ import numpy as np
 from comet_dse.cost.feasibility import feasible_mask, reasons_for, violations
 from comet_dse.cost.microbatch import layer_phase_times
 from comet_dse.cost.step import evaluate
-from comet_dse.economics import COLUMNS as TRAINING_COLUMNS, training_of
+from comet_dse.whole_run.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import Strategy, StrategyArrays
-from comet_dse.tables import Tabular
+from comet_dse.base.tables import Tabular
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import yaml
 
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
 from comet_dse.cost.memory import footprint_bytes
 from comet_dse.cost.step import step_time_of_mfu
-from comet_dse.estimate import estimate, layer_times
+from comet_dse.answers.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
-from comet_dse.stats import error_stats
+from comet_dse.base.stats import error_stats
 from comet_dse.strategy import GradAccumulation, Placement, Recompute, Strategy, knob_values
 
 TABLE5 = "korthikanti2022_table5.csv"
@@ -297,7 +297,7 @@ def gpu_comparisons(directory: Path | None = None) -> list:
     and MoE, bf16 and fp8), each predicted with its cluster preset as shipped, its model preset at the run's
     sequence length and the knob columns its source and its framework's recipe state (the ``assumed`` column
     names what came from a recipe default). ``step_s`` is the measured step time (docs/validation.md)."""
-    from comet_dse.presets import load_cluster, load_model
+    from comet_dse.presets.catalog import load_cluster, load_model
 
     path = gpu_file(directory or validation_dir())
     out = []
@@ -324,7 +324,7 @@ def recall(comparisons: list) -> dict:
 
 def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Cluster | None = None) -> list:
     """Every comparison, in dataset order; ``h100``: the cluster for h100_public.csv (default dgx-h100)."""
-    from comet_dse.presets import load_cluster
+    from comet_dse.presets.catalog import load_cluster
 
     directory = directory or validation_dir()
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
@@ -374,7 +374,7 @@ def memory_comparisons(directory: Path | None = None) -> list:
     """memory.csv: the peak memory per device of published runs against the model's, each row predicted with
     its cluster preset as shipped (capacity only decides the fit, not the prediction) and the settings its
     source states."""
-    from comet_dse.presets import load_cluster
+    from comet_dse.presets.catalog import load_cluster
 
     path = memory_file(directory or validation_dir())
     out = []
@@ -398,9 +398,9 @@ def _memory_model(row: dict, folder: Path) -> Transformer:
     """A memory.csv row's model: a preset name, or a model YAML in ``models/`` beside the file, with the row's
     ``model_set`` ("key=value; ...": what a run changes, e.g. "position=rope; dropout=false"), its ``vocab``
     (the padded size the framework used: Megatron-LM pads to a multiple of 128 x TP) and its sequence length."""
-    from comet_dse.loading import read_yaml
+    from comet_dse.base.loading import read_yaml
     from comet_dse.model.load import transformer_from
-    from comet_dse.presets import load_model
+    from comet_dse.presets.catalog import load_model
 
     name = row["model"]
     if not name.endswith(".yaml"):
@@ -514,7 +514,7 @@ def whole_run_comparisons(directory: Path | None = None) -> list:
 
 
 def _whole_run(rows: list, folder: Path) -> WholeRun:
-    from comet_dse.presets import load_cluster
+    from comet_dse.presets.catalog import load_cluster
 
     phases, first = [], rows[0]
     for row in rows:

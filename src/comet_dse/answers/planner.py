@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
-from comet_dse.economics import cost_column, with_ranges
-from comet_dse.errors import InputError
-from comet_dse.estimate import estimate
+from comet_dse.whole_run.economics import cost_column, with_ranges
+from comet_dse.base.errors import InputError
+from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import compact_text
@@ -155,7 +155,7 @@ class Plan:
     def answer_lines(self) -> list:
         """One line per question asked: the design that answers it with its time and cost and their ranges
         under the error band, or that none does."""
-        from comet_dse.units import format_duration, format_usd
+        from comet_dse.base.units import format_duration, format_usd
 
         def shown(c: Candidate) -> str:
             tr, cr = c.time_range(), c.cost_range(self.basis)

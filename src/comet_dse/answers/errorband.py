@@ -12,7 +12,7 @@ then the same accelerator and kind in the other precision, then the same acceler
 
 The residuals are the ones ``comet-dse validate`` prints, kept in the packaged error_bands.csv so that
 an estimate does not re-run the validation; tests/validation/test_error_band.py recomputes them and
-fails when the file is stale (``python -m comet_dse.errorband`` prints the current file).
+fails when the file is stale (``python -m comet_dse.answers.errorband`` prints the current file).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import io
 from functools import lru_cache
 from importlib import resources
 
-from comet_dse.stats import error_stats
+from comet_dse.base.stats import error_stats
 
 BANDS_FILE = "error_bands.csv"
 COLUMNS = ("hardware", "precision", "kind", "runs", "low", "high", "mean_abs_error", "frameworks")
@@ -135,11 +135,11 @@ def band_text(band: dict) -> str:
 
 def current_bands() -> list:
     """The bands of the validation as the model predicts it now (runs ``validation.all_comparisons``)."""
-    from comet_dse.presets import load_cluster
-    from comet_dse.validation import all_comparisons
+    from comet_dse.presets.catalog import load_cluster
+    from comet_dse.answers.validation import all_comparisons
 
     return bands_of(all_comparisons(load_cluster("dgx-a100-80gb")))
 
 
-if __name__ == "__main__":      # python -m comet_dse.errorband > src/comet_dse/data/error_bands.csv
+if __name__ == "__main__":      # python -m comet_dse.answers.errorband > src/comet_dse/data/error_bands.csv
     print(bands_csv(current_bands()), end="")

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from comet_dse.errors import InputError, RunFailed, StorageError
+from comet_dse.base.errors import InputError, RunFailed, StorageError
 
 try:
     import fcntl

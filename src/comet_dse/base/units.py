@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 
 DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}

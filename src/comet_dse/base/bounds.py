@@ -12,7 +12,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 
 GiB, TiB = 2.0**30, 2.0**40
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.units import DAY
+from comet_dse.base.units import DAY
 
 # Defaults (docs/economics.md, "Goodput": the sources), each overridable with --set <name>=... .
 LLAMA3_GPUS = 16_384                  # Dubey et al. 2024 (arXiv:2407.21783), Sec. 3.3.4: during a 54-day snapshot
@@ -46,8 +46,6 @@ DEFAULT_CHECKPOINT_BYTES = 14.0       # per parameter: bf16 weights (2) + fp32 m
                                       # fp32 moments (4 + 4), what Megatron-LM's and DeepSpeed's checkpoints hold
 DEFAULT_HOST_BANDWIDTH = 16e9 * 16 * 128 / 130 / 8   # B/s per device: PCIe 4.0 x16, 31.5 GB/s per direction
 DEFAULT_CHECKPOINT = "sync"
-CHECKPOINT_MODES = ("sync", "async")
-SWITCHES = ("on", "off")
 
 
 @dataclass(frozen=True)

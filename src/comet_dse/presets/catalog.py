@@ -12,10 +12,10 @@ from pathlib import Path
 
 import yaml
 
-from comet_dse.errors import InputError
+from comet_dse.base.errors import InputError
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import Cluster
-from comet_dse.loading import read_json, read_yaml
+from comet_dse.base.loading import read_json, read_yaml
 from comet_dse.model.load import transformer_from, transformer_from_hf_config
 from comet_dse.model.spec import Transformer
 

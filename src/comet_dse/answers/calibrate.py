@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from comet_dse.bounds import BOUNDS, shown
-from comet_dse.errors import InputError
+from comet_dse.base.bounds import BOUNDS, shown
+from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
-from comet_dse.loading import read_text_file
+from comet_dse.base.loading import read_text_file
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy import KNOB, Strategy, StrategyArrays, knob_values
 
@@ -163,7 +163,7 @@ def _put(cluster: Cluster, name: str, value) -> Cluster:
 
 def read_runs(path: Path) -> list:
     """The runs of a CSV file; every error names the row and column."""
-    from comet_dse.presets import load_model
+    from comet_dse.presets.catalog import load_model
 
     path = Path(path)
     text = read_text_file(path, "runs")
@@ -220,7 +220,7 @@ _OTHER_COLUMNS = _ARCHITECTURE | {"model", "gpus", "metric", "measured", "id", "
 
 
 def _run(row: dict, label: str, folder: Path, load_model) -> Run:
-    from comet_dse.validation import _gpt, _llama
+    from comet_dse.answers.validation import _gpt, _llama
 
     if row.get("model"):
         ref = row["model"]

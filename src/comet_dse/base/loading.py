@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from comet_dse.bounds import BOUNDS, Bound, shown
-from comet_dse.errors import InputError
+from comet_dse.base.bounds import BOUNDS, Bound, shown
+from comet_dse.base.errors import InputError
 
 MAX_FILE_BYTES = 2**18      # 256 KiB (parsed in under 2 s): a study, model or cluster file is a few KiB
 MAX_DEPTH = 64              # nested mappings and lists
@@ -223,7 +223,7 @@ class Fields:
 
     def quantity(self, key: str, kind: str, default: object = ..., *, bound: str) -> float:
         """A number with a unit (units.parse_quantity) in the row ``bound`` of bounds.BOUNDS."""
-        from comet_dse.units import parse_quantity
+        from comet_dse.base.units import parse_quantity
 
         value = self.raw(key, default)
         if value is None:

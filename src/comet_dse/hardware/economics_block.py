@@ -39,12 +39,21 @@ from __future__ import annotations
 import dataclasses as dc
 from dataclasses import dataclass, field
 
-from comet_dse.bounds import BOUNDS
-from comet_dse.errors import InputError
-from comet_dse.goodput import CHECKPOINT_MODES, SWITCHES
-from comet_dse.loading import Fields
-from comet_dse.units import (KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_DURATION, KIND_ENERGY_PRICE, KIND_FLOPS,
-                             KIND_POWER, KIND_RENT, parse_per_unit, parse_quantity)
+from comet_dse.base.bounds import BOUNDS
+from comet_dse.base.errors import InputError
+from comet_dse.base.loading import Fields
+from comet_dse.base.units import (
+    KIND_BANDWIDTH,
+    KIND_BYTES,
+    KIND_COUNT,
+    KIND_DURATION,
+    KIND_ENERGY_PRICE,
+    KIND_FLOPS,
+    KIND_POWER,
+    KIND_RENT,
+    parse_per_unit,
+    parse_quantity,
+)
 
 # Field (as a cluster file, ``--set`` and a study axis name it) -> (unit kind, row of bounds.BOUNDS, attribute).
 FIELDS = {
@@ -66,6 +75,8 @@ FIELDS = {
     "checkpoint_bytes": (KIND_COUNT, "checkpoint_bytes", "checkpoint_bytes_per_parameter"),
 }
 COST_BASES = ("rent", "own")
+CHECKPOINT_MODES = ("sync", "async")   # how a checkpoint is written (whole_run/goodput.py: sync stalls training)
+SWITCHES = ("on", "off")
 # The settings that take a name, not a number -> the names they take.
 CHOICES = {"cost_basis": COST_BASES, "checkpoint": CHECKPOINT_MODES, "goodput": SWITCHES}
 # The resources a price or power per unit may be given for -> their unit kind; and network.<dim>.bandwidth

@@ -1,0 +1,1 @@
+"""The questions a user asks of the model: one estimate, what-if, a plan, calibration, validation, error bands."""

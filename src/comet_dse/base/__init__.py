@@ -1,0 +1,1 @@
+"""Foundations every part uses: errors, units, bounds, names, text, tables, safe reading and writing."""

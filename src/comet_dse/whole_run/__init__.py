@@ -1,0 +1,1 @@
+"""A whole training run from one step: time to train, goodput, energy and cost of a token budget."""
