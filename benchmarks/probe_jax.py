@@ -32,7 +32,8 @@ from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.model import spec as model_spec
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS, StrategyArrays
+from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS
+from comet_dse.strategy.arrays import StrategyArrays
 
 TRACED_MODULES = (step, memory, collectives, feasibility, params, microbatch, strategy_module, model_spec)
 

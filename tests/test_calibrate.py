@@ -10,7 +10,8 @@ from comet_dse.answers.calibrate import Run, fit, leave_one_out, parameters, ste
 from comet_dse.cli import main
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
-from comet_dse.strategy import Recompute, Strategy
+from comet_dse.strategy.choices import Recompute
+from comet_dse.strategy.declared import Strategy
 from cli_run import one_line_error, run as run_cli
 
 A100 = load_cluster("dgx-a100-80gb")

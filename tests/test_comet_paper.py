@@ -12,7 +12,7 @@ from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import MemoryTier
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Strategy
+from comet_dse.strategy.declared import Strategy
 
 TPU = load_cluster("tpu-v4")
 TILE = load_cluster("dojo-tile")

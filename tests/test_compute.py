@@ -4,7 +4,8 @@ import pytest
 
 from comet_dse.cost.compute import gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline
 from comet_dse.cost.microbatch import device_of
-from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 
 
 def test_roofline_is_max_of_bounds_plus_overhead():

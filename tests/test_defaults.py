@@ -18,7 +18,7 @@ from comet_dse.design_space.space import (
 from comet_dse.design_space.study import load_study
 from comet_dse.base.errors import InputError
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import KNOB
+from comet_dse.strategy.declared import KNOB
 from comet_dse.answers.whatif import smallest_capacity
 from cli_run import run
 

@@ -15,7 +15,7 @@ from comet_dse.export import astrasim_inputs as asi
 from comet_dse.export.chakra_schema import SCHEMA_VERSION, read_trace, schema
 from comet_dse.export.folder import MARKER, export
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Strategy
+from comet_dse.strategy.declared import Strategy
 
 from cli_run import one_line_error, run
 

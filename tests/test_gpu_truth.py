@@ -12,7 +12,8 @@ from comet_dse.cost.layout import grad_zeroing_params, optimizer_step_bytes
 from comet_dse.cost.params import StageParams
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 
 
 def _bench_device(cluster, dtype="bf16") -> Device:

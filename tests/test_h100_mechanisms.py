@@ -8,11 +8,11 @@ import pytest
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.compute import Device, gemm_time, pipeline_efficiency
 from comet_dse.cost.layer import LayerShape, _linear
-from comet_dse.cost.microbatch import TP_OVERLAP_SM_SHARE, context_of, device_of, layer_work, network_dims, \
-    _pipelined
+from comet_dse.cost.microbatch import TP_OVERLAP_SM_SHARE, context_of, device_of, layer_work, network_dims, _pipelined
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 
 H100 = load_cluster("dgx-h100")
 LLAMA8B = load_model("llama3-8b")

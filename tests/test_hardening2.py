@@ -333,7 +333,7 @@ def test_runs_evaluated_together_equal_each_run_alone():
     the size at which the cost model groups points): each error equals the run evaluated alone."""
     from comet_dse.answers.calibrate import Run, RunSet, parameters, step_errors
     from comet_dse.cost.distinct import MIN_POINTS
-    from comet_dse.strategy import Strategy
+    from comet_dse.strategy.declared import Strategy
 
     a100 = load_cluster("dgx-a100-80gb")
     model = load_model("megatron-22b")
@@ -496,7 +496,7 @@ def test_a_step_time_that_is_not_finite_is_never_feasible():
     with the step_time rule, in an estimate and in a search."""
     from comet_dse.design_space.search import search
     from comet_dse.answers.estimate import estimate
-    from comet_dse.strategy import Strategy
+    from comet_dse.strategy.declared import Strategy
 
     a100 = load_cluster("dgx-a100-80gb")
     acc = a100.accelerator

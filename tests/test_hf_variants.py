@@ -23,7 +23,8 @@ from comet_dse.cost.params import attention_params_per_device
 from comet_dse.base.errors import InputError
 from comet_dse.model.load import transformer_from, transformer_from_hf_config
 from comet_dse.model.spec import MLPKind, Norm
-from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 
 # --- released config.json files, abridged to the keys the loader reads (values as published) -------
 GEMMA2_9B = {

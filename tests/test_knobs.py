@@ -21,7 +21,10 @@ from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.study import load_study
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import GIVEN, KNOBS, LAYOUT_KNOBS, Choice, Dtype, Strategy, StrategyArrays, Zero
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, Strategy
+from comet_dse.strategy.choices import Choice, Dtype, Zero
+from comet_dse.strategy.arrays import StrategyArrays
 
 H100 = load_cluster("dgx-h100")
 MOE = load_model("mixtral-8x7b").with_seq_len(4096)

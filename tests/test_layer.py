@@ -4,7 +4,8 @@ import pytest
 
 from comet_dse.cost.layer import LayerShape, layer_cost
 from comet_dse.cost.microbatch import device_of
-from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.model.spec import MLP, Attention, Transformer
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Recompute, Strategy
+from comet_dse.strategy.choices import Recompute
+from comet_dse.strategy.declared import Strategy
 
 H100 = load_cluster("dgx-h100")
 LLAMA8B = load_model("llama3-8b")

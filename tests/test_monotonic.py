@@ -7,7 +7,8 @@ from hypothesis import strategies as hs
 
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
-from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy
+from comet_dse.strategy.choices import AttentionKernel, CpAlgorithm, Recompute
+from comet_dse.strategy.declared import Strategy
 
 CLUSTERS = {name: load_cluster(name) for name in preset_names("clusters")}
 DENSE = load_model("llama3-8b").with_seq_len(8192)

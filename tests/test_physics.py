@@ -15,7 +15,8 @@ from hypothesis import strategies as hs
 from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import MemoryTier
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
-from comet_dse.strategy import AttentionKernel, CpAlgorithm, Recompute, Strategy
+from comet_dse.strategy.choices import AttentionKernel, CpAlgorithm, Recompute
+from comet_dse.strategy.declared import Strategy
 
 DEVICES = 64
 CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6)

@@ -19,7 +19,7 @@ from comet_dse.report import analysis
 from comet_dse.report import readings as rd
 from comet_dse.report.build import build_report
 from comet_dse.report.findings import text as value_text
-from comet_dse.strategy import Strategy
+from comet_dse.strategy.declared import Strategy
 
 GiB = 2.0**30
 COMET = load_model("comet-transformer-1t")

@@ -10,7 +10,9 @@ from comet_dse.cost.layer import layer_cost
 from comet_dse.cost.microbatch import context_of, layer_work
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Recompute, Strategy, StrategyArrays
+from comet_dse.strategy.choices import Recompute
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 
 A100 = load_cluster("dgx-a100-80gb")
 GPT3 = load_model("gpt3-175b")

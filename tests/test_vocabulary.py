@@ -20,7 +20,8 @@ from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.answers.estimate import estimate
 from comet_dse.answers.overrides import apply_overrides
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import KNOBS, Strategy, compact_text, legend, legend_code, legend_entries
+from comet_dse.strategy.declared import KNOBS, Strategy
+from comet_dse.strategy.text import compact_text, legend, legend_code, legend_entries
 from comet_dse.answers.whatif import whatif
 from cli_run import run
 

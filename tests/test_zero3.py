@@ -7,7 +7,8 @@ from hypothesis import strategies as hs
 
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import Recompute, Strategy
+from comet_dse.strategy.choices import Recompute
+from comet_dse.strategy.declared import Strategy
 
 A100 = load_cluster("dgx-a100-80gb")
 GPT3 = load_model("gpt3-175b")

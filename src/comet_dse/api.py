@@ -27,7 +27,8 @@ from comet_dse.whole_run.economics import token_budget
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.answers.overrides import apply_overrides
-from comet_dse.strategy import GIVEN, KNOB, Strategy, coerced
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.strategy.declared import KNOB, Strategy, coerced
 from comet_dse.base.tables import Tabular, arrow_to_pandas
 from comet_dse.answers.whatif import DEFAULT_FACTORS, WhatIf
 from comet_dse.answers.whatif import whatif as _whatif

@@ -32,7 +32,7 @@ def test_max_reserved_leaves_out_the_fixed_reserve(comparisons):
     CUDA context or NCCL's buffers: the prediction is the estimate less the preset's reserved_memory."""
     from comet_dse.answers.estimate import estimate
     from comet_dse.presets.catalog import load_model
-    from comet_dse.strategy import Strategy, knob_values
+    from comet_dse.strategy.declared import Strategy, knob_values
 
     row = next(csv.DictReader(memory_file(validation_dir()).open()))
     cluster = load_cluster(row["cluster"])

@@ -36,7 +36,8 @@ from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.base.loading import read_text_file
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import KNOB, Strategy, StrategyArrays, knob_values
+from comet_dse.strategy.declared import KNOB, Strategy, knob_values
+from comet_dse.strategy.arrays import StrategyArrays
 
 METRICS = ("iter_s", "tokens_per_s", "mfu")
 MIN_SENSITIVITY = 1e-3     # RMS change of the relative errors when a parameter crosses 10 % of its range
@@ -144,7 +145,7 @@ def _put(cluster: Cluster, name: str, value) -> Cluster:
     if name == "sustained":
         return dc.replace(cluster, accelerator=dc.replace(acc, tensor_sustained={d: value for d in acc.peak_flops}))
     if name == "attention":
-        from comet_dse.strategy import AttentionKernel
+        from comet_dse.strategy.choices import AttentionKernel
 
         rates = acc.attention_efficiency or {k.value: (acc.matmul_efficiency,) * 2 for k in AttentionKernel}
         scaled = {k: (f * value, b * value) for k, (f, b) in rates.items()}

@@ -15,7 +15,8 @@ from comet_dse.cost.step import evaluate
 from comet_dse.whole_run.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import Strategy, StrategyArrays
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.base.tables import Tabular
 
 

@@ -22,7 +22,7 @@ from comet_dse.base.errors import InputError
 from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import compact_text
+from comet_dse.strategy.text import compact_text
 
 DEFAULT_DEVICES = (512, 1024, 2048, 4096, 8192, 16384)   # the sizes tried unless asked otherwise
 

@@ -34,7 +34,8 @@ from comet_dse.answers.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 from comet_dse.base.stats import error_stats
-from comet_dse.strategy import GradAccumulation, Placement, Recompute, Strategy, knob_values
+from comet_dse.strategy.choices import GradAccumulation, Placement, Recompute
+from comet_dse.strategy.declared import Strategy, knob_values
 
 TABLE5 = "korthikanti2022_table5.csv"
 TABLE1 = "narayanan2021_table1.csv"
@@ -557,7 +558,7 @@ def _searched(model: Transformer, cluster: Cluster, gpus: int, row: dict) -> Str
 
 
 def _compact(strategy: Strategy) -> str:
-    from comet_dse.strategy import compact_text
+    from comet_dse.strategy.text import compact_text
 
     return compact_text(strategy.to_dict())
 

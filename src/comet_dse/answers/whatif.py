@@ -25,7 +25,7 @@ from comet_dse.design_space.table import RULES, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.answers.overrides import _set_one, apply_overrides
-from comet_dse.strategy import compact_text
+from comet_dse.strategy.text import compact_text
 from comet_dse.base.tables import Tabular
 from comet_dse.base.units import format_bytes
 from comet_dse.base import vocabulary

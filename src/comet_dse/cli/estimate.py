@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from comet_dse.cli.render import attention_note, render_estimate
     from comet_dse.answers.estimate import estimate
-    from comet_dse.strategy import runs_fused_attention, with_listed_kernel
+    from comet_dse.strategy.declared import runs_fused_attention, with_listed_kernel
 
     model, cluster = load_inputs(args)
     cluster.dim_sizes(args.devices)

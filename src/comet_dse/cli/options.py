@@ -12,7 +12,8 @@ import sys
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
 from comet_dse.answers.overrides import add_override_options, cluster_from_args
-from comet_dse.strategy import GIVEN, KNOBS
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.strategy.declared import KNOBS
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1          # the machine stopped a run (a worker killed): errors.RunFailed
@@ -188,7 +189,7 @@ def _knob_values(knob):
 
 def strategy_from(args, devices: int):
     """The one Strategy `estimate`'s options name; dp defaults to what the devices leave."""
-    from comet_dse.strategy import Strategy
+    from comet_dse.strategy.declared import Strategy
 
     given = {k.name: getattr(args, k.name) for k in KNOBS if getattr(args, k.name) is not None}
     tp, cp, pp = given.get("tp", 1), given.get("cp", 1), given.get("pp", 1)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from comet_dse.answers.estimate import Estimate
-from comet_dse.strategy import DERIVED, GIVEN, KNOBS, Choice, compact_text, knob_lines, legend
+from comet_dse.strategy.knob import DERIVED, GIVEN
+from comet_dse.strategy.declared import KNOBS
+from comet_dse.strategy.choices import Choice
+from comet_dse.strategy.text import compact_text, knob_lines, legend
 from comet_dse.base.text import printable, render_table
 from comet_dse.base.units import (
     format_bytes,

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from comet_dse.cli.render import attention_note, render_estimate, render_search
-    from comet_dse.strategy import runs_fused_attention
+    from comet_dse.strategy.declared import runs_fused_attention
     from comet_dse.design_space.output import to_arrow, write_atomically
     from comet_dse.design_space.search import search, strategy_at
     from comet_dse.answers.estimate import estimate
@@ -80,7 +80,7 @@ def load_lazy_imports() -> None:
 def best_by(result, knob: str) -> dict:
     """The fastest feasible row for each value a knob takes among the feasible rows (e.g. the best bf16 and the
     best fp8 strategy of ``--dtype bf16,fp8``): value name -> (rank in the whole ranking, row)."""
-    from comet_dse.strategy import KNOB
+    from comet_dse.strategy.declared import KNOB
 
     out = {}
     codes = result.columns[knob]
@@ -92,7 +92,8 @@ def best_by(result, knob: str) -> dict:
 
 def render_best_by(result, per_value: dict, what: str) -> str:
     """One line per value of ``best_by``: its best strategy's rank, step time, MFU and compact text."""
-    from comet_dse.strategy import KNOBS, compact_text
+    from comet_dse.strategy.declared import KNOBS
+    from comet_dse.strategy.text import compact_text
     from comet_dse.base.text import printable
     from comet_dse.base.units import format_time
 

@@ -25,8 +25,15 @@ def run(args) -> int:
     from comet_dse.base.text import render_table
     from comet_dse.answers.errorband import bands_of
     from comet_dse.answers.validation import (
-        all_comparisons, group_summary, memory_comparisons, memory_summary, recall, summary, validation_dir,
-        whole_run_comparisons, whole_run_summary,
+        all_comparisons,
+        group_summary,
+        memory_comparisons,
+        memory_summary,
+        recall,
+        summary,
+        validation_dir,
+        whole_run_comparisons,
+        whole_run_summary,
     )
 
     directory = Path(args.data) if args.data else validation_dir()

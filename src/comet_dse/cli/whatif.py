@@ -9,7 +9,7 @@ from pathlib import Path
 from comet_dse.base import jsonout, written
 from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, space_from
 from comet_dse.base.errors import InputError
-from comet_dse.strategy import legend
+from comet_dse.strategy.text import legend
 from comet_dse.base.units import format_bytes, format_time
 from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, ERROR_BAND_LABEL, resource as described
 from comet_dse.answers.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
@@ -77,7 +77,7 @@ def run(args) -> int:
         print(jsonout.dumps({**result.to_dict(), "error_band": band}, indent=2))
     else:
         from comet_dse.cli.render import attention_note
-        from comet_dse.strategy import runs_fused_attention
+        from comet_dse.strategy.declared import runs_fused_attention
 
         note = attention_note(cluster.accelerator, runs_fused_attention(space.values))
         print(render(result) + (f"\n\n{note}" if note else ""))

@@ -12,7 +12,9 @@ from comet_dse.cost.microbatch import attention_efficiencies
 from comet_dse.cost.params import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import KNOB, ModelParallel, StrategyArrays
+from comet_dse.strategy.declared import KNOB
+from comet_dse.strategy.choices import ModelParallel
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.base.units import format_bytes
 
 

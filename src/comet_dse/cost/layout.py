@@ -28,7 +28,9 @@ from comet_dse.cost.params import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import LAYOUT_KNOBS, Dtype, GradBuffer, GradPrecision, GradSync, StrategyArrays, Zero
+from comet_dse.strategy.declared import LAYOUT_KNOBS
+from comet_dse.strategy.choices import Dtype, GradBuffer, GradPrecision, GradSync, Zero
+from comet_dse.strategy.arrays import StrategyArrays
 
 FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
 

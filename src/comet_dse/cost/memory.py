@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.strategy import Zero
+from comet_dse.strategy.choices import Zero
 
 OPTIMIZER_BYTES = 12.0   # fp32 master weight + Adam m + Adam v
 WEIGHT_BYTES = 2.0       # 16-bit working copy

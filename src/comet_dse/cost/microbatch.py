@@ -19,7 +19,9 @@ from comet_dse.cost.distinct import gathered, grouped
 from comet_dse.cost.layer import FLOPS_SOFTCAP, FP32, NORM_BWD_ELEMENTS, LayerCost, LayerShape, layer_cost
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import MICROBATCH_KNOBS, AttentionKernel, CpAlgorithm, CrossEntropy, Recompute, StrategyArrays
+from comet_dse.strategy.declared import MICROBATCH_KNOBS
+from comet_dse.strategy.choices import AttentionKernel, CpAlgorithm, CrossEntropy, Recompute
+from comet_dse.strategy.arrays import StrategyArrays
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 ACTIVATION_BYTES = 2.0          # activations stay 16-bit, also in fp8 training (Transformer Engine)

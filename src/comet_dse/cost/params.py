@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import PipelineSplit, StrategyArrays
+from comet_dse.strategy.choices import PipelineSplit
+from comet_dse.strategy.arrays import StrategyArrays
 
 
 @dataclass(frozen=True)

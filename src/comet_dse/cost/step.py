@@ -35,9 +35,10 @@ from comet_dse.cost.microbatch import (
 )
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (
-    GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit, Recompute, StrategyArrays, Zero,
+from comet_dse.strategy.choices import (
+    GradAccumulation, GradBuffer, GradSync, PipelineEngine, PipelineSplit, Recompute, Zero,
 )
+from comet_dse.strategy.arrays import StrategyArrays
 
 
 @dataclass

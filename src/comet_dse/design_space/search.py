@@ -9,7 +9,7 @@ from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import economic_columns, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import KNOBS, Strategy
+from comet_dse.strategy.declared import KNOBS, Strategy
 
 
 @dataclass

@@ -21,7 +21,9 @@ from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import CROSS_RULES, DERIVED, GIVEN, KNOB, KNOBS, StrategyArrays, combinations
+from comet_dse.strategy.declared import CROSS_RULES, KNOB, KNOBS
+from comet_dse.strategy.knob import DERIVED, GIVEN
+from comet_dse.strategy.arrays import StrategyArrays, combinations
 
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 MAX_INNER = 1_000_000  # combinations of the non-degree knobs' value lists (held in memory per search)

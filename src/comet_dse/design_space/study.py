@@ -28,7 +28,8 @@ from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.base.loading import Fields, parse_yaml, read_text_file
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.base.text import printable
-from comet_dse.strategy import GIVEN, KNOBS
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.strategy.declared import KNOBS
 from comet_dse.base.units import (
     KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, KIND_TOKENS, parse_quantity,
 )

@@ -15,7 +15,8 @@ from comet_dse.cost.feasibility import violations
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import KNOBS, StrategyArrays
+from comet_dse.strategy.declared import KNOBS
+from comet_dse.strategy.arrays import StrategyArrays
 
 RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
          "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp",

@@ -27,7 +27,7 @@ from comet_dse.export.plan import Plan, plan_of
 from comet_dse.export.schedule import groups_of, rank_trace
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import Strategy
+from comet_dse.strategy.declared import Strategy
 
 MARKER = ".comet-dse-export"
 KIND = "simulator export"

@@ -21,9 +21,9 @@ from comet_dse.cost.step import dense_layer_flops
 from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy import (
-    Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit, Strategy, StrategyArrays,
-)
+from comet_dse.strategy.choices import Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit
+from comet_dse.strategy.declared import Strategy
+from comet_dse.strategy.arrays import StrategyArrays
 
 LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch.py: embedding_and_head)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from comet_dse.export.plan import Plan, Work
-from comet_dse.strategy import GradSync, PipelineEngine, Recompute, Zero
+from comet_dse.strategy.choices import GradSync, PipelineEngine, Recompute, Zero
 
 COMP, COLL, SEND, RECV = "COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE"
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER"

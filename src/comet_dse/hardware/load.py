@@ -124,7 +124,7 @@ def _tensor_sustained(fields: Fields, peak_flops: dict) -> dict:
 
 def _attention_efficiency(fields: Fields) -> dict:
     """`attention_efficiency: {fa2: {forward: 0.35, backward: 0.33}, ...}` -> {kernel: (forward, backward)}."""
-    from comet_dse.strategy import AttentionKernel
+    from comet_dse.strategy.choices import AttentionKernel
 
     if not fields.has("attention_efficiency"):
         return {}

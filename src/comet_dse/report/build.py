@@ -26,7 +26,8 @@ from comet_dse.base.loading import Fields, read_yaml
 from comet_dse.report import analysis, figures, findings
 from comet_dse.report import readings as rd
 from comet_dse.report.html import write_html
-from comet_dse.strategy import GIVEN, KNOBS
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.strategy.declared import KNOBS
 from comet_dse.base.units import is_finite
 from comet_dse.base.vocabulary import FRONT, resource
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from comet_dse.base.errors import InputError
 from comet_dse.base.loading import Fields
-from comet_dse.strategy import KNOB
+from comet_dse.strategy.declared import KNOB
 
 RUN_KEYS = ("seq_len", "global_batch", "expansion")
 TIER_RUN_KEYS = ("expansion",)    # run keys that change only a study with an expansion tier

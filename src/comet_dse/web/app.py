@@ -15,7 +15,7 @@ from comet_dse.base.errors import InputError
 from comet_dse.web import figures
 from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
 from comet_dse.presets.catalog import preset_names
-from comet_dse.strategy import legend
+from comet_dse.strategy.text import legend
 from comet_dse.base.units import (
     format_bytes,
     format_count,

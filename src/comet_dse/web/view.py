@@ -26,7 +26,7 @@ from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_cou
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.answers.overrides import apply_overrides
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy import compact_text
+from comet_dse.strategy.text import compact_text
 from comet_dse.base.units import format_bytes
 from comet_dse.base.vocabulary import breakdown_labels, resource as described
 from comet_dse.answers.whatif import MEMORY_BIT, Best, candidates, default_resources, resource_value, scaled_best
