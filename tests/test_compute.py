@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from comet_dse.cost.compute import gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline
-from comet_dse.cost.microbatch import device_of
+from comet_dse.cost.kernels import gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline
+from comet_dse.cost.shapes import device_of
 from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
 

@@ -6,7 +6,8 @@ import pytest
 
 from comet_dse.cli import main
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.microbatch import context_of, layer_work
+from comet_dse.cost.shapes import context_of
+from comet_dse.cost.layer_work import layer_work
 from comet_dse.base.errors import InputError
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model

@@ -109,15 +109,15 @@ def test_pairs_of_two_groupings_are_exact_and_refused_when_too_many(monkeypatch)
 
 
 def test_a_batch_whose_layouts_and_shapes_pair_equals_its_points_computed_alone(monkeypatch):
-    """cost/step.py computes the slowest stage once per (layout, micro-batch shape) pair where the pairs are few:
-    the same bits as computing every point (distinct.ungrouped)."""
-    import comet_dse.cost.step as step
+    """cost/pipeline.py computes the slowest stage once per (layout, micro-batch shape) pair where the pairs are
+    few: the same bits as computing every point (distinct.ungrouped)."""
+    import comet_dse.cost.pipeline as pipeline
 
     model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100")
     st = enumerate_strategies(model, 64, 256, SearchSpace(max_micro_batch=4))
     batch = st.take(np.resize(np.arange(min(len(st), 300)), 6000))
     found = []
-    monkeypatch.setattr(step, "paired_rows", lambda *args: found.append(distinct.paired_rows(*args)) or found[-1])
+    monkeypatch.setattr(pipeline, "paired_rows", lambda *args: found.append(distinct.paired_rows(*args)) or found[-1])
     paired = evaluate_columns(model, cluster, 64, batch)
     assert found and found[-1] is not None                # the batch was paired
     with distinct.ungrouped():

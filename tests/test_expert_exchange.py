@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.microbatch import context_of, expert_exchange_time, layer_work, node_copy_fraction
+from comet_dse.cost.shapes import context_of
+from comet_dse.cost.layer_work import expert_exchange_time, layer_work, node_copy_fraction
 from comet_dse.base.errors import InputError
 from comet_dse.answers.estimate import estimate
 from comet_dse.model.load import transformer_from
@@ -35,11 +36,11 @@ def test_ep_group_spans_eight_nodes_with_dp_innermost():
 def test_node_copy_fraction_by_hand():
     """8 nodes, a token's 8 experts in at most 4 of them: 4 (1 - (3/4)^8) = 3.60 distinct nodes of 8 copies."""
     ctx, _ = _ctx(RUN)
-    assert float(node_copy_fraction(DEEPSEEK, ctx.spans["ep"])[0]) == pytest.approx(4 * (1 - 0.75 ** 8) / 8)
-    assert node_copy_fraction(UNLIMITED, ctx.spans["ep"]) == 1.0
+    assert float(node_copy_fraction(DEEPSEEK.moe, ctx.spans["ep"])[0]) == pytest.approx(4 * (1 - 0.75 ** 8) / 8)
+    assert node_copy_fraction(UNLIMITED.moe, ctx.spans["ep"]) == 1.0
     # EP over 64 nodes (default placement): 8 groups of 8 nodes each, 4 groups reachable = 32 nodes
     wide, _ = _ctx(dc.replace(RUN, placement="tp-pp-dp"))
-    assert float(node_copy_fraction(DEEPSEEK, wide.spans["ep"])[0]) == pytest.approx(32 * (1 - (31 / 32) ** 8) / 8)
+    assert float(node_copy_fraction(DEEPSEEK.moe, wide.spans["ep"])[0]) == pytest.approx(32 * (1 - (31 / 32) ** 8) / 8)
 
 
 def test_outer_scale_touches_only_the_outermost_dimension():
@@ -56,8 +57,8 @@ def test_fp8_dispatch_halves_one_of_the_two_exchanges():
     ctx, st = _ctx(RUN)
     _, layer = layer_work(DEEPSEEK, ctx, st, moe_layer=True)
     ctx8, st8 = _ctx(dc.replace(RUN, ep_fp8_dispatch=True))
-    plain = float(expert_exchange_time(DEEPSEEK, layer, ctx, st)[0])
-    fp8 = float(expert_exchange_time(DEEPSEEK, layer, ctx8, st8)[0])
+    plain = float(expert_exchange_time(DEEPSEEK.moe, layer, ctx, st)[0])
+    fp8 = float(expert_exchange_time(DEEPSEEK.moe, layer, ctx8, st8)[0])
     assert 0.70 * plain < fp8 < 0.80 * plain    # (1 + (1 + 4/128)/2) / 2 of the bytes, plus fixed latency
 
 

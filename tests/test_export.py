@@ -389,10 +389,10 @@ def test_no_traces_writes_the_papers_split_without_4096_traces(tmp_path, capsys)
 @pytest.mark.parametrize("pp", [1, 2, 3, 4, 7, 8, 16])
 @pytest.mark.parametrize("slots", [0, 1])
 def test_each_stages_layers_follow_the_cost_models_split(layers, pp, slots):
-    """The traces' layers per stage (cost/params.py: layers_per_stage) place every layer once, the first and the
+    """The traces' layers per stage (cost/pipeline.py: layers_per_stage) place every layer once, the first and the
     last stage as the cost model's split has them, the middle stages at most one apart with the extra ones first,
     the fullest of them the cost model's full stage."""
-    from comet_dse.cost.params import layers_per_stage, stage_layer_counts
+    from comet_dse.cost.pipeline import layers_per_stage, stage_layer_counts
 
     if (layers + 2 * slots) // pp < slots:
         return                     # a split the export refuses: the slots leave an end stage less than nothing
@@ -408,7 +408,7 @@ def test_each_stages_layers_follow_the_cost_models_split(layers, pp, slots):
 def test_each_stages_layers_by_hand():
     """Llama 3 405B's 126 layers on 16 stages with the embedding and the loss in their own slots: 128 slots, 8 a
     stage, the ends 7; 61 layers on 4 stages: 15 each and the one extra to the first middle stage."""
-    from comet_dse.cost.params import layers_per_stage
+    from comet_dse.cost.pipeline import layers_per_stage
 
     assert layers_per_stage(126, 16, 1) == [7] + [8] * 14 + [7]
     assert layers_per_stage(61, 4) == [15, 16, 15, 15]

@@ -7,9 +7,9 @@ import dataclasses as dc
 import numpy as np
 import pytest
 
-from comet_dse.cost.compute import Device, attention_rate, matmul_rate
-from comet_dse.cost.layout import grad_zeroing_params, optimizer_step_bytes
-from comet_dse.cost.params import StageParams
+from comet_dse.cost.kernels import Device, attention_rate, matmul_rate
+from comet_dse.cost.optimizer import grad_zeroing_params, optimizer_step_bytes
+from comet_dse.cost.pipeline import StageParams
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.declared import Strategy
@@ -99,7 +99,7 @@ def test_the_gradient_buffer_is_zeroed_whole_below_zero_2():
 def test_token_permutation_bytes_by_dispatcher():
     """(3k + 1) S + 4 R [local > 1] rows of h e bytes for alltoall, 4 R for flex, nothing for fused; each pass
     at the device's streaming bandwidth plus one launch."""
-    from comet_dse.cost.layer import _token_permutation
+    from comet_dse.cost.layer_ops import _token_permutation
 
     dev = Device(peak=1e15, matmul_eff=1.0, units=100, tile_m=128, tile_n=128, tile_k=64, pipeline_overhead=2,
                  sram_cap=1.0, sram_bw=1e12, hbm_bw=1e12, vector=1e14, overhead=1e-6, peak16=1e15)

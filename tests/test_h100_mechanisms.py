@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.compute import Device, gemm_time, pipeline_efficiency
-from comet_dse.cost.layer import LayerShape, _linear
-from comet_dse.cost.microbatch import TP_OVERLAP_SM_SHARE, context_of, device_of, layer_work, network_dims, _pipelined
+from comet_dse.cost.kernels import Device, gemm_time, pipeline_efficiency
+from comet_dse.cost.shapes import LayerShape
+from comet_dse.cost.layer_ops import _linear
+from comet_dse.cost.layer_work import TP_OVERLAP_SM_SHARE, layer_work, _pipelined
+from comet_dse.cost.shapes import context_of, device_of, network_dims
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.declared import Strategy
@@ -116,7 +118,7 @@ def test_fp8_weights_are_cast_once_per_step():
     """4 B per parameter of the device (read 2, write fp8 and its transpose) at 90 % of 3.35 TB/s, plus one
     launch; nothing in bf16."""
     from comet_dse.cost.layout import layout_terms
-    from comet_dse.cost.params import stage_candidates, stage_params
+    from comet_dse.cost.pipeline import stage_candidates, stage_params
 
     st = StrategyArrays.of([Strategy(tp=8, pp=1, dp=1, global_batch=8, dtype="fp8"),
                             Strategy(tp=8, pp=1, dp=1, global_batch=8, dtype="bf16")])
@@ -148,7 +150,7 @@ def test_amax_reduction_is_a_blocking_all_reduce_per_chunk_and_pass():
 def test_gradient_norm_is_one_scalar_all_reduce_over_the_model_parallel_ranks():
     """tp 8 on one node, no ZeRO: the squared norm (4 B) all-reduced over the 8 TP ranks,
     2 x (7/8 x 4 B / (450 GB/s x 0.82) + 6 x 3 us); fp16 adds the found-inf check, a second one."""
-    from comet_dse.cost.layout import step_scalar_reductions
+    from comet_dse.cost.optimizer import step_scalar_reductions
 
     st = StrategyArrays.of([Strategy(tp=8, pp=1, dp=1, global_batch=8, dtype="bf16"),
                             Strategy(tp=8, pp=1, dp=1, global_batch=8, dtype="fp16")])

@@ -560,7 +560,7 @@ def test_jsonout_writes_non_finite_numbers_as_null():
 
 
 JSON_WRITERS_WITHOUT_FLOATS = {     # json.dumps of values that never hold a float (names, counts, digests)
-    "jsonout.py", "written.py", "design_space/output.py", "design_space/study.py", "design_space/engine.py"}
+    "base/jsonout.py", "base/written.py", "design_space/output.py", "design_space/study.py", "design_space/engine.py"}
 
 
 def test_every_json_writer_goes_through_jsonout():

@@ -16,10 +16,13 @@ import pytest
 
 from comet_dse.cli import main
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.compute import elementwise_time
-from comet_dse.cost.layer import FLOPS_SOFTCAP, LayerShape, causal_window_keys, layer_cost
-from comet_dse.cost.microbatch import context_of, device_of, embedding_and_head, layer_work
-from comet_dse.cost.params import attention_params_per_device
+from comet_dse.cost.kernels import elementwise_time
+from comet_dse.cost.layer_ops import FLOPS_SOFTCAP, causal_window_keys, layer_cost
+from comet_dse.cost.shapes import LayerShape
+from comet_dse.cost.shapes import context_of, device_of
+from comet_dse.cost.microbatch_pass import embedding_and_head
+from comet_dse.cost.layer_work import layer_work
+from comet_dse.cost.pipeline import attention_params_per_device
 from comet_dse.base.errors import InputError
 from comet_dse.model.load import transformer_from, transformer_from_hf_config
 from comet_dse.model.spec import MLPKind, Norm

@@ -15,7 +15,8 @@ from comet_dse.cli import build_parser
 from comet_dse.cli.options import space_from, strategy_from
 from comet_dse.cost.distinct import map_leaves
 from comet_dse.cost.layout import layout_terms
-from comet_dse.cost.microbatch import context_of, microbatch_terms
+from comet_dse.cost.shapes import context_of
+from comet_dse.cost.microbatch_pass import microbatch_terms
 from comet_dse.answers.estimate import estimate
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.study import load_study
@@ -82,8 +83,8 @@ def test_a_batch_in_which_the_knob_alternates_equals_the_per_point_estimates(kno
     _assert_rows_equal_estimates(cols, points)
 
 
-@pytest.mark.parametrize("module, key, knob_name", [("microbatch", "MICROBATCH_KNOBS", "flash_attention"),
-                                                     ("layout", "LAYOUT_KNOBS", "zero")])
+@pytest.mark.parametrize("module, key, knob_name", [("cache", "MICROBATCH_KNOBS", "flash_attention"),
+                                                     ("cache", "LAYOUT_KNOBS", "zero")])
 def test_the_alternation_test_catches_a_knob_missing_from_a_grouping_key(monkeypatch, module, key, knob_name):
     """Without the knob in the key its terms are grouped by, a batch differs from its points (the test can fail)."""
     knob = next(k for k in KNOBS if k.name == knob_name)

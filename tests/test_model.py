@@ -1,7 +1,7 @@
 """Formulas against hand calculations."""
 import pytest
 
-from comet_dse.cost.step import _flops
+from comet_dse.cost.flops import step_flops
 from comet_dse.presets.catalog import load_model, preset_names
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
@@ -35,12 +35,12 @@ def test_all_presets_load():
 def test_megatron_eq3_flops_with_full_recompute(megatron_1t):
     """Narayanan et al. 2021 Eq. 3: F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), which counts the whole score
     matrix; the causal count (what MFU and HFU use) has half the attention term: s/(12h)."""
-    from comet_dse.cost.step import model_flops
+    from comet_dse.cost.flops import model_flops
 
     m = megatron_1t
     B, s, l, h, V = 3072, m.seq_len, m.layers, m.hidden, m.vocab
     st = StrategyArrays.of([Strategy(tp=8, pp=64, dp=6, global_batch=B, recompute=Recompute.FULL)])
-    causal_model, hardware = _flops(m, st)
+    causal_model, hardware = step_flops(m, st)
     assert hardware[0] == pytest.approx(96 * B * s * l * h * h * (1 + s / (12 * h) + V / (16 * l * h)), rel=1e-12)
     # Model FLOPs drop the recomputed forward: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) as Eq. 3 counts them,
     # with s/(12h) when causal.

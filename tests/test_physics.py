@@ -139,7 +139,7 @@ def test_long_sequence_flash_attention_on_tpu_v5p_stays_below_peak():
 
 def test_causal_model_flops_count_half_the_scores():
     """Hand calculation: the score FLOPs of model_flops are 6 B s L (s / 2) a (d_qk + d_v) when causal."""
-    from comet_dse.cost.step import model_flops
+    from comet_dse.cost.flops import model_flops
 
     model = load_model("llama3-8b").with_seq_len(4096)
     att = model.attention

@@ -88,7 +88,7 @@ def test_seq1024_keeps_the_tokens_and_halves_each_sequence():
         checkpoints = 128 * s * 24576 * 2
         assert checkpoints <= e.memory_bytes["activations"] <= 1.03 * checkpoints
     assert long_.microbatches * 2 == half.microbatches == 256
-    from comet_dse.cost.step import model_flops
+    from comet_dse.cost.flops import model_flops
     tokens = 4096 * 1024
     diff = model_flops(COMET, 2048) - model_flops(short, 4096)
     assert diff == pytest.approx(tokens * 6 * 128 * 128 * (192 + 192) * (1024 - 512), rel=1e-9)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from comet_dse.cli import main
-from comet_dse.cost.layer import layer_cost
-from comet_dse.cost.microbatch import context_of, layer_work
+from comet_dse.cost.layer_ops import layer_cost
+from comet_dse.cost.shapes import context_of
+from comet_dse.cost.layer_work import layer_work
 from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.choices import Recompute

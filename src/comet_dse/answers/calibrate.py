@@ -337,7 +337,7 @@ def measured_time(run: Run, cluster: Cluster) -> float:
     / tokens/s; an MFU as model FLOPs / (devices x peak(dtype) x MFU), with the FLOPs counted as published
     MFU figures count them (every score: cost.step.model_flops(..., causal=False)), as ``comet-dse validate``
     converts its MFU rows. None of these depends on a fitted parameter."""
-    from comet_dse.cost.step import step_time_of_mfu
+    from comet_dse.cost.flops import step_time_of_mfu
 
     if run.metric == "iter_s":
         return run.measured

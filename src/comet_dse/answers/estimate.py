@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from comet_dse.cost.feasibility import feasible_mask, reasons_for, violations
-from comet_dse.cost.microbatch import layer_phase_times
+from comet_dse.cost.layer_work import layer_phase_times
 from comet_dse.cost.step import evaluate
 from comet_dse.whole_run.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.hardware.spec import Cluster
@@ -156,7 +156,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """One dense transformer layer and one micro-batch on one device [s] (cost/microbatch.py: layer_phase_times)."""
+    """One dense transformer layer and one micro-batch on one device [s] (cost/microbatch_pass.py: layer_phase_times)."""
 
     forward_s: float
     backward_s: float       # backward and recomputation, with the communication exposed during them

@@ -29,7 +29,7 @@ import yaml
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
 from comet_dse.cost.memory import footprint_bytes
-from comet_dse.cost.step import step_time_of_mfu
+from comet_dse.cost.flops import step_time_of_mfu
 from comet_dse.answers.estimate import estimate, layer_times
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
@@ -262,7 +262,7 @@ def h100_comparisons(cluster: Cluster, directory: Path) -> list:
 
 def h100_measured(row: dict, model: Transformer, strategy: Strategy, cluster: Cluster) -> float:
     """The measured step time of an h100_public.csv row [s]: its iter_s, or the step time its MFU stands for
-    (cost/step.py: step_time_of_mfu, at ``cluster``'s peak for the row's dtype)."""
+    (cost/flops.py: step_time_of_mfu, at ``cluster``'s peak for the row's dtype)."""
     if row["metric"] == "iter_s":
         return measured_value(row, "measured", H100)
     return step_time_of_mfu(model, strategy.global_batch, int(row["gpus"]),

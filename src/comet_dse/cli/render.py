@@ -224,7 +224,7 @@ def attention_note(accelerator, fused: bool) -> str | None:
     """The line an estimate or search prints where the accelerator lists no fused attention kernel rate
     (``attention_efficiency``), saying how its attention was costed: unfused (``fused`` False: no point runs
     flash attention, the default a search takes there; the s x s scores written and read), or as a fused
-    kernel at the GEMM efficiency (``matmul_efficiency``), an assumption (cost/microbatch.py). None where the
+    kernel at the GEMM efficiency (``matmul_efficiency``), an assumption (cost/microbatch_pass.py). None where the
     accelerator lists a rate."""
     if accelerator.attention_efficiency:
         return None

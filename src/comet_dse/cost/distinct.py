@@ -2,7 +2,7 @@
 
 A sweep of millions of design points has a few hundred distinct micro-batch
 shapes and a few hundred distinct parallel layouts. Terms that depend only on
-those fields (cost/microbatch.py, cost/layout.py) are computed on one
+those fields (cost/microbatch_pass.py, cost/layout.py) are computed on one
 representative point per combination and gathered back to every point: the
 same arithmetic on the same numbers, done less often, so the results are
 bit-identical to computing every point.

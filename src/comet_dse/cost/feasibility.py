@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet_dse.cost.microbatch import attention_efficiencies
-from comet_dse.cost.params import embedding_slots
+from comet_dse.cost.shapes import attention_efficiencies
+from comet_dse.cost.pipeline import embedding_slots
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.declared import KNOB
@@ -44,7 +44,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     has_rate = np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
     kernel_rate = attention_efficiencies(cluster, st)[0]
     cp, ep = st.cp, st.ep
-    slots = L + 2.0 * embedding_slots(st)      # layer slots of the pipeline split (cost/params.py)
+    slots = L + 2.0 * embedding_slots(st)      # layer slots of the pipeline split (cost/pipeline.py)
     experts = model.moe.experts if model.moe else 1
     rules = [
         ("devices", t * cp * p * d != devices,

@@ -1,4 +1,5 @@
-"""Memory per device: model states, activations, buffers, the reserve, and placement across tiers.
+"""Step 6, the step's other terms: memory per device (model states, activations, buffers, the reserve) and its
+placement across tiers.
 
 Model states per parameter for mixed-precision Adam (Rajbhandari et al. 2020,
 ZeRO, Sec. 3.1): weights in 16-bit (2 B), gradients (2 B in fp16 runs with
@@ -20,9 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.strategy.choices import Zero
+from comet_dse.cost.pipeline import embedding_slots
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.spec import Transformer
+from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.choices import Dtype, GradBuffer, GradSync, PipelineSplit, Zero
+
 
 OPTIMIZER_BYTES = 12.0   # fp32 master weight + Adam m + Adam v
+
+
 WEIGHT_BYTES = 2.0       # 16-bit working copy
 
 
@@ -177,3 +185,133 @@ def place(parts: dict, hbm_capacity, expansion_capacity, total=None) -> Placemen
     fits = (over <= 0.0) & (spilled <= expansion_capacity) & (total - spilled <= hbm_capacity)
     return Placement(hbm=total - spilled, expansion=spilled, spilled_optimizer=opt,
                      spilled_weights=wg, spilled_activations=act, fits=fits)
+
+
+FP8_WEIGHT_COPY = 1.0   # bytes per parameter: the fp8 copy of the weights kept for the GEMMs (Transformer Engine)
+
+
+def state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes, shards) -> list:
+    """Per candidate stage: weights, gradients and optimizer bytes per device, and its dense and MoE layers.
+
+    Shared weights are sharded by ZeRO over the dp shard, expert weights over
+    dp/ep (cost/memory.py: model_state_bytes); fp8 training keeps an fp8 copy
+    of the weights (FP8_WEIGHT_COPY bytes per parameter). ZeRO 3 holds the
+    current and the prefetched layer gathered; without resharding after
+    forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
+    For grad_buffer layer (cost/step.py: step_memory picks them per point) also
+    "grad_layer", the gradients of two layers in flight, g min(2 P_l, P), and
+    "grad_shard", the DP shard several micro-batches accumulate in, g P / N
+    (P_l: one transformer layer's parameters on the device, P the stage's); and for
+    grad_sync step "grad_unsharded", g P, what ZeRO 3 then accumulates. Each only where some point
+    uses it, as step_memory reads them: every key is gathered back to every point.
+    """
+    is_fp8 = st.uses(Dtype.FP8)
+    layered, unsharded = bool(np.any(st.uses(GradBuffer.LAYER))), bool(np.any(st.uses(GradSync.STEP)))
+    layer = model.layer_params() / st.tp
+    keep = st.reshard_after_forward
+    out = []
+    for params, n_dense, n_moe in candidates:
+        shared = model_state_bytes(params.shared, shards[0], st.zero, gbytes,
+                                   gathered=np.where(keep, 2.0 * layer, params.shared))
+        expert = model_state_bytes(params.expert, shards[1], st.zero, gbytes,
+                                   gathered=np.where(keep, 0.0, params.expert))
+        states = {"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
+                  "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
+                  "n_dense": n_dense, "n_moe": n_moe}
+        if layered:
+            states["grad_layer"] = gbytes * np.minimum(2.0 * layer, params.total)
+            states["grad_shard"] = gbytes * (params.shared / shards[0] + params.expert / shards[1])
+        if unsharded:
+            states["grad_unsharded"] = gbytes * params.total
+        out.append(states)
+    return out
+
+
+def step_memory(model: Transformer, st: StrategyArrays, terms: dict, states: list, mixes: list, m, cluster: Cluster):
+    """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
+    the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
+
+    Per candidate stage (cost/pipeline.py): model states (cost/layout.py: shared
+    weights sharded by ZeRO over dp x cp, expert weights over dp/ep x cp, an fp8
+    weight copy in fp8 training) and activations: the in-flight micro-batches of
+    its pipeline rank under 1F1B (first stage rank 0, a full middle stage rank 1,
+    the last rank p - 1) of its dense and MoE layers, one layer's transient
+    recomputation, and on the stage with the head the logits of the one micro-batch
+    whose loss it computes (the last rank runs each micro-batch's backward right
+    after its forward; with p = 1 the single stage). Per layer, the bytes kept and the
+    recomputation's transient bytes, the logits and the TP buffers depend only on the
+    micro-batch knobs (cost/microbatch_pass.py: activation_terms). With interleaving, the stage that holds the
+    embedding in a layer's slot of its first chunk (pipeline split
+    embedding-loss) has one layer fewer there, where the warm-up's extra
+    micro-batches sit (cost/memory.py: inflight_layer_microbatches); the stage whose
+    last chunk holds the loss in a layer's slot has (S + 1)/v layers in its first
+    chunk and the rest spread over the others. The
+    candidate with the largest total is reported, with the reserve the cluster
+    keeps (cost/memory.py: reserved_bytes) as the part "reserved". With grad_buffer
+    layer the gradients are two layers' in flight, plus their DP shard when the step
+    has several micro-batches (cost/layout.py: state_bytes). ZeRO 3 with grad_sync
+    step and several micro-batches holds its stage's gradients unsharded, g P (FSDP's
+    no_sync accumulation, docs/model.md).
+    """
+    p = st.pp
+    dense_pl, dense_work = terms["dense.kept"], terms["dense.working"]
+    moe_pl, moe_work = (terms["moe.kept"], terms["moe.working"]) if model.moe else (dense_pl, dense_work)
+    working = np.maximum(dense_work, moe_work) if model.moe else dense_work    # the same for every candidate
+    logits, buffers = terms["logits"], terms["buffers"]
+    best, best_total, best_act = None, None, None
+    any_slot = bool(np.any(st.uses(PipelineSplit.EMBEDDING_LOSS)))
+    slot = embedding_slots(st) if any_slot else 0.0
+    bounds = warm_up(p, st.interleave, m)      # every rank's warm-up bounds, once for the candidates
+    below_last = p - 1.0
+    last = len(states) - 1
+    layer_grads = st.uses(GradBuffer.LAYER)
+    any_layer_grads = bool(np.any(layer_grads))
+    unsharded = st.uses(GradSync.STEP)
+    any_unsharded = bool(np.any(unsharded))
+    if any_unsharded:         # most batches have none: skip the rest of the test
+        unsharded = unsharded & (st.zero >= Zero.PARAMETERS) & (m > 1) & (st.dp * st.cp > 1)
+    for index, (stage, (_, _, with_emb, with_head)) in enumerate(zip(states, mixes)):
+        n_dense, n_moe = stage["n_dense"], stage["n_moe"]
+        # the pipeline rank the candidate stands for: the first stage, a full middle stage (the earliest,
+        # rank 1, warms up longest) or the last; one stage when p = 1
+        if index == 0:
+            rank = 0.0
+        else:
+            rank = np.maximum(below_last if index == last else np.minimum(1.0, below_last), 0.0)
+        layers = n_dense + n_moe
+        if model.moe:          # the stage's mean activation bytes per layer over its dense and MoE layers
+            per_layer = (n_dense * dense_pl + n_moe * moe_pl) / np.maximum(layers, 1.0)
+        else:
+            per_layer = dense_pl * (layers > 0)
+        first_chunk = None
+        if any_slot and np.any((with_emb + with_head) * slot):
+            # the embedding takes a layer's slot of this stage's first chunk, the loss one of its last chunk: the
+            # first chunk holds (S + slots)/v - embedding slot layers (cost/memory.py: inflight_layer_microbatches)
+            taken, loss = with_emb * slot * (p > 1), with_head * slot * (p > 1)
+            first_chunk = np.where(taken + loss > 0, np.maximum((layers + taken + loss) / st.interleave - taken, 0.0),
+                                   layers / st.interleave)
+        inflight = inflight_layer_microbatches(layers, p, st.interleave, m, first_chunk, rank, bounds)
+        gradients = stage["gradients"]
+        if any_layer_grads:       # most batches have none: skip two full-size where()s per candidate
+            gradients = np.where(layer_grads, stage["grad_layer"] + np.where(m > 1, stage["grad_shard"], 0.0),
+                                 gradients)
+        if any_unsharded:
+            gradients = np.where(unsharded, stage["grad_unsharded"], gradients)
+        memory = {"weights": stage["weights"], "gradients": gradients, "optimizer": stage["optimizer"],
+                  "activations": inflight * per_layer + working + with_head * logits,
+                  "buffers": buffers}
+        total = memory["weights"] + gradients + memory["optimizer"] + memory["activations"] + buffers
+        act_per_mb = layers * per_layer
+        if index == last:
+            last_total = total
+        if best is None:
+            best, best_total, best_act = memory, total, act_per_mb
+        else:
+            better = total > best_total
+            best = {k: best[k] if memory[k] is best[k] else np.where(better, memory[k], best[k]) for k in best}
+            best_act = np.where(better, act_per_mb, best_act)
+            best_total = np.maximum(total, best_total)
+    fixed = (cluster.reserved_memory, cluster.fragmentation, cluster.workspace_memory)
+    reserved = reserved_bytes(best_total, *fixed)
+    best["reserved"] = reserved if np.shape(reserved) == np.shape(best_total) else reserved + np.zeros_like(best_total)
+    return best, best_act, last_total + reserved_bytes(last_total, *fixed)

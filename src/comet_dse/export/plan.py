@@ -1,11 +1,11 @@
 """What one training step is made of, per rank: the layers, their times from the cost model, the groups.
 
-``plan_of`` reads the cost model's per-micro-batch terms (cost/microbatch.py: microbatch_terms, the same
-terms ``estimate`` combines) and its layout (cost/layout.py: layout_of), and lays the model out on the
+``plan_of`` reads the cost model's per-micro-batch terms (cost/microbatch_pass.py: microbatch_terms, the same
+terms ``estimate`` combines) and its layout (cost/cache.py: layout_of), and lays the model out on the
 devices as comet-dse does: TP innermost unless the placement says otherwise (StrategyArrays.strides),
-pipeline stages holding the layer counts of cost/params.py, interleaved chunks of L / (p v) layers.
+pipeline stages holding the layer counts of cost/pipeline.py, interleaved chunks of L / (p v) layers.
 Nothing here costs anything itself: the FLOP counts a Chakra node carries are the cost model's own
-(cost/step.py: dense_layer_flops, per device), so that a simulator's roofline mode sees the same work.
+(cost/flops.py: dense_layer_flops, per device), so that a simulator's roofline mode sees the same work.
 """
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.cost.layout import layout_of
+from comet_dse.cost.cache import layout_of
 from comet_dse.cost.memory import grad_bytes
-from comet_dse.cost.microbatch import ACTIVATION_BYTES, context_of, microbatch_terms
-from comet_dse.cost.params import attention_params_per_device, layers_per_stage
-from comet_dse.cost.step import dense_layer_flops
+from comet_dse.cost.shapes import ACTIVATION_BYTES, context_of
+from comet_dse.cost.microbatch_pass import microbatch_terms
+from comet_dse.cost.pipeline import attention_params_per_device, layers_per_stage
+from comet_dse.cost.flops import dense_layer_flops
 from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -25,7 +26,7 @@ from comet_dse.strategy.choices import Dtype, GradBuffer, GradPrecision, Pipelin
 from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
 
-LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch.py: embedding_and_head)
+LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch_pass.py: embedding_and_head)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def check_supported(model: Transformer, strategy: Strategy) -> None:
 
 
 def stage_layers(layers: int, pp: int, slots: int) -> list:
-    """Transformer layers on each pipeline stage (cost/params.py: layers_per_stage); an InputError where the
+    """Transformer layers on each pipeline stage (cost/pipeline.py: layers_per_stage); an InputError where the
     embedding's and the loss's slots leave the first or the last stage fewer than none: fewer than ``slots``
     slots each, (L + 2 slots) // p < slots."""
     if (layers + 2 * slots) // pp < slots:
@@ -133,7 +134,7 @@ def stage_layers(layers: int, pp: int, slots: int) -> list:
 
 def layer_flops(model: Transformer, strategy: Strategy, tokens: float) -> tuple:
     """(forward, backward with recomputation) FLOP of one layer on one device for ``tokens`` tokens: the cost
-    model's per-layer hardware FLOPs (cost/step.py: dense_layer_flops) split over the TP group."""
+    model's per-layer hardware FLOPs (cost/flops.py: dense_layer_flops) split over the TP group."""
     forward, backward = dense_layer_flops(model, tokens, strategy.recompute)
     return forward / strategy.tp, backward / strategy.tp
 

@@ -18,7 +18,7 @@ all-gathers per g). Without sequence parallelism a pipeline receive is followed 
 the 1/t each rank received (Megatron's scatter-gather), unless the DeepSpeed engine sends it whole.
 ZeRO 3 (FSDP) replaces the chunk's reduction: each layer's weights are all-gathered before its forward
 (and again before its backward with reshard_after_forward), the next layer's gather issued beside the
-current layer's compute (prefetch depth 1, as cost/step.py: _sharded_layers), and each layer's
+current layer's compute (prefetch depth 1, as cost/data_parallel.py: _sharded_layers), and each layer's
 gradients reduce-scattered after its backward, every micro-batch (grad_sync micro-batch) or in the
 last one (step), waited for only by the optimizer.
 """

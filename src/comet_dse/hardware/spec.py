@@ -46,7 +46,7 @@ class MemoryTier:
     (the COMET authors' `remote-mem-roofline-peak-perf`; the host CPU's rate
     where the tier is host memory that computes on what it holds); None: no
     roof beyond the device's own. Used where the tier is costed as a roofline
-    (``expansion_roofline``, cost/step.py: _remote_compute_per_pass).
+    (``expansion_roofline``, cost/expansion.py: remote_compute_per_pass).
     """
 
     name: str
@@ -70,7 +70,7 @@ class Accelerator:
     peak_flops: dtype -> dense FLOP/s (datasheet).
     matmul_efficiency: fraction of peak the GEMM main loop sustains (a published
       microbenchmark; the shape-dependent losses on top of it are modelled in
-      cost/compute.py from compute_units, matmul_tile and matmul_pipeline_overhead).
+      cost/kernels.py from compute_units, matmul_tile and matmul_pipeline_overhead).
       The 16-bit figure; matmul_efficiency_by_dtype: other dtypes' where measured.
     matmul_tile: (m, n, k) of the largest GEMM thread-block tile.
     matmul_pipeline_overhead: main-loop iterations' worth of non-overlapped
@@ -79,11 +79,11 @@ class Accelerator:
     kernel_overhead: seconds of fixed cost per launched kernel.
     attention_efficiency: fused attention kernel -> (forward, backward) fraction
       of the 16-bit peak its long-sequence main loop sustains (published kernel
-      benchmarks; cost/compute.py: attention_rate). Empty: every kernel runs at
+      benchmarks; cost/kernels.py: attention_rate). Empty: every kernel runs at
       matmul_efficiency.
     comm_units: compute units a collective-communication kernel occupies while it runs (NCCL: one thread
       block per channel, each on its own SM); compute that runs beside hidden communication gets the rest
-      (cost/microbatch.py: comm_share). 0: communication takes none (copy engines, or no figure).
+      (cost/microbatch_pass.py: comm_share). 0: communication takes none (copy engines, or no figure).
     tensor_sustained: dtype -> the fraction of its benchmark rate (matmul_efficiency, attention_efficiency,
       short bursts) a device holds when its tensor units run for minutes at the power limit, as in training;
       1.0 where no public measurement separates the two (docs/hardware.md, "Sustained tensor rate").

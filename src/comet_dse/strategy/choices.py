@@ -41,7 +41,7 @@ class GradAccumulation(Choice):
 
 
 class Dtype(Choice):
-    """Training precision of the GEMMs (activations stay 16-bit, cost/microbatch.py)."""
+    """Training precision of the GEMMs (activations stay 16-bit, cost/microbatch_pass.py)."""
 
     BF16 = "bf16"
     FP16 = "fp16"

@@ -26,8 +26,21 @@ import numpy as np
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
 from comet_dse.strategy.choices import (
-    AttentionKernel, CpAlgorithm, CrossEntropy, Dtype, GradAccumulation, GradBuffer, GradPrecision, GradSync,
-    ModelParallel, MoeDispatcher, PipelineEngine, PipelineSplit, Placement, Recompute, Zero,
+    AttentionKernel,
+    CpAlgorithm,
+    CrossEntropy,
+    Dtype,
+    GradAccumulation,
+    GradBuffer,
+    GradPrecision,
+    GradSync,
+    ModelParallel,
+    MoeDispatcher,
+    PipelineEngine,
+    PipelineSplit,
+    Placement,
+    Recompute,
+    Zero,
 )
 from comet_dse.strategy.knob import ALWAYS, CHANGED, DERIVED, GIVEN, Knob, knob
 
@@ -268,7 +281,7 @@ def _declared(cls) -> tuple:
 
 KNOBS = _declared(Strategy)
 KNOB = {k.name: k for k in KNOBS}
-# Knobs that cost/microbatch.py's per-micro-batch terms depend on (the de-duplication key).
+# Knobs that cost/microbatch_pass.py's per-micro-batch terms depend on (the de-duplication key).
 MICROBATCH_KNOBS = tuple(k.name for k in KNOBS if k.microbatch)
 # Knobs that cost/layout.py's per-layout terms depend on (their de-duplication key).
 LAYOUT_KNOBS = tuple(k.name for k in KNOBS if k.layout)

@@ -24,7 +24,7 @@ class Knob:
     kind: int (a positive count), float, bool, or a Choice / Zero Enum.
     search: the values a search tries when none are given (a tuple), DERIVED
       or GIVEN.
-    microbatch: cost/microbatch.py's per-micro-batch terms depend on it (the
+    microbatch: cost/microbatch_pass.py's per-micro-batch terms depend on it (the
       de-duplication key of those terms is every knob marked so, plus the
       placement's group strides).
     layout: cost/layout.py's per-layout terms depend on it (their

@@ -1,6 +1,6 @@
-"""One transformer layer decomposed into operators, per device and per micro-batch.
+"""Step 2: one transformer layer decomposed into operators, per device and per micro-batch.
 
-For each operator: forward and backward kernel time (cost/compute.py), the
+For each operator: forward and backward kernel time (cost/kernels.py), the
 bytes it saves for backward, and whether selective recomputation drops them.
 Shapes follow Megatron-LM tensor parallelism (Shoeybi et al. 2019): QKV and
 MLP-up are column-parallel, the output projection and MLP-down row-parallel;
@@ -19,58 +19,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.cost.compute import (
+from comet_dse.cost.kernels import (
     Device, KernelTime, attention_rate, elementwise_time, gemm_time, roofline, zero_time,
 )
+from comet_dse.cost.shapes import FP32, LayerShape, fp8_of
 from comet_dse.model.spec import MLPKind, PositionEmbedding, Transformer
 
+
 MASK_BYTES = 1.0  # dropout masks are stored as uint8 (PyTorch/Megatron)
-FP32 = 4.0
+
+
 # Norm backward reads the output gradient and the input twice, once in the
 # input-gradient kernel (which writes dx) and once in the scale/bias-gradient
 # kernel: 5 element reads/writes (Apex FusedLayerNorm and PyTorch's native
 # layer_norm_backward both run these as separate kernels).
 NORM_BWD_ELEMENTS = 5
 
+
 # Vector FLOPs per element of the element-wise kernels (operation counts of the
 # usual implementations; they matter only on devices with weak vector units).
 FLOPS_NORM, FLOPS_SOFTMAX, FLOPS_DROPOUT, FLOPS_GELU, FLOPS_SWIGLU, FLOPS_ADD, FLOPS_ROPE = 8, 5, 3, 10, 6, 1, 6
+
+
 FLOPS_GEGLU = FLOPS_GELU + 1   # GELU(gate) * up
+
+
 # Soft-capping c tanh(x / c): divide, tanh as 1 - 2 / (exp(2y) + 1) (multiply, exp, add, divide,
 # subtract), multiply.
 FLOPS_SOFTCAP = 7
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """Per-device sizes of one layer for one micro-batch (arrays over design points).
-
-    b micro-batch, s sequence, t TP degree, cp context-parallel degree (each
-    device holds s/cp tokens of every sequence), ep expert-parallel degree,
-    imbalance: tokens the busiest expert device gets relative to a balanced router.
-    """
-
-    b: object
-    s: object
-    t: object
-    sp: object
-    flash: object
-    e: object          # bytes per activation element (2 for bf16/fp16)
-    gemm_e: object     # bytes per GEMM input element (1 for fp8)
-    cp: object = 1.0
-    ep: object = 1.0
-    imbalance: object = 1.0
-    dispatcher: object = 0     # MoeDispatcher code: 0 alltoall, 1 flex, 2 fused
-
-    @property
-    def tokens(self):
-        """Tokens of the micro-batch on one device: b*s/cp."""
-        return self.b * self.s / self.cp
-
-    @property
-    def norm_tokens(self):
-        """Tokens each device holds in the norm/dropout region: tokens/t with SP, else tokens."""
-        return np.where(self.sp, self.tokens / self.t, self.tokens)
 
 
 @dataclass(frozen=True)
@@ -93,15 +69,13 @@ class LayerCost:
     tp_messages_backward: object = 2.0  # TP all-reduces in backward (Transformer.tp_operators)
 
 
-def fp8_of(shape: LayerShape):
-    """1.0 where the GEMM inputs are fp8 (1 byte), else 0.0."""
-    return np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
-
-
 # Transformer Engine's fp8 passes (delayed scaling, TE 1.x; docs/model.md, "The fp8 recipe's own kernels"):
 # the fp8 GEMMs on Hopper take both operands K-major, so the weight-gradient GEMM needs the input and the
 # output gradient transposed. Bytes per element:
 FP8_CAST_TRANSPOSE = 4.0   # fp8_cast_transpose(_bgrad)_fused: read the 16-bit tensor (2), write fp8 and its
+                           # transpose (1 + 1); the bias gradient is reduced in the same pass
+
+
                            # transpose (1 + 1); the bias gradient is reduced in the same pass
 FP8_TRANSPOSE = 2.0        # fp8_transpose of an input a fused kernel already wrote in fp8: read 1, write 1
 
@@ -160,7 +134,7 @@ class _Block:
     forward, backward: kernel times; saved: bytes kept for backward;
     tp_gemm_forward, tp_gemm_backward: seconds of its GEMMs that a TP collective
     feeds or drains (the TP-split projections), which a chunked collective can
-    be pipelined with (cost/microbatch.py: _pipelined).
+    be pipelined with (cost/microbatch_pass.py: _pipelined).
     """
 
     forward: KernelTime
