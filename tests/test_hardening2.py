@@ -129,7 +129,9 @@ def test_the_documented_bounds_are_the_code_bounds():
 @pytest.mark.parametrize("command", ["search", "whatif"])
 def test_global_batch_of_2_to_the_60_is_refused_before_any_divisor_is_tried(capsys, monkeypatch, command):
     """Probe 2: search and whatif with --global-batch 2^60 never returned (divisors of a huge batch)."""
-    monkeypatch.setattr(space_module, "_divisors", lambda n: pytest.fail("divisors enumerated"))
+    from comet_dse.base import divisors
+
+    monkeypatch.setattr(divisors, "_divisors", lambda n: pytest.fail("divisors enumerated"))
     with no_hang():
         one_line_error(run(capsys, command, *SEARCH, "--global-batch", 2**60), "global-batch", "1,000,000,000")
         with pytest.raises(InputError, match="global_batch"):

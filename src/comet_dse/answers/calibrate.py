@@ -316,7 +316,7 @@ class RunSet:
     def errors(self, fitted: list, values: np.ndarray) -> np.ndarray:
         """Relative error of the predicted step time of every run at each row of ``values`` (K x P): N x K."""
         from comet_dse.cost.distinct import ungrouped
-        from comet_dse.cost.step import evaluate
+        from comet_dse.workload.families import family_of
 
         values = np.atleast_2d(np.asarray(values, dtype=float))
         k = len(values)
@@ -325,8 +325,9 @@ class RunSet:
             variant = self.cluster
             for j, param in enumerate(fitted):
                 variant = param.put(variant, np.tile(values[:, j], len(rows)))      # point = run x vector
+            points = st.take(np.repeat(np.arange(len(rows)), k))
             with ungrouped(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                step = evaluate(model, variant, devices, st.take(np.repeat(np.arange(len(rows)), k)))
+                step = family_of(model).evaluate(model, variant, devices, points)
             predicted = np.asarray(step.step_time, dtype=float).reshape(len(rows), k)
             out[rows] = predicted / self.measured[rows][:, None] - 1.0
         return out

@@ -1,6 +1,7 @@
 """``estimate(model, cluster, devices, strategy)``: one design point, a batch of one.
 
-The math lives in cost/step.py and runs on arrays; this module only packs a
+The math lives in the model's workload family (workload/family.py; a transformer's in cost/step.py) and runs
+on arrays; this module only packs a
 single Strategy into arrays and unpacks the result into a typed Estimate.
 """
 from __future__ import annotations
@@ -9,15 +10,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from comet_dse.cost.feasibility import feasible_mask, reasons_for, violations
+from comet_dse.cost.feasibility import feasible_mask, reasons_for
 from comet_dse.cost.layer_work import layer_phase_times
-from comet_dse.cost.step import evaluate
 from comet_dse.whole_run.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.base.tables import Tabular
+from comet_dse.workload.families import family_of
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,9 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
     cluster.dim_sizes(devices)
     arrays = StrategyArrays.of([strategy])
     with np.errstate(divide="ignore", invalid="ignore"):
-        step = evaluate(model, cluster, devices, arrays)
-        rules = violations(model, cluster, devices, arrays, step)
+        family = family_of(model)
+        step = family.evaluate(model, cluster, devices, arrays)
+        rules = family.violations(model, cluster, devices, arrays, step)
     feasible = bool(feasible_mask(rules)[0])
     step_time = float(step.step_time[0])
     breakdown = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.breakdown.items()}
@@ -156,7 +158,7 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """One dense transformer layer and one micro-batch on one device [s] (cost/microbatch_pass.py: layer_phase_times)."""
+    """One dense transformer layer and one micro-batch on one device [s] (cost/layer_work.py: layer_phase_times)."""
 
     forward_s: float
     backward_s: float       # backward and recomputation, with the communication exposed during them

@@ -400,7 +400,7 @@ def _memory_model(row: dict, folder: Path) -> Transformer:
     ``model_set`` ("key=value; ...": what a run changes, e.g. "position=rope; dropout=false"), its ``vocab``
     (the padded size the framework used: Megatron-LM pads to a multiple of 128 x TP) and its sequence length."""
     from comet_dse.base.loading import read_yaml
-    from comet_dse.model.load import transformer_from
+    from comet_dse.presets.catalog import model_from
     from comet_dse.presets.catalog import load_model
 
     name = row["model"]
@@ -413,7 +413,7 @@ def _memory_model(row: dict, folder: Path) -> Transformer:
             if key.strip() not in data:
                 raise InputError("memory.csv model_set", f"{key.strip()!r} is not a field of {name}")
             data[key.strip()] = yaml.safe_load(value.strip())
-        model = transformer_from(data, "memory.csv model")
+        model = model_from(data, "memory.csv model")
     if row.get("vocab"):
         model = dc.replace(model, vocab=int(row["vocab"]))
     return model.with_seq_len(int(row["seq_len"]))

@@ -18,6 +18,30 @@ from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.base.units import format_bytes
 
 
+# The rule codes, in the bit order of a result table's infeasible_mask (design_space/table.py), and what each means.
+RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
+         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp",
+         "step_time")
+RULE_TEXT = {
+    "devices": "tp*pp*dp differs from the device count",
+    "tp_heads": "tp does not divide the attention heads (the query columns with a column split)",
+    "tp_kv_heads": "tp and the KV heads do not divide one another",
+    "tp_ffn": "tp does not divide the FFN size",
+    "batch": "dp*micro_batch does not divide the global batch",
+    "pp_layers": "more pipeline stages than layers",
+    "interleave": "interleaving needs pp > 1 and pp*interleave dividing the layers",
+    "interleave_batch": "interleaving needs the micro-batches per pipeline to be a multiple of pp",
+    "sp_seq": "sequence parallelism needs tp to divide the tokens per device",
+    "ep_experts": "ep must divide the experts and dp (and needs a MoE model)",
+    "cp_seq": "cp does not divide the sequence length",
+    "attention_kernel": "the device has no rate for the attention kernel",
+    "dtype": "the device has no rate for the dtype",
+    "memory": "does not fit in device memory",
+    "pure_mp": "pure model parallelism has no pipeline (pp must be 1)",
+    "step_time": "the step time is not a positive finite number",
+}
+
+
 def _divides(a, b):
     """True where a divides b (element-wise; a and b hold whole numbers, b may be fractional)."""
     q = np.asarray(b, dtype=float) / np.asarray(a, dtype=float)

@@ -11,7 +11,6 @@ first value there, and interleaving is tried only with pp > 1.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -24,23 +23,12 @@ from comet_dse.model.spec import Transformer
 from comet_dse.strategy.declared import CROSS_RULES, KNOB, KNOBS
 from comet_dse.strategy.knob import DERIVED, GIVEN
 from comet_dse.strategy.arrays import StrategyArrays, combinations
+from comet_dse.workload.families import family_of
+from comet_dse.workload.family import TooManyRows
 
-MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
 MAX_INNER = 1_000_000  # combinations of the non-degree knobs' value lists (held in memory per search)
 COUNT_BLOCK_ROWS = 2_000_000   # rows built at a time when counting
 MAX_STRATEGIES = BOUNDS["strategies"].high   # rows one search, what-if or explorer request builds at once
-
-
-def divisors(n: int) -> list:
-    """Positive divisors of n, ascending (sqrt(n) steps, remembered: a search asks for the divisors of the
-    same batch per replica once per degree split)."""
-    return list(_divisors(int(n)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _divisors(n: int) -> tuple:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 @dataclass(frozen=True)
@@ -183,93 +171,6 @@ def _text(value) -> str:
     return str(value)
 
 
-def _degree_tuples(model: Transformer, devices: int, space: SearchSpace) -> list:
-    """(tp, cp, pp, dp) with tp * cp * pp * dp = devices, within the allowed values."""
-    s = model.seq_len
-    tps, pps, dps, cps = (space.given(n) for n in ("tp", "pp", "dp", "cp"))
-    if cps is not None:
-        cps = [c for c in cps if devices % c == 0]
-    else:
-        cps = [c for c in divisors(s) if s // c >= min(MIN_CP_TOKENS, s) and devices % c == 0]
-    out = []
-    for cp in cps:
-        for tp in divisors(devices // cp):
-            if tps is not None and tp not in tps:
-                continue
-            if tps is None and space.max_tp is not None and tp > space.max_tp:
-                continue
-            for pp in divisors(devices // (cp * tp)):
-                dp = devices // (tp * cp * pp)
-                if space.mp is not None and tp * pp not in space.mp:
-                    continue
-                if (pps is None or pp in pps) and (dps is None or dp in dps):
-                    out.append((tp, cp, pp, dp))
-    return out
-
-
-def _expert_degrees(model: Transformer, dp: int, space: SearchSpace) -> list:
-    if space.given("ep") is not None:
-        return list(space.given("ep"))
-    if not model.moe:
-        return [1]
-    return [e for e in divisors(dp) if model.moe.experts % e == 0]
-
-
-def _micro_batches(global_batch: int, dp: int, space: SearchSpace) -> list:
-    if global_batch % dp:
-        return [1]  # kept so that the batch rule reports it
-    per_replica = global_batch // dp
-    given = space.given("micro_batch")
-    if given is not None:
-        return [b for b in given if b <= per_replica] or [min(given)]
-    return [b for b in divisors(per_replica) if b <= space.max_micro_batch]
-
-
-def _interleaves(layers: int, pp: int, space: SearchSpace) -> list:
-    """Virtual stages per device a search tries: every v up to max_interleave that cuts the layers into pp x v
-    even chunks, with the embedding and the loss each in a layer's slot or not (Megatron-LM needs one or the
-    other: num_layers, or num_layers + 2 with account-for-embedding/loss, divisible by pp x v). Llama 3 405B's
-    126 layers on 16 stages take 8 chunks only with the embedding-loss split (the pipeline_split rule)."""
-    if pp == 1:
-        return [1]
-    if space.given("interleave") is not None:
-        return list(space.given("interleave"))
-    found = {v for slots in (layers, layers + 2) if slots % pp == 0
-             for v in divisors(slots // pp) if v <= space.max_interleave}
-    return sorted(found) or [1]
-
-
-DEGREES = ("tp", "pp", "dp", "micro_batch", "interleave", "cp", "ep")   # the columns of the outer rows
-
-
-def _outer_rows(model: Transformer, devices: int, global_batch: int, space: SearchSpace,
-                max_rows: int | None = None) -> list:
-    """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep) rows, in enumeration order.
-
-    The device count and the global batch are checked against bounds.BOUNDS first (their divisors are
-    enumerated); more than ``max_rows`` rows is refused as soon as the row past it is found."""
-    devices = BOUNDS["devices"].check_integer("devices", devices)
-    global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
-    outer = []
-    for tp, cp, pp, dp in _degree_tuples(model, devices, space):
-        for ep in _expert_degrees(model, dp, space):
-            for mb in _micro_batches(global_batch, dp, space):
-                for v in _interleaves(model.layers, pp, space):
-                    outer.append((tp, pp, dp, mb, v, cp, ep))
-                    if max_rows is not None and len(outer) > max_rows:
-                        raise _TooMany()
-    if not outer and space.mp is not None:
-        dps = space.given("dp")
-        raise InputError("strategy.mp", f"no split MP x DP (x CP) of {devices} devices has MP = tp*pp in "
-                         f"{list(space.mp)}{f' and dp in {list(dps)}' if dps else ''} (with the tp, pp and cp "
-                         "values allowed); MP x DP x CP must equal the device count")
-    if not outer:
-        given = {n: space.given(n) or "any" for n in ("tp", "cp", "pp", "dp")}
-        raise InputError("strategy.tp", f"no allowed tp, cp, pp and dp values multiply to {devices} devices "
-                         f"({', '.join(f'{n}: {v}' for n, v in given.items())})")
-    return outer
-
-
 def _inner_codes(space: SearchSpace) -> tuple:
     """(knobs, {knob: codes}): every combination of the non-degree knobs' values, as code columns."""
     chosen = [k for k in KNOBS if k.search not in (DERIVED, GIVEN)]
@@ -282,11 +183,12 @@ def _inner_codes(space: SearchSpace) -> tuple:
     return chosen, {k.name: np.array([k.encode(combo[k.name]) for combo in inner]) for k in chosen}
 
 
-def _block(outer: list, chosen: list, codes: dict, global_batch: int) -> StrategyArrays:
-    """Every outer row (degrees) with every inner combination (``codes``), before dropping repeats."""
+def _block(outer: list, degrees: tuple, chosen: list, codes: dict, global_batch: int) -> StrategyArrays:
+    """Every outer row (the values of the knobs ``degrees``) with every inner combination (``codes``), before
+    dropping repeats."""
     o = np.array(outer, dtype=float)
     n_inner = len(next(iter(codes.values()))) if codes else 1
-    columns = {name: np.repeat(o[:, i], n_inner) for i, name in enumerate(DEGREES)}
+    columns = {name: np.repeat(o[:, i], n_inner) for i, name in enumerate(degrees)}
     for k in chosen:
         columns[k.name] = np.tile(codes[k.name], len(o))
     columns["global_batch"] = np.full(len(o) * n_inner, float(global_batch))
@@ -303,15 +205,12 @@ def _keep(st: StrategyArrays, chosen: list, space: SearchSpace) -> np.ndarray:
     return keep
 
 
-class _TooMany(Exception):
-    """The outer rows times the inner combinations passed the limit (raised while enumerating)."""
-
-
 def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace,
                          limit: int | None = MAX_STRATEGIES) -> StrategyArrays:
     """Every strategy of ``space`` for ``model`` on ``devices`` devices, as arrays.
 
-    The DERIVED degrees are enumerated with their rules (outer rows); every
+    The DERIVED degrees are enumerated by the model's workload family with their rules (outer rows,
+    workload/family.py: degree_rows; a transformer's in workload/transformer.py); every
     other knob takes each of its values (inner rows, the product in the
     declaration order of the knobs). A point where a knob does not apply
     (``Knob.applies``) is kept only with that knob's first value.
@@ -320,16 +219,17 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
     enumeration passes it, before anything is built. A sweep, which builds its strategies per set and
     counts its points first (--max-points), passes None.
     """
+    family = family_of(model)
     chosen, codes = _inner_codes(space)
     n_inner = len(next(iter(codes.values()))) if codes else 1
     try:
-        outer = _outer_rows(model, devices, global_batch, space, None if limit is None else limit // n_inner)
-    except _TooMany:
+        outer = family.degree_rows(model, devices, global_batch, space, None if limit is None else limit // n_inner)
+    except TooManyRows:
         raise InputError("strategy", f"the search holds more than {limit:,} strategies for {devices:,} devices "
                          f"(degree splits x micro-batches x {n_inner:,} combinations of the other knobs); at most "
                          f"{limit:,} are evaluated at once: give fewer values (--tp, --pp, --micro-batch, "
                          "--recompute, ...) or run a sweep, which evaluates in chunks") from None
-    st = _block(outer, chosen, codes, global_batch)
+    st = _block(outer, family.degree_columns, chosen, codes, global_batch)
     keep = _keep(st, chosen, space)
     return st if keep.all() else st.take(np.flatnonzero(keep))
 
@@ -338,13 +238,14 @@ def count_strategies(model: Transformer, devices: int, global_batch: int, space:
                      limit: int | None = None) -> int:
     """len(enumerate_strategies(...)), computed a block of rows at a time so that memory stays bounded;
     stops early (with a count above ``limit``) once the count exceeds ``limit``."""
-    outer = _outer_rows(model, devices, global_batch, space)
+    family = family_of(model)
+    outer = family.degree_rows(model, devices, global_batch, space)
     chosen, codes = _inner_codes(space)
     n_inner = len(next(iter(codes.values()))) if codes else 1
     step = max(1, COUNT_BLOCK_ROWS // n_inner)
     total = 0
     for i in range(0, len(outer), step):
-        total += int(np.count_nonzero(_keep(_block(outer[i:i + step], chosen, codes, global_batch), chosen, space)))
+        total += int(np.count_nonzero(_keep(_block(outer[i:i + step], family.degree_columns, chosen, codes, global_batch), chosen, space)))
         if limit is not None and total > limit:
             break
     return total

@@ -1,9 +1,9 @@
 """A batch of design points evaluated into columns: one row per point.
 
-The numbers come from the same ``cost.step.evaluate`` that ``estimate`` uses;
-this module only names and packs them. Infeasibility is a bit mask over
-``RULES`` (the codes of cost/feasibility.py), so that millions of rows can be
-counted by reason without strings.
+The numbers come from the model's workload family (workload/family.py: ``evaluate`` and ``violations``;
+for a transformer cost/step.py and cost/feasibility.py), the same that ``estimate`` uses; this module only
+names and packs them. Infeasibility is a bit mask over the family's rule codes, so that millions of rows can
+be counted by reason without strings.
 """
 from __future__ import annotations
 
@@ -11,35 +11,15 @@ import numpy as np
 
 from comet_dse.whole_run import economics
 from comet_dse.base.allocator import keep_freed_memory
-from comet_dse.cost.feasibility import violations
-from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.declared import KNOBS
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.workload.families import DEFAULT, family_of
 
-RULES = ("devices", "tp_heads", "tp_kv_heads", "tp_ffn", "batch", "pp_layers", "interleave",
-         "interleave_batch", "sp_seq", "ep_experts", "cp_seq", "attention_kernel", "dtype", "memory", "pure_mp",
-         "step_time")
-RULE_TEXT = {
-    "devices": "tp*pp*dp differs from the device count",
-    "tp_heads": "tp does not divide the attention heads (the query columns with a column split)",
-    "tp_kv_heads": "tp and the KV heads do not divide one another",
-    "tp_ffn": "tp does not divide the FFN size",
-    "batch": "dp*micro_batch does not divide the global batch",
-    "pp_layers": "more pipeline stages than layers",
-    "interleave": "interleaving needs pp > 1 and pp*interleave dividing the layers",
-    "interleave_batch": "interleaving needs the micro-batches per pipeline to be a multiple of pp",
-    "sp_seq": "sequence parallelism needs tp to divide the tokens per device",
-    "ep_experts": "ep must divide the experts and dp (and needs a MoE model)",
-    "cp_seq": "cp does not divide the sequence length",
-    "attention_kernel": "the device has no rate for the attention kernel",
-    "dtype": "the device has no rate for the dtype",
-    "memory": "does not fit in device memory",
-    "pure_mp": "pure model parallelism has no pipeline (pp must be 1)",
-    "step_time": "the step time is not a positive finite number",
-}
-
+# The rule codes of result tables and what each means: the default family's (a table's codes are its family's,
+# workload/family.py; today every family is the transformer).
+RULES, RULE_TEXT = DEFAULT.rules, DEFAULT.rule_text
 
 LARGE_BATCH = 10_000            # from this many points on, evaluate_columns calls keep_freed_memory
 
@@ -55,12 +35,13 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
     if len(st) >= LARGE_BATCH:
         keep_freed_memory()
     with np.errstate(divide="ignore", invalid="ignore"):
-        step = evaluate(model, cluster, devices, st)
-        rules = violations(model, cluster, devices, st, step)
+        family = family_of(model)
+        step = family.evaluate(model, cluster, devices, st)
+        rules = family.violations(model, cluster, devices, st, step)
     mask = np.zeros(len(st), dtype=np.int64)
     for code, broken, _ in rules:
         if np.any(broken):          # most rules break no point of a batch: nothing to set
-            mask |= np.asarray(broken, dtype=np.int64) << RULES.index(code)
+            mask |= np.asarray(broken, dtype=np.int64) << family.rules.index(code)
     cols = {k.name: k.column(getattr(st, k.name)) for k in KNOBS}
     cols.update({
         "feasible": mask == 0, "infeasible_mask": mask,

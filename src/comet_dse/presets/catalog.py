@@ -16,8 +16,9 @@ from comet_dse.base.errors import InputError
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import Cluster
 from comet_dse.base.loading import read_json, read_yaml
-from comet_dse.model.load import transformer_from, transformer_from_hf_config
+from comet_dse.model.load import transformer_from_hf_config
 from comet_dse.model.spec import Transformer
+from comet_dse.workload.families import DEFAULT, family_named
 
 
 def _preset_dir(kind: str):
@@ -49,8 +50,18 @@ def load_model(ref: str) -> Transformer:
         read_json(path, "model")       # a regular file, small, valid JSON, no key twice: then the HF reader
         return transformer_from_hf_config(path)
     if ref.endswith((".yaml", ".yml")):
-        return transformer_from(read_yaml(path, "model"), "model")
-    return transformer_from(preset_data("models", ref), "model")
+        return model_from(read_yaml(path, "model"), "model")
+    return model_from(preset_data("models", ref), "model")
+
+
+def model_from(data, where: str = "model"):
+    """A model spec from the mapping of a model file: read by the workload family its ``family:`` key names
+    (workload/families.py; the transformer where it names none), which checks the rest."""
+    family = DEFAULT
+    if isinstance(data, dict) and "family" in data:
+        data = dict(data)
+        family = family_named(data.pop("family"), f"{where}.family")
+    return family.load(data, where)
 
 
 def load_cluster(ref: str) -> Cluster:
