@@ -37,7 +37,7 @@ ROOT = HERE.parent
 
 def _design_space():
     """The package of the sweep engine, under its name in the revision on the path: comet_dse.design_space
-    (comet_dse.explore before the house issue), with its space, table, engine and study modules loaded."""
+    (comet_dse.explore before the first house issue), with its space, table, engine and study modules loaded."""
     import importlib
     import types
 
@@ -51,14 +51,29 @@ def _design_space():
     raise ModuleNotFoundError("neither comet_dse.design_space nor comet_dse.explore")
 
 
+def _first_module(*names):
+    """The first of ``names`` that imports: a module under its name in the revision on the path (the house
+    issue moved comet_dse.allocator to comet_dse.base.allocator and comet_dse.presets to
+    comet_dse.presets.catalog)."""
+    import importlib
+
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError(" nor ".join(names))
+
+
 def child(points: int, out: Path) -> None:
     """Evaluate the benchmark points with whichever comet_dse is first on the path; write rate and columns."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import comet_dse
-    from comet_dse.base.allocator import keep_freed_memory
-    from comet_dse.presets.catalog import load_cluster, load_model
 
+    keep_freed_memory = _first_module("comet_dse.base.allocator", "comet_dse.allocator").keep_freed_memory
+    catalog = _first_module("comet_dse.presets.catalog", "comet_dse.presets")
+    load_cluster, load_model = catalog.load_cluster, catalog.load_model
     engine = _design_space()
     SearchSpace, enumerate_strategies = engine.space.SearchSpace, engine.space.enumerate_strategies
     evaluate_columns = engine.table.evaluate_columns
@@ -93,8 +108,8 @@ def _earlier_space(model, st) -> np.ndarray:
 def child_sweep(out: Path) -> None:
     """Time the 10-million-point study on 2 local worker processes with whichever comet_dse is first on the path."""
     import comet_dse
-    from comet_dse.base.allocator import keep_freed_memory
 
+    keep_freed_memory = _first_module("comet_dse.base.allocator", "comet_dse.allocator").keep_freed_memory
     engine = _design_space()
     run_study, load_study = engine.engine.run_study, engine.study.load_study
     keep_freed_memory()

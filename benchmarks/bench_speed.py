@@ -109,7 +109,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-sweep", action="store_true", help="skip the 10-million-point sweep")
     args = parser.parse_args()
-    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
+    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/base/allocator.py)
     rate, scalar_rate = batched_rate()
     print(f"full estimate, batched:    {rate:>12,.0f} points/s on one core")
     print(f"full estimate, distinct:   {distinct_rate():>12,.0f} points/s on one core (36,750 strategies, each once)")

@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--skip-scaling", action="store_true", help="skip the 1/2/4 Dask worker scaling run")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
-    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
+    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/base/allocator.py)
     out = {}
     out["local_1"] = timed_sweep(args.study, "ds", workers=1)
     print(line("local, 1 worker (in the driver)", out["local_1"]))

@@ -50,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/allocator.py)
+    keep_freed_memory()       # as the command line does before it allocates anything (comet_dse/base/allocator.py)
 
     base = Controls(model=MODEL, cluster=CLUSTER, devices=DEVICES, global_batch=BATCH, tp_across_nodes=True)
     first, view = timed(lambda: compute(base))

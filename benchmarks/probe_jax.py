@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
+import pkgutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from comet_dse import strategy as strategy_module
+import comet_dse
 from comet_dse.base.allocator import keep_freed_memory
-from comet_dse.cost import collectives, feasibility, memory, microbatch, params, step
+from comet_dse.cost import feasibility, microbatch_pass, shapes, step
 from comet_dse.cost.distinct import distinct_rows, map_leaves
 from comet_dse.cost.layout import layout_terms
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
@@ -35,7 +38,10 @@ from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS
 from comet_dse.strategy.arrays import StrategyArrays
 
-TRACED_MODULES = (step, memory, collectives, feasibility, params, microbatch, strategy_module, model_spec)
+# every cost room and strategy module whose ``np`` is pointed at jax.numpy while tracing
+TRACED_MODULES = tuple(importlib.import_module(f"comet_dse.{part}.{info.name}")
+                       for part in ("cost", "strategy")
+                       for info in pkgutil.iter_modules([str(Path(comet_dse.__file__).parent / part)])) + (model_spec,)
 
 
 class _Namespace:
@@ -90,11 +96,11 @@ def grouped_inputs(model, cluster, devices, st):
     """numpy: the layout and micro-batch terms of the distinct rows, and each point's row (as evaluate groups)."""
     first_l, inv_l = distinct_rows([getattr(st, n) for n in LAYOUT_KNOBS])
     sub = st.take(first_l)
-    lay = layout_terms(model, sub, microbatch.context_of(model, cluster, devices, sub))
+    lay = layout_terms(model, sub, shapes.context_of(model, cluster, devices, sub))
     strides = {k: v[inv_l] for k, v in lay.strides.items()}
     first_m, inv_m = distinct_rows([getattr(st, n) for n in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]])
     sub = st.take(first_m)
-    terms = microbatch.microbatch_terms(model, microbatch.context_of(model, cluster, devices, sub), sub)
+    terms = microbatch_pass.microbatch_terms(model, shapes.context_of(model, cluster, devices, sub), sub)
     leaves = []
     skeletons = (_flatten(lay, leaves), _flatten(terms, leaves))
     return skeletons, leaves, inv_l, inv_m
@@ -106,15 +112,15 @@ def compiled_evaluator(model, cluster, devices, skeletons, namespace, jax, jnp):
     def per_point(columns, leaves, inv_l, inv_m):
         lay = _rebuild(lay_skeleton, leaves, inv_l)
         terms = _rebuild(terms_skeleton, leaves, inv_m)
-        originals = (step.layout_of, step.deduplicated)
-        step.layout_of = lambda *args: lay
-        step.deduplicated = lambda *args: terms
+        originals = (step.layout_grouped, step.microbatch_terms_grouped)
+        step.layout_grouped = lambda *args: (lay, None)
+        step.microbatch_terms_grouped = lambda *args: (dict(terms), None)
         try:
             st = StrategyArrays(columns)
             result = step.evaluate(model, cluster, devices, st)
             rules = feasibility.violations(model, cluster, devices, st, result)
         finally:
-            step.layout_of, step.deduplicated = originals
+            step.layout_grouped, step.microbatch_terms_grouped = originals
         mask = jnp.zeros(st.tp.shape, dtype=jnp.int64)
         for i, (_, broken, _) in enumerate(rules):
             mask = mask | (jnp.asarray(broken, dtype=jnp.int64) << i)

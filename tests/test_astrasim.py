@@ -1,4 +1,4 @@
-"""The COMET authors' simulator re-costed (comet_dse/astrasim.py) against the rebuilt simulator's own runs, split by
+"""The COMET authors' simulator re-costed (comet_dse/cost/astrasim.py) against the rebuilt simulator's own runs, split by
 split, and its rules against hand calculations."""
 import csv
 from importlib import resources

@@ -200,6 +200,6 @@ def test_pareto_front_of_time_against_price(tmp_path):
     assert costs == sorted(costs) and times == sorted(times, reverse=True)   # cheaper is slower along the front
     for g in ranking["variants"]:                                            # nothing dominates a front point
         if g["best"]:
-            t = g["best"]["time_to_train_s"]                   # goodput included (economics.py)
+            t = g["best"]["time_to_train_s"]                   # goodput included (whole_run/economics.py)
             assert t >= 1e9 / g["best"]["tokens_per_second"]
             assert not any(g["best"]["cost_usd"] <= p["cost_usd"] and t < p["time_s"] for p in front)

@@ -1,4 +1,4 @@
-"""Goodput (goodput.py, docs/economics.md "Goodput"): failures, restarts and checkpoints, by hand; Young's
+"""Goodput (whole_run/goodput.py, docs/economics.md "Goodput"): failures, restarts and checkpoints, by hand; Young's
 interval; the settings through --set, the API and a cluster file; the error band carried into every
 derived figure (economics.with_ranges)."""
 from __future__ import annotations

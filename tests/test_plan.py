@@ -1,4 +1,4 @@
-"""comet-dse plan (planner.py): the cheapest design within a deadline and the fastest within a budget, across
+"""comet-dse plan (answers/planner.py): the cheapest design within a deadline and the fastest within a budget, across
 cluster presets and sizes, costs on one basis, time to train with goodput and the error band."""
 from __future__ import annotations
 

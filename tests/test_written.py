@@ -1,4 +1,4 @@
-"""The one output rule (comet_dse/written.py): the tool replaces only a file or folder it wrote itself.
+"""The one output rule (comet_dse/base/written.py): the tool replaces only a file or folder it wrote itself.
 
 Each probe of the second hardening round is a test here: calibrate --output over its own runs, a cluster
 file or a device; whatif --figure over a user's PNG or through a link; report --output over a folder that

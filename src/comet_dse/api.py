@@ -205,7 +205,7 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
            seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8,
            tp_across_nodes: bool = False, **knobs) -> WhatIf:
     """The best strategy's speedup with each resource scaled by each factor, and the smallest
-    ``capacity`` at which the searched split fits (``comet-dse whatif``; whatif.py), with search's defaults."""
+    ``capacity`` at which the searched split fits (``comet-dse whatif``; answers/whatif.py), with search's defaults."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     return whatif_with_band(_whatif(model, cluster, devices, global_batch, space, resources, factors, capacity,

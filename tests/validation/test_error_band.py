@@ -1,4 +1,4 @@
-"""The error band every estimate reports (errorband.py): the packaged bands are the validation's, a band is
+"""The error band every estimate reports (answers/errorband.py): the packaged bands are the validation's, a band is
 the range of the signed errors of the runs of the same family (accelerator, precision, dense or MoE), and a
 family no published run backs is "not validated", with the nearest validated family shown as an assumption."""
 import pytest

@@ -30,7 +30,7 @@ class Estimate(Tabular):
     computed for every point, but mean nothing when the strategy breaks a rule
     other than memory (``runnable`` is False): the JSON then holds null for them.
     ``training``: with a token budget (``estimate(..., tokens=)``), time to train, device time, energy and
-    cost (economics.py: economics.training_of; SI units, NaN / null where an input is unknown).
+    cost (whole_run/economics.py: economics.training_of; SI units, NaN / null where an input is unknown).
     ``error_band``: the step-time error the validation residuals give for this accelerator and precision
     (errorband.band_for; the API and the command line add it), or None.
     """

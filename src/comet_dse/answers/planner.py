@@ -4,7 +4,7 @@ budget within a number of days, or the fastest within a number of dollars, acros
 For every cluster and device count the search (design_space.search, the command line's defaults) finds the
 fastest strategy that fits; with the global batch and the token budget fixed, the fastest is also the
 cheapest on that cluster and size (every cost grows with the time to train). Each candidate's time to train
-includes the goodput (goodput.py) and carries the range of its error band (``band_of``: errorband's, given by
+includes the goodput (whole_run/goodput.py) and carries the range of its error band (``band_of``: errorband's, given by
 the caller, which sits on the same floor). Costs are on ONE basis for every candidate (``basis``: rent or
 own); a cluster without a figure for that basis has an unknown cost and is never chosen on cost.
 

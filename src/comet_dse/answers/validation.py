@@ -61,7 +61,7 @@ class Comparison:
     hardware: str = ""        # the accelerator the run used (its preset's accelerator name)
     framework: str = ""       # the software that ran it (FRAMEWORKS)
     dtype: str = ""           # the training precision
-    kind: str = "dense"       # "dense" or "MoE": the model family the run belongs to (errorband.py)
+    kind: str = "dense"       # "dense" or "MoE": the model family the run belongs to (answers/errorband.py)
 
     @property
     def error(self) -> float:
@@ -461,7 +461,7 @@ class Phase:
 @dataclass(frozen=True)
 class WholeRun:
     """A published training run against the model: the published device-hours and the predicted ones (every
-    phase's tokens at its predicted throughput, over the goodput of goodput.py with its sourced defaults)."""
+    phase's tokens at its predicted throughput, over the goodput of whole_run/goodput.py with its sourced defaults)."""
 
     run: str
     hardware: str             # the accelerator's name (for the error band)

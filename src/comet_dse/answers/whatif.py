@@ -6,7 +6,7 @@ factor (default x0.5 and x2), and reports each variant's best step time and its 
 cluster as it is. ``smallest_capacity`` answers "what HBM capacity makes MP64 x DP64 fit?": the
 least value of a capacity resource at which the search space (e.g. one split, ``SearchSpace(mp=...)``)
 holds a strategy that fits, found by bisection over that resource with the same validity rules.
-Scaling a resource goes through overrides.py, so every value is checked against the bounds a
+Scaling a resource goes through answers/overrides.py, so every value is checked against the bounds a
 cluster file's field is checked against; a factor that leaves them is a note in that cell, not an error.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Best:
     evaluated: int
     feasible: int
     note: str = ""                 # why nothing fits, when nothing does
-    time_to_train_s: float | None = None      # with a token budget (economics.py); None: none given or unknown
+    time_to_train_s: float | None = None      # with a token budget (whole_run/economics.py); None: none given or unknown
     energy_j: float | None = None
     training_cost_usd: float | None = None
     training: dict | None = None              # with a token budget: economics.training_of in full (the baseline's
@@ -152,8 +152,8 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     resources: names as ``--set`` takes them (overrides.resource_names); default ``default_resources``.
     factors: positive multipliers. capacity: the capacity resource whose smallest fitting value is
     found (``smallest_capacity``), or None to skip that. tokens: a token budget: each best strategy's time
-    to train, energy and cost are reported too (economics.py). Every cell says what the change adds to the
-    cluster's price and draw (per-unit prices and powers, hardware/economics.py) and the speedup per added
+    to train, energy and cost are reported too (whole_run/economics.py). Every cell says what the change adds to the
+    cluster's price and draw (per-unit prices and powers, hardware/economics_block.py) and the speedup per added
     dollar and watt.
     """
     space = space or SearchSpace()

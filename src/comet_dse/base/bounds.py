@@ -120,7 +120,7 @@ BOUNDS = {
                                                        "one day to 50 years"),
     "unit_price": Bound(0.0, 1e6, "USD per SI unit of a resource (per byte, byte/s or FLOP/s): not negative"),
     "unit_power": Bound(0.0, 1e6, "W per SI unit of a resource: not negative"),
-    # goodput (goodput.py, docs/economics.md "Goodput"): failures, restarts and checkpoints
+    # goodput (whole_run/goodput.py, docs/economics.md "Goodput"): failures, restarts and checkpoints
     "mtbf": Bound(60.0, 1e12, "mean time between failures per device: a minute to 31,700 years (Llama 3's "
                               "H100s: 5.8 years)"),
     "restart_time": Bound(0.0, 30 * 86400.0, "from a failure to training again: 0 (instant) to 30 days"),

@@ -1,4 +1,4 @@
-"""The positive divisors of an integer: what the degrees of a parallel split and the micro-batch sizes are drawn from."""
+"""The positive divisors of an integer: what the degrees of a parallel split and micro-batch sizes are drawn from."""
 from __future__ import annotations
 
 import functools

@@ -1,6 +1,6 @@
 """The error statistics of predictions against measurements, computed once.
 
-``validate``'s tables, its memory line and the error bands (errorband.py) all summarise signed relative
+``validate``'s tables, its memory line and the error bands (answers/errorband.py) all summarise signed relative
 errors, (predicted - measured) / measured, with the figures here.
 """
 from __future__ import annotations

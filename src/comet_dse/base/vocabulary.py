@@ -270,7 +270,7 @@ def legend_line(entries) -> str:
 
 @dataclass(frozen=True)
 class Quantity:
-    """A quantity of training on a token budget (economics.py): its key (a JSON key and a result column,
+    """A quantity of training on a token budget (whole_run/economics.py): its key (a JSON key and a result column,
     in SI units), label, SI unit, the unit it is shown in, and its meaning."""
 
     key: str
@@ -285,7 +285,7 @@ TRAINING = (
     Quantity("productive_time_s", "time in steps", "s", "days", "the token budget / tokens per second: every "
              "step trains"),
     Quantity("goodput", "goodput", "1", "%", "time in steps / time to train: what failures, restarts and "
-             "checkpoints leave (goodput.py)"),
+             "checkpoints leave (whole_run/goodput.py)"),
     Quantity("time_to_train_s", "time to train", "s", "days", "time in steps / goodput"),
     Quantity("device_time_s", "device-hours", "s", "device-hours", "devices x time to train"),
     Quantity("average_power_w", "average power", "W", "kW or MW", "the cluster's average draw at the wall, "
@@ -349,7 +349,7 @@ FRONTS = (
 FRONT = {f.key: f for f in FRONTS}
 
 
-# The error band of an estimate (errorband.py; docs/validation.md, "Error band"): the range of the signed
+# The error band of an estimate (answers/errorband.py; docs/validation.md, "Error band"): the range of the signed
 # step-time errors, (predicted - measured) / measured, of the published runs on the same accelerator in the
 # same precision; "not validated" where none backs it. Terminal text, JSON key and the explorer use these.
 ERROR_BAND_LABEL = "Error band"

@@ -271,7 +271,7 @@ GOODPUT_OPTIONS = {
 
 
 def add_goodput_options(parser: argparse.ArgumentParser) -> None:
-    """The goodput settings (goodput.py, docs/economics.md "Goodput") as options of their own: each adds
+    """The goodput settings (whole_run/goodput.py, docs/economics.md "Goodput") as options of their own: each adds
     ``<setting>=<value>`` to ``--set``, so it is checked and applied the same way."""
     group = parser.add_argument_group("goodput (with --tokens; docs/economics.md)")
     for option, (setting, metavar, text) in GOODPUT_OPTIONS.items():

@@ -1,5 +1,5 @@
 """``comet-dse plan``: the cheapest design (cluster, size, strategy) that trains a token budget within a number
-of days, and the fastest within a budget in dollars, across cluster presets and sizes (planner.py)."""
+of days, and the fastest within a budget in dollars, across cluster presets and sizes (answers/planner.py)."""
 from __future__ import annotations
 
 import argparse

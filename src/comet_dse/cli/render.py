@@ -97,8 +97,8 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
 
 
 def training_lines(training: dict | None) -> list:
-    """What training on the token budget takes (Estimate.training, economics.py): time to train (with the time
-    the steps take and the goodput: goodput.py), device-hours, average power, energy and cost, renting and
+    """What training on the token budget takes (Estimate.training, whole_run/economics.py): time to train (with the time
+    the steps take and the goodput: whole_run/goodput.py), device-hours, average power, energy and cost, renting and
     owning, each 'unknown' where a figure is missing and with its range under the error band where there is
     one (economics.with_ranges); then what was assumed. Nothing without a budget."""
     if not training:
@@ -136,7 +136,7 @@ def training_lines(training: dict | None) -> list:
 
 def goodput_lines(t: dict) -> list:
     """The lines under the time to train: what the steps take, and the goodput with where the rest goes:
-    failures (the job's MTBF), restarts, work redone, checkpoints and Young's interval (goodput.py)."""
+    failures (the job's MTBF), restarts, work redone, checkpoints and Young's interval (whole_run/goodput.py)."""
     g = t.get("goodput_terms")
     if g is None:
         return []

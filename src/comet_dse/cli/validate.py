@@ -95,7 +95,7 @@ def run(args) -> int:
         print(f"\nWhole runs by {title}\n")
         print(render_table([title, "runs", "mean |error|", "max |error|", "mean error", "range"], rows, left=(0,)))
     print("\nError bands (what estimate, search, whatif, the API and the explorer report; packaged copy: "
-          "errorband.py)\n")
+          "answers/errorband.py)\n")
     rows = [[b["hardware"], b["precision"], b["kind"], b["runs"], f"{b['mean_abs_error'] * 100:.1f}%",
              f"{b['low'] * 100:+.1f}% .. {b['high'] * 100:+.1f}%", b["frameworks"]] for b in bands]
     print(render_table(["hardware", "precision", "kind", "runs", "mean |error|", "error range", "frameworks"], rows,
@@ -163,7 +163,7 @@ def whole_run_lines(runs: list) -> list:
                      f"{band[0] / 1e6:.2f}M .. {band[1] / 1e6:.2f}M" if band else "not validated",
                      ("yes" if d["within_band"] else "no") if band else "-"])
     s = whole_run_summary(runs)
-    return ["Whole training runs: device-hours, published vs predicted (whole_runs.csv; goodput.py's sourced "
+    return ["Whole training runs: device-hours, published vs predicted (whole_runs.csv; whole_run/goodput.py's sourced "
             "defaults; strategy as stated, or the searched best where the source states none)", "",
             render_table(["run", "hardware", "strategy", "published", "steps", "goodput", "predicted", "error",
                           "error band range", "published in range"], rows, left=(0, 1, 2)),

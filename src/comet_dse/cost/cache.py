@@ -34,7 +34,7 @@ def layout_grouped(model: Transformer, cluster: Cluster, devices: int, st: Strat
 
 
 def microbatch_terms_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict,
-                 context=None) -> dict:
+                        context=None) -> dict:
     """microbatch_terms, computed once per distinct combination of the fields it depends on (cost/distinct.py).
 
     Those fields are the knobs declared ``microbatch=True`` on Strategy
@@ -47,10 +47,11 @@ def microbatch_terms_of(model: Transformer, cluster: Cluster, devices: int, st: 
     return at_groups if rows is None else gathered(at_groups, rows[1])
 
 
-def microbatch_terms_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict,
-                         context=None) -> tuple:
+def microbatch_terms_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays,
+                             strides: dict, context=None) -> tuple:
     """(microbatch_terms of one point per distinct micro-batch shape, (first, inverse)), or (every point's
-    terms, None) where the batch is not grouped (``microbatch_terms_of`` without the gathering; cost/distinct.py: grouped)."""
+    terms, None) where the batch is not grouped (``microbatch_terms_of`` without the gathering; cost/distinct.py:
+    grouped)."""
     context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, f) for f in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]]
     return grouped(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))

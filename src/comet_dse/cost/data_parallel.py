@@ -78,7 +78,8 @@ def amax_reduction(model: Transformer, st: StrategyArrays, ctx, stage_layers, is
 def _dp_groups(params: StageParams, spans: dict) -> tuple:
     """(parameters, group spans) whose gradients are reduced together: shared over DP x CP, experts over EDP x CP.
     A group with no parameters at any point (the experts of a dense model) is left out: it sends nothing."""
-    groups = ((params.shared, joint_spans(spans["dp"], spans["cp"])), (params.expert, joint_spans(spans["edp"], spans["cp"])))
+    groups = ((params.shared, joint_spans(spans["dp"], spans["cp"])),
+              (params.expert, joint_spans(spans["edp"], spans["cp"])))
     return tuple((count, group) for count, group in groups if np.any(count))
 
 

@@ -96,8 +96,8 @@ def _linear(tokens, n_in, n_out, shape: LayerShape, dev: Device, batch=1, fused_
       nothing when the activation's backward writes it in fp8 and transposed
       (``fused_grad``: TE's dgelu/dswiglu-cast-transpose for the MLP's up
       projection).
-    The weights are cast once per step (cost/layout.py: fp8 weight cast);
-    the amax all-reduce per model chunk is a strategy knob (cost/step.py).
+    The weights are cast once per step (cost/optimizer.py: FP8_WEIGHT_CAST_BYTES);
+    the amax all-reduce per model chunk is a strategy knob (cost/data_parallel.py: amax_reduction).
     Source: TransformerEngine transformer_engine/pytorch/module/{linear,
     layernorm_linear,layernorm_mlp}.py (TE 1.x) and its cpp_extensions
     (cast_transpose, fp8_transpose, dgelu_cast_transpose_bgrad).
@@ -385,7 +385,7 @@ def _moe(model: Transformer, shape: LayerShape, dev: Device):
     return block, tok / t * moe.top_k * shape.imbalance * h * e
 
 
-DISPATCHER_ALLTOALL, DISPATCHER_FLEX = 0, 1     # MoeDispatcher codes (strategy.py); 2, fused, has no passes
+DISPATCHER_ALLTOALL, DISPATCHER_FLEX = 0, 1     # MoeDispatcher codes (strategy/choices.py); 2, fused, has no passes
 
 
 def _token_permutation(sent, top_k, received, local, h, e, dispatcher, dev: Device):

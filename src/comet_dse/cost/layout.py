@@ -6,8 +6,9 @@ split, the dtype and gradient precision, the ZeRO stage and its sharding
 switches. From them follow the spans of the parallel groups, which layers
 each candidate pipeline stage holds, its parameters and model-state bytes,
 and the data-parallel, ZeRO-3 and optimizer costs that do not depend on the
-micro-batch schedule. cost/step.py combines these per point with the micro-batch terms; cost/cache.py
-computes them once per distinct layout.
+micro-batch schedule (cost/pipeline.py, memory.py, data_parallel.py, optimizer.py compute them; this room
+assembles them). cost/step.py combines these per point with the micro-batch terms; cost/cache.py computes
+them once per distinct layout.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from comet_dse.cost.data_parallel import DataParallelComm, amax_reduction, data_
 from comet_dse.cost.kernels import memory_pass_time
 from comet_dse.cost.memory import grad_bytes, state_bytes
 from comet_dse.cost.optimizer import (
-    FP8_WEIGHT_CAST_BYTES, grad_zeroing_params, optimizer_step_bytes, separate_accumulation_bytes, step_scalar_reductions,
+    FP8_WEIGHT_CAST_BYTES, grad_zeroing_params, optimizer_step_bytes, separate_accumulation_bytes,
+    step_scalar_reductions,
 )
 from comet_dse.cost.pipeline import embedding_slots, stage_candidates, stage_layer_counts, stage_mixes, stage_params
 from comet_dse.model.spec import Transformer
@@ -35,7 +37,7 @@ class Layout:
       of the micro-batch terms' de-duplication key;
     pp_spans: the pipeline group's span per network dimension;
     mixes: (dense layers, MoE layers, holds embedding, holds head) of each
-      candidate stage (params.stage_mixes);
+      candidate stage (cost/pipeline.py: stage_mixes);
     stage_layers: transformer layers of the fullest stage;
     memory: per candidate stage, model-state bytes per device ("weights",
       "gradients", "optimizer") and its "n_dense" and "n_moe" layers;

@@ -5,7 +5,7 @@ Model states per parameter for mixed-precision Adam (Rajbhandari et al. 2020,
 ZeRO, Sec. 3.1): weights in 16-bit (2 B), gradients (2 B in fp16 runs with
 loss scaling; 4 B fp32 main gradients for bf16/fp8, as Megatron-LM keeps
 them), optimizer state 12 B (fp32 master weights, Adam m and v).
-ZeRO over the data-parallel shard of size N (DP x CP ranks, cost/layout.py)
+ZeRO over the data-parallel shard of size N (DP x CP ranks, cost/data_parallel.py: shard_size)
 divides: stage 1 the optimizer state, stage 2 also gradients, stage 3 also weights.
 
 Activations under 1F1B (Korthikanti et al. 2022, Sec. 4.2.3): pipeline rank r
@@ -198,7 +198,7 @@ def state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes
     of the weights (FP8_WEIGHT_COPY bytes per parameter). ZeRO 3 holds the
     current and the prefetched layer gathered; without resharding after
     forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
-    For grad_buffer layer (cost/step.py: step_memory picks them per point) also
+    For grad_buffer layer (``step_memory`` picks them per point) also
     "grad_layer", the gradients of two layers in flight, g min(2 P_l, P), and
     "grad_shard", the DP shard several micro-batches accumulate in, g P / N
     (P_l: one transformer layer's parameters on the device, P the stage's); and for
@@ -231,7 +231,7 @@ def step_memory(model: Transformer, st: StrategyArrays, terms: dict, states: lis
     """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
     the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
 
-    Per candidate stage (cost/pipeline.py): model states (cost/layout.py: shared
+    Per candidate stage (cost/pipeline.py): model states (``state_bytes``: shared
     weights sharded by ZeRO over dp x cp, expert weights over dp/ep x cp, an fp8
     weight copy in fp8 training) and activations: the in-flight micro-batches of
     its pipeline rank under 1F1B (first stage rank 0, a full middle stage rank 1,
@@ -249,7 +249,7 @@ def step_memory(model: Transformer, st: StrategyArrays, terms: dict, states: lis
     candidate with the largest total is reported, with the reserve the cluster
     keeps (cost/memory.py: reserved_bytes) as the part "reserved". With grad_buffer
     layer the gradients are two layers' in flight, plus their DP shard when the step
-    has several micro-batches (cost/layout.py: state_bytes). ZeRO 3 with grad_sync
+    has several micro-batches (``state_bytes``). ZeRO 3 with grad_sync
     step and several micro-batches holds its stage's gradients unsharded, g P (FSDP's
     no_sync accumulation, docs/model.md).
     """

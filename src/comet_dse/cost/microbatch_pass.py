@@ -103,7 +103,7 @@ def microbatch_terms(model: Transformer, ctx: Context, st: StrategyArrays) -> di
 
 def activation_terms(model: Transformer, st: StrategyArrays, layers: list) -> dict:
     """The activation bytes of one micro-batch on one device that depend only on the micro-batch knobs, which
-    cost/step.py (step_memory) combines per candidate stage [bytes].
+    cost/memory.py (step_memory) combines per candidate stage [bytes].
 
     Per layer kind (``layers``: [(prefix, LayerCost)]): "<kind>kept", the bytes a layer keeps from its forward
     until its backward under the point's recomputation (full: its input; selective: all but the attention

@@ -198,9 +198,9 @@ def slowest_stage(mixes: list, dense: dict, moe: dict, emb: dict, head: dict) ->
 
 
 def stage_work(model: Transformer, mixes: list, layouts: tuple, work: tuple) -> dict:
-    """``slowest_stage`` of every point (``mixes``: its layout's stage mixes, cost/layout.py: Layout.mixes), from the layouts and the micro-batch work terms
-    as grouped (``layouts``: (Layout per group, rows); ``work``: (work dicts per group, rows); rows None where
-    not grouped). Its inputs are a layout's stage mixes and a micro-batch shape's work, so where both are
+    """``slowest_stage`` of every point (``mixes``: its layout's stage mixes, cost/layout.py: Layout.mixes),
+    from the layouts and the micro-batch work terms as grouped (``layouts``: (Layout per group, rows); ``work``:
+    (work dicts per group, rows); rows None where not grouped). Its inputs are a layout's stage mixes and a micro-batch shape's work, so where both are
     grouped it is computed once per distinct pair of them and gathered back (cost/distinct.py: paired_rows;
     the same numbers); else per point."""
     (lay_groups, lay_rows), (terms, terms_rows) = layouts, work

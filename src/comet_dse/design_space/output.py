@@ -6,7 +6,7 @@ name nor a link) and renamed into place when complete; a temporary left by a pro
 longer runs is removed by the next writer (``remove_stale_temps``). A sweep's output is one
 file (``.parquet``, ``.csv``) or, for a name without a suffix, a dataset folder
 of Parquet parts marked by ``DATASET_MARKER`` (``write_dataset``). What may be replaced follows
-written.py: only a file or folder this tool wrote, unchanged since.
+base/written.py: only a file or folder this tool wrote, unchanged since.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def remove_stale_temps(path: Path) -> None:
 
 def check_output_file(path, inputs=()) -> str:
     """The format of ``path`` (parquet, csv or dataset); an InputError if this tool may not write it
-    (written.py: only what it wrote itself is replaced, never a link, a device or an input)."""
+    (base/written.py: only what it wrote itself is replaced, never a link, a device or an input)."""
     fmt = output_format(path)
     if is_url(str(path)):
         return _check_url_output(str(path), fmt)

@@ -92,7 +92,7 @@ def pareto(rows: list, resource: str, token_budget: float | None) -> list:
                   and r["best"].get(resource) is not None and not math.isnan(r["best"][resource])]
 
         def time_of(r):
-            """Time to train (goodput included: economics.py) with a budget, else the step time."""
+            """Time to train (goodput included: whole_run/economics.py) with a budget, else the step time."""
             if token_budget:
                 known = r["best"].get("time_to_train_s")
                 return known if known is not None else token_budget / r["best"]["tokens_per_second"]

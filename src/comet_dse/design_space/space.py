@@ -112,7 +112,7 @@ def scale_up_domain(cluster: Cluster, devices: int) -> int:
 
 def _knob_defaults(values: dict, clusters: list) -> dict:
     """``values`` with, for every knob it does not name that declares a ``cluster_default``, what that default
-    gives for the accelerators of ``clusters`` (strategy.py: flash attention on where every accelerator lists
+    gives for the accelerators of ``clusters`` (strategy/declared.py: flash attention on where every accelerator lists
     a fused-kernel rate, and a kernel they all list)."""
     accelerators = [c.accelerator for c in clusters]
     out = dict(values)
@@ -245,7 +245,8 @@ def count_strategies(model: Transformer, devices: int, global_batch: int, space:
     step = max(1, COUNT_BLOCK_ROWS // n_inner)
     total = 0
     for i in range(0, len(outer), step):
-        total += int(np.count_nonzero(_keep(_block(outer[i:i + step], family.degree_columns, chosen, codes, global_batch), chosen, space)))
+        block = _block(outer[i:i + step], family.degree_columns, chosen, codes, global_batch)
+        total += int(np.count_nonzero(_keep(block, chosen, space)))
         if limit is not None and total > limit:
             break
     return total

@@ -402,7 +402,7 @@ def _axis_values(name: str, spec, kind: str, networks: dict) -> list:
             if number <= 0:
                 raise InputError(where, f"multipliers must be positive finite numbers, got {item!r}")
             out.append((_scale_label(number), ("scale", number)))
-        elif kind == "economics":         # power and price (hardware/economics.py): parsed and checked here
+        elif kind == "economics":         # power and price (hardware/economics_block.py): parsed and checked here
             out.append((str(item), ("value", econ.parse_setting(name, item, where))))
         elif kind == "text":
             valid = networks if name == "network" else [t.value for t in Topology]
@@ -454,7 +454,7 @@ def _check_priced(name: str, bases: list) -> None:
 
 
 def _apply_economics(cluster: Cluster, name: str, label: str, mode: str, x) -> Cluster:
-    """``cluster`` with an economics setting (hardware/economics.py) set: a value (already parsed and
+    """``cluster`` with an economics setting (hardware/economics_block.py) set: a value (already parsed and
     checked) or a multiplier of the cluster's own value, checked against the same row of bounds."""
     where = f"axes.{name}.{'scale' if mode == 'scale' else 'values'}"
     if mode == "scale":

@@ -56,7 +56,7 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
 
 
 def economic_columns(cluster, devices: int, cols: dict, tokens: float | None, parameters: float) -> dict:
-    """The price and power of each point's cluster at its design (economics.py: per-unit prices and powers
+    """The price and power of each point's cluster at its design (whole_run/economics.py: per-unit prices and powers
     follow the scaled resources): ``cost_usd`` = devices x the device price, ``power_w`` = the rated draw
     (every device compute-bound, nodes and switches with a figure, times PUE); with a token budget also
     economics.COLUMNS (time to train, energy, cost; ``parameters``: the model's, what a checkpoint holds).

@@ -14,7 +14,7 @@ A cluster file's ``economics:`` block (every field optional; SI units inside, un
       energy_price: 0.08 USD/kWh
       lifetime: 5 years          # the purchase price is spread over it
       cost_basis: rent           # rent | own; default: rent where a rent is given
-      mtbf: 50677 h              # goodput (goodput.py): mean time between failures per device
+      mtbf: 50677 h              # goodput (whole_run/goodput.py): mean time between failures per device
       restart_time: 10 min       # ... from a failure to training again, re-load aside
       checkpoint_interval: 1 h   # ... default: Young's optimum sqrt(2 x checkpoint stall x job MTBF)
       storage_bandwidth: 122 MB/s   # ... checkpoint write and read bandwidth per device
@@ -25,14 +25,15 @@ A cluster file's ``economics:`` block (every field optional; SI units inside, un
       unit_price: {hbm_capacity: 15 USD/GiB}      # price follows the design
       unit_power: {hbm_bandwidth: 31 W/(TB/s)}    # power follows the design
 
-A field left out is unknown (None), never 0; economics.py says what each unknown leaves unknown. The
+A field left out is unknown (None), never 0; whole_run/economics.py says what each unknown leaves unknown. The
 compute-bound draw is the cluster's ``device_power_w`` (the datasheet TDP).
 
 Per-unit prices and powers make price and power follow a design: the cluster's ``device_price_usd`` and
 draws hold for the resources as the file gives them (``reference``, recorded when the file is read); a
 design with more of a resource costs ``unit_price x (value - reference)`` more per device, and draws
 ``unit_power x (value - reference)`` more in the state the resource serves (``STATE``). This module is on
-the floor of the cluster (3): it reads and checks the inputs; economics.py (floor 4) computes with them.
+the floor of the cluster (2): it reads and checks the inputs; whole_run/economics.py (floor 5) computes with
+them (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ FIELDS = {
     "pue": (KIND_COUNT, "pue", "pue"),
     "energy_price": (KIND_ENERGY_PRICE, "energy_price", "energy_price_usd_per_j"),
     "lifetime": (KIND_DURATION, "lifetime", "lifetime_s"),
-    # goodput (goodput.py, docs/economics.md "Goodput")
+    # goodput (whole_run/goodput.py, docs/economics.md "Goodput")
     "mtbf": (KIND_DURATION, "mtbf", "mtbf_s"),
     "restart_time": (KIND_DURATION, "restart_time", "restart_s"),
     "checkpoint_interval": (KIND_DURATION, "checkpoint_interval", "checkpoint_interval_s"),
@@ -114,7 +115,7 @@ class Economics:
     energy_price_usd_per_j: float | None = None
     lifetime_s: float | None = None
     cost_basis: str | None = None
-    mtbf_s: float | None = None                 # goodput (goodput.py); None: its default
+    mtbf_s: float | None = None                 # goodput (whole_run/goodput.py); None: its default
     restart_s: float | None = None
     checkpoint_interval_s: float | None = None  # None: Young's optimum
     storage_bandwidth: float | None = None

@@ -172,7 +172,7 @@ class Cluster:
     max_devices: int | None = None
     device_price_usd: float | None = None
     device_power_w: float | None = None
-    economics: Economics = field(default_factory=Economics)   # power and price beyond the two above (hardware/economics.py)
+    economics: Economics = field(default_factory=Economics)   # power, price beyond the two above (economics_block.py)
     source: str = ""
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)

@@ -3,7 +3,7 @@
 Everything is written into a temporary folder beside the output and renamed
 into place at the end, so a failed or interrupted run never leaves a partial
 report under the final name. Only an empty folder or a report this tool wrote
-and nobody changed since (MARKER is its manifest, written.py) is ever replaced,
+and nobody changed since (MARKER is its manifest, base/written.py) is ever replaced,
 never one that holds the studies or a file they name; temporaries of dead runs
 are removed.
 """

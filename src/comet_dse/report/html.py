@@ -49,7 +49,7 @@ def _table(headers: list, rows: list, left: int = 1) -> str:
 
 def _best_table(section) -> str:
     """Per variant its best strategy and speedup; with the study's token budget also what training the best
-    on it takes (economics.py; 'unknown' where the cluster has no price or power figure)."""
+    on it takes (whole_run/economics.py; 'unknown' where the cluster has no price or power figure)."""
     budget = getattr(getattr(section, "study", None), "token_budget", None)
     training = (("time_to_train_s", format_duration), ("energy_j", format_energy), ("training_cost_usd", format_usd))
     rows = []

@@ -16,7 +16,7 @@ An answer may set
   same study);
 - ``devices: {cluster: n}``: that cluster's rows at n devices (one of the study's counts);
 - ``cost: gemm`` or ``cost: elementwise``: the rows' times costed as the COMET authors' simulator does
-  (comet_dse/astrasim.py), with Layernorm as their file writes it or element-wise; memory stays comet-dse's.
+  (comet_dse/cost/astrasim.py), with Layernorm as their file writes it or element-wise; memory stays comet-dse's.
 
 The selections (strategy, mp, clusters, devices) restrict the sweep of the study as written: the study must search
 every value an answer selects, so that a selection equals a run with that override (tests/test_readings.py checks
@@ -336,7 +336,7 @@ def mask(data: dict, study, reading: Reading) -> np.ndarray:
 
 def retimed(data: dict, study, layernorm: str, cache: dict) -> dict | None:
     """``data`` with every row's step time and tokens/s as the COMET authors' simulator gives them for its split
-    (comet_dse/astrasim.py: one iteration of their 2-block workload); None where a variant has an expansion tier
+    (comet_dse/cost/astrasim.py: one iteration of their 2-block workload); None where a variant has an expansion tier
     (the published simulator cannot cost one). ``cache``: (variant, devices, MP, batch) -> seconds."""
     from comet_dse.cost.astrasim import iteration
 

@@ -221,7 +221,7 @@ def _tokens(text) -> float | None:
 
 def _training(view):
     """What training the chosen strategy on the token budget takes: time, device-hours, energy, cost
-    (economics.py; 'unknown' where the cluster has no price or power figure)."""
+    (whole_run/economics.py; 'unknown' where the cluster has no price or power figure)."""
     t = view.chosen.get("training")
     if not t:
         return ""

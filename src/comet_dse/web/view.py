@@ -1,10 +1,10 @@
 """What the explorer shows for one setting of its controls, computed by the batched cost model.
 
 ``compute(Controls(...))`` loads the model and cluster, applies the resource controls as cluster
-overrides (overrides.py: the same validation as ``--set``), searches every strategy
+overrides (answers/overrides.py: the same validation as ``--set``), searches every strategy
 (design_space/search.py), and returns a ``View``: the fastest strategies, the chosen one's breakdown and
 memory by part, the best strategy per MP x DP split (the bathtub, with why a split does not fit)
-and what doubling each resource buys (whatif.py). Nothing is precomputed: every call evaluates the
+and what doubling each resource buys (answers/whatif.py). Nothing is precomputed: every call evaluates the
 whole space again, which takes a few tens of milliseconds for 30 K strategies.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ class View:
     top: list                   # dicts: rank, strategy, step_time_s, tokens_per_second, mfu, memory_bytes
     chosen: dict                # strategy, rank, feasible, note, step_time_s, breakdown_s, memory_bytes,
                                 # labels (time part -> its label for this strategy, vocabulary.breakdown_labels),
-                                # training (with a token budget: Estimate.training, economics.py; else None),
+                                # training (with a token budget: Estimate.training, whole_run/economics.py; else None),
                                 # error_band (errorband.band_for's text for its accelerator and precision)
     capacity_bytes: float       # what holds state per device (HBM, plus SRAM where it holds state)
     expansion_bytes: float      # expansion tier capacity (0: none)
@@ -126,7 +126,7 @@ def _cluster(ref: str) -> Cluster:
 
 
 # The strategy controls: knob -> (its caption, the choices the page offers; the first is the default). The
-# knobs are declared in strategy.py; this names only which of them the page offers. Precision offers the
+# knobs are declared in strategy/declared.py; this names only which of them the page offers. Precision offers the
 # dtypes and both 16-bit and fp8 at once; a cluster without a dtype's rate rejects it with its reason.
 STRATEGY_CONTROLS = {
     "dtype": ("Precision", ("bf16", "fp8", "bf16,fp8", "fp16")),

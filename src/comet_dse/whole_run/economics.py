@@ -4,7 +4,7 @@ For a step of ``step_time`` seconds whose parts (``breakdown``, cost/step.py) ad
 devices of a cluster, and a budget of ``tokens`` tokens (docs/economics.md has every formula and source):
 
     productive time [s]    T0 = tokens / tokens_per_second                   (every step trains)
-    time to train [s]      T = T0 / goodput                                  (goodput.py: failures, restarts,
+    time to train [s]      T = T0 / goodput                                  (whole_run/goodput.py: failures, restarts,
                                                                              checkpoints)
     device time [s]        D = devices x T                                   (shown in device-hours)
     device draw [W]        P_dev = sum over states s of P_s x f_s            f_s = the step's time in state s
@@ -20,7 +20,7 @@ devices of a cluster, and a budget of ``tokens`` tokens (docs/economics.md has e
 The states of a device are compute-bound kernels (drawing the datasheet TDP, ``device_power_w``),
 memory-bound kernels and the optimizer step (``memory_power``), exposed communication and expansion-tier
 traffic (``network_power``) and idle (the pipeline bubble, fixed overhead: ``idle_power``). Per-unit prices
-and powers (hardware/economics.py) make price and draws follow the design. Unknown stays unknown: NaN
+and powers (hardware/economics_block.py) make price and draws follow the design. Unknown stays unknown: NaN
 inside, null in JSON, "unknown" in text; a node or switch share without a figure is left out of the
 energy and named in ``excluded``, never counted as 0 silently.
 
@@ -82,7 +82,7 @@ class Rates:
     lifetime_s: float
     rent_usd_per_s: float         # per device-second, as given
     basis: str                    # 'rent' or 'own'
-    reliability: goodput.Reliability = goodput.Reliability()   # failures, restarts, checkpoints (goodput.py)
+    reliability: goodput.Reliability = goodput.Reliability()   # failures, restarts, checkpoints (whole_run/goodput.py)
 
     @property
     def excluded(self) -> list:
@@ -229,7 +229,7 @@ def cost_column(basis: str) -> str:
 
 
 def reliability(cluster: Cluster) -> goodput.Reliability:
-    """The goodput settings of ``cluster``'s economics block, goodput.py's defaults where it gives none."""
+    """The goodput settings of ``cluster``'s economics block, whole_run/goodput.py's defaults where it gives none."""
     econ, default = cluster.economics, goodput.Reliability()
 
     def given(value, fallback):
@@ -277,7 +277,7 @@ def idle_power(r: Rates) -> float:
 def training(r: Rates, step_time, tokens_per_second, breakdown: dict, tokens: float, parameters) -> dict:
     """The COLUMNS of training on ``tokens`` tokens, one value per design point (arrays as the inputs;
     SI units: s, W, J, USD; NaN where an input is unknown). ``parameters``: the model's parameters, what a
-    checkpoint holds (goodput.py)."""
+    checkpoint holds (whole_run/goodput.py)."""
     return training_parts(r, step_time, tokens_per_second, breakdown, tokens, parameters)[0]
 
 
@@ -354,7 +354,7 @@ def band_range(value: float, band: dict) -> list | None:
 def with_ranges(training: dict | None, band: dict | None) -> dict | None:
     """``training`` (Estimate.training, training_of) with ``<figure>_range`` = band_range for every
     figure of RANGED: time to train, device time, energy and cost as the band leaves them. Every one of them
-    is proportional to the productive time (goodput.py: the goodput does not depend on it; energy: the same
+    is proportional to the productive time (whole_run/goodput.py: the goodput does not depend on it; energy: the same
     draws over proportionally longer stalls), so the range is exact for a step time anywhere in the band."""
     if training is None:
         return None

@@ -2,7 +2,7 @@
 
 A step-time model says how long the steps take when nothing goes wrong (the productive time ``T0``). A
 whole run also stops for failures, restarts, checkpoints (docs/economics.md, "Goodput", has every formula
-and the source of every default). Over arrays (``devices``, ``T0``) like economics.py:
+and the source of every default). Over arrays (``devices``, ``T0``) like whole_run/economics.py:
 
     cluster MTBF [s]           M = MTBF per device / devices        (failures scale linearly with devices)
     checkpoint bytes [B]       S = parameters x checkpoint bytes per parameter
@@ -20,8 +20,8 @@ and the source of every default). Over arrays (``devices``, ``T0``) like economi
 Derivation: T = T0 (1 + C / tau) + (T / M) (R + tau / 2): the productive time, one stall per interval of
 productive time, and per failure (T / M of them) a restart and on average half an interval of work redone.
 
-Floor 2 (docs/architecture.md): plain numbers and arrays; the cluster file's reader (hardware/economics.py,
-floor 3) takes its settings and names, economics.py (floor 4) computes with it.
+Floor 2 (docs/architecture.md): plain numbers and arrays; the cluster file's reader (hardware/economics_block.py,
+floor 3) takes its settings and names, whole_run/economics.py (floor 4) computes with it.
 """
 from __future__ import annotations
 
