@@ -9,7 +9,12 @@ interleaving (Narayanan et al. 2021, Sec. 2.2):
 
 where t_stage is the slowest pipeline stage's forward + backward (+
 recompute) time for one micro-batch, including its exposed TP, EP and CP
-communication (cost/microbatch_pass.py).
+communication (cost/pipeline.py: stage_work, over cost/microbatch_pass.py's
+terms). ``evaluate`` takes the rooms in the order of a step (docs/architecture.md,
+"The cost rooms"): the per-layout terms and the per-micro-batch terms (through
+cost/cache.py), the slowest stage and its send/recv (cost/pipeline.py), memory
+and its placement (cost/memory.py), FLOPs (cost/flops.py), the data-parallel
+exposure (cost/data_parallel.py) and the expansion tier (cost/expansion.py).
 """
 from __future__ import annotations
 
