@@ -82,8 +82,10 @@ def degree_rows(model: Transformer, devices: int, global_batch: int, space,
                 max_rows: int | None = None) -> list:
     """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep) rows, in enumeration order.
 
-    The device count and the global batch are checked against bounds.BOUNDS first (their divisors are
-    enumerated); more than ``max_rows`` rows is refused as soon as the row past it is found."""
+    ``space``: the search's SearchSpace (design_space/space.py), read through ``given(knob)``, ``mp``,
+    ``max_tp``, ``max_micro_batch`` and ``max_interleave``. The device count and the global batch are checked
+    against bounds.BOUNDS first (their divisors are enumerated); more than ``max_rows`` rows is refused as soon
+    as the row past it is found (TooManyRows)."""
     devices = BOUNDS["devices"].check_integer("devices", devices)
     global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
     outer = []
