@@ -172,18 +172,25 @@ def test_the_room_check_catches_an_import_of_a_later_room(tmp_path):
     assert room_violations(copy, rooms())
 
 
+def _running_cost_folder() -> str:
+    """The folder of the cost rooms that run: the installed package's (a wheel in CI), not necessarily src/."""
+    import comet_dse.cost
+
+    return f"{Path(comet_dse.cost.__file__).parent}{os.sep}"
+
+
 def room_trips(call) -> list:
     """The trips through the cost kernel while ``call()`` runs: one per call into cost/ from outside it (an
     evaluation, a validity check), each the cost rooms entered, in call order, by the functions that take the
     model as a parameter; consecutive calls in one room count once."""
-    trips = []
+    trips, folder = [], _running_cost_folder()
 
     def profile(frame, event, arg):
         code = frame.f_code
-        if event != "call" or f"{COST}{os.sep}" not in code.co_filename:
+        if event != "call" or not code.co_filename.startswith(folder):
             return
         caller = frame.f_back
-        if caller is None or f"{COST}{os.sep}" not in caller.f_code.co_filename:
+        if caller is None or not caller.f_code.co_filename.startswith(folder):
             trips.append([])
         if "model" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
             room = Path(code.co_filename).stem
