@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.answers.estimate import estimate
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.design_space.engine import run_study
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies

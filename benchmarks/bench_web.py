@@ -26,10 +26,10 @@ import statistics
 import sys
 import time
 
+from comet_dse.answers.overrides import apply_overrides
 from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.design_space.space import enumerate_strategies
 from comet_dse.design_space.table import evaluate_columns
-from comet_dse.answers.overrides import apply_overrides
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.web.view import Controls, compute, overrides_for, strategy_space
 

@@ -35,8 +35,8 @@ from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.model import spec as model_spec
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, MICROBATCH_KNOBS
 
 # every cost room and strategy module whose ``np`` is pointed at jax.numpy while tracing
 TRACED_MODULES = tuple(importlib.import_module(f"comet_dse.{part}.{info.name}")

@@ -22,9 +22,9 @@ import numpy as np
 from comet_dse.cost.step import evaluate
 from comet_dse.hardware.spec import MemoryTier
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import AttentionKernel, CpAlgorithm, Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 DEVICES = 64
 CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6, compute=20e12)   # a compute roof that binds (roofline)

@@ -22,13 +22,13 @@ import dataclasses as dc
 import statistics
 from pathlib import Path
 
-from comet_dse.answers.estimate import estimate
 from comet_dse.answers.errorband import precision_class
-from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy.declared import Strategy, knob_values
+from comet_dse.answers.estimate import estimate
 from comet_dse.answers.validation import (
     H100, _gpt, _llama, _read, gpu_file, h100_measured, h100_strategy, model_kind, validation_dir,
 )
+from comet_dse.presets.catalog import load_cluster, load_model
+from comet_dse.strategy.declared import Strategy, knob_values
 
 RUNGS = ("before", "sustained", "rank order", "fa4", "permutation")
 

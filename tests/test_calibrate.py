@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from comet_dse.answers.calibrate import Run, fit, leave_one_out, parameters, step_errors
-from comet_dse.cli import main
 from comet_dse.answers.estimate import estimate
+from comet_dse.cli import main
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy

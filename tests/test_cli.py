@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from comet_dse.base.units import format_time
 from comet_dse.answers.validation import STEP_TIME_DATASETS
+from comet_dse.base.units import format_time
 from cli_run import one_line_error, run
 
 PACKAGE = Path(str(resources.files("comet_dse")))

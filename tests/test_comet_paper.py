@@ -6,9 +6,9 @@ from importlib import resources
 import pytest
 import yaml
 
-from comet_dse.cost.pipeline import attention_params_per_device
-from comet_dse.base.errors import InputError
 from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.cost.pipeline import attention_params_per_device
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import MemoryTier
 from comet_dse.presets.catalog import load_cluster, load_model

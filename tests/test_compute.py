@@ -4,8 +4,8 @@ import pytest
 
 from comet_dse.cost.kernels import gemm_hbm_bytes, gemm_time, pipeline_efficiency, quantisation_efficiency, roofline
 from comet_dse.cost.shapes import device_of
-from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import Strategy
 
 
 def test_roofline_is_max_of_bounds_plus_overhead():

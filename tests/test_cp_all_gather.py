@@ -4,16 +4,16 @@ import dataclasses as dc
 import numpy as np
 import pytest
 
+from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
 from comet_dse.cli import main
 from comet_dse.cost import collectives as coll
-from comet_dse.cost.shapes import context_of
 from comet_dse.cost.layer_work import layer_work
-from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import estimate
+from comet_dse.cost.shapes import context_of
 from comet_dse.presets.catalog import load_cluster, load_model
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import CpAlgorithm, Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 H100 = load_cluster("dgx-h100")
 LLAMA = load_model("llama3-8b").with_seq_len(131072)

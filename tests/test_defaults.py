@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from comet_dse.answers.whatif import smallest_capacity
+from comet_dse.base.errors import InputError
 from comet_dse.design_space.search import search
 from comet_dse.design_space.space import (
     SearchSpace, enumerate_strategies, scale_up_domain, with_cluster_defaults, with_study_defaults,
 )
 from comet_dse.design_space.study import load_study
-from comet_dse.base.errors import InputError
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.declared import KNOB
-from comet_dse.answers.whatif import smallest_capacity
 from cli_run import run
 
 GiB = 2.0**30

@@ -6,9 +6,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from comet_dse.cli import main
-from comet_dse.base.errors import InputError
 from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.cli import main
 from comet_dse.design_space import engine
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies

@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 import comet_dse
-from comet_dse.whole_run import economics
-from comet_dse.base import vocabulary as voc
-from comet_dse.design_space.rank import pareto
-from comet_dse.base.errors import InputError
 from comet_dse.answers.overrides import apply_overrides
-from comet_dse.presets.catalog import load_cluster
+from comet_dse.base import vocabulary as voc
+from comet_dse.base.errors import InputError
 from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_TOKENS, parse_per_unit, parse_quantity
+from comet_dse.design_space.rank import pareto
+from comet_dse.presets.catalog import load_cluster
+from comet_dse.whole_run import economics
 from cli_run import one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,11 +4,11 @@ import dataclasses as dc
 import pytest
 
 from comet_dse.answers.estimate import estimate
+from comet_dse.base.units import format_bytes
 from comet_dse.hardware.spec import MemoryTier
 from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.base.units import format_bytes
 
 GiB = 2**30
 

@@ -4,16 +4,16 @@ import dataclasses as dc
 import numpy as np
 import pytest
 
-from comet_dse.cost import collectives as coll
-from comet_dse.cost.shapes import context_of
-from comet_dse.cost.layer_work import expert_exchange_time, layer_work, node_copy_fraction
-from comet_dse.base.errors import InputError
 from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
+from comet_dse.cost import collectives as coll
+from comet_dse.cost.layer_work import expert_exchange_time, layer_work, node_copy_fraction
+from comet_dse.cost.shapes import context_of
 from comet_dse.model.load import transformer_from
 from comet_dse.presets.catalog import load_cluster, load_model, preset_data
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 H800 = load_cluster("dgx-h800")
 DEEPSEEK = load_model("deepseek-v3")

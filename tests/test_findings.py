@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from comet_dse.cli import main
 from comet_dse.base.errors import InputError
+from comet_dse.cli import main
 from comet_dse.report.build import build_report
 from comet_dse.report.findings import BATHTUB_TOLERANCE, TOLERANCE, bathtub, matches, specs_from
 from test_report_config import _study

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import comet_dse
-from comet_dse.whole_run import economics, goodput
-from comet_dse.whole_run.economics import band_range, with_ranges
 from comet_dse.answers.overrides import apply_overrides
 from comet_dse.presets.catalog import load_cluster
+from comet_dse.whole_run import economics, goodput
+from comet_dse.whole_run.economics import band_range, with_ranges
 from cli_run import one_line_error, run
 
 HOUR, DAY = 3600.0, 86400.0

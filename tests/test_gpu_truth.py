@@ -7,13 +7,13 @@ import dataclasses as dc
 import numpy as np
 import pytest
 
+from comet_dse.answers.estimate import estimate
 from comet_dse.cost.kernels import Device, attention_rate, matmul_rate
 from comet_dse.cost.optimizer import grad_zeroing_params, optimizer_step_bytes
 from comet_dse.cost.pipeline import StageParams
-from comet_dse.answers.estimate import estimate
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import Strategy
 
 
 def _bench_device(cluster, dtype="bf16") -> Device:

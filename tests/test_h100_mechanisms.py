@@ -5,16 +5,15 @@ import dataclasses as dc
 import numpy as np
 import pytest
 
+from comet_dse.answers.estimate import estimate
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.kernels import Device, gemm_time, pipeline_efficiency
-from comet_dse.cost.shapes import LayerShape
 from comet_dse.cost.layer_ops import _linear
-from comet_dse.cost.layer_work import TP_OVERLAP_SM_SHARE, layer_work, _pipelined
-from comet_dse.cost.shapes import context_of, device_of, network_dims
-from comet_dse.answers.estimate import estimate
+from comet_dse.cost.layer_work import TP_OVERLAP_SM_SHARE, _pipelined, layer_work
+from comet_dse.cost.shapes import LayerShape, context_of, device_of, network_dims
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import Strategy
 
 H100 = load_cluster("dgx-h100")
 LLAMA8B = load_model("llama3-8b")

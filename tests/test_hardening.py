@@ -21,8 +21,7 @@ import yaml
 
 from comet_dse.base import loading
 from comet_dse.base.errors import InputError
-from comet_dse.design_space import engine
-from comet_dse.design_space import study as study_module
+from comet_dse.design_space import engine, study as study_module
 from comet_dse.design_space.space import SearchSpace, count_strategies, enumerate_strategies
 from comet_dse.design_space.study import load_study
 from comet_dse.presets.catalog import load_model, preset_data

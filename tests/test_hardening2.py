@@ -28,10 +28,9 @@ import yaml
 import comet_dse
 from comet_dse.base import jsonout
 from comet_dse.base.bounds import BOUNDS
-from comet_dse.design_space import engine
-from comet_dse.design_space import space as space_module
-from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.base.errors import InputError
+from comet_dse.design_space import engine, space as space_module
+from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.presets.catalog import load_cluster, load_model, preset_data
 from cli_run import one_line_error, run
 from hang import no_hang
@@ -496,8 +495,8 @@ def test_a_file_with_a_vanishing_rate_or_efficiency_is_refused(tmp_path, capsys)
 def test_a_step_time_that_is_not_finite_is_never_feasible():
     """Past every input check (a cluster built in code with a rate of 1e-300 FLOP/s), the point is infeasible
     with the step_time rule, in an estimate and in a search."""
-    from comet_dse.design_space.search import search
     from comet_dse.answers.estimate import estimate
+    from comet_dse.design_space.search import search
     from comet_dse.strategy.declared import Strategy
 
     a100 = load_cluster("dgx-a100-80gb")

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 import comet_dse
 from comet_dse.base import written
-from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_STORAGE
 from comet_dse.base.errors import InputError, StorageError
+from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_STORAGE
 from comet_dse.presets.catalog import load_cluster, preset_data
 from cli_run import one_line_error, run
 from hang import no_hang
@@ -449,8 +449,8 @@ def test_a_measured_value_that_is_not_a_positive_number_in_range_is_one_line(tmp
 def test_measured_values_are_held_to_the_measured_time_bound(value):
     """Property: validation.measured_value accepts exactly the finite positive numbers in the measured_time
     row of bounds.BOUNDS, and nothing else, as one InputError."""
-    from comet_dse.base.bounds import BOUNDS
     from comet_dse.answers.validation import measured_value
+    from comet_dse.base.bounds import BOUNDS
 
     text = repr(value) if isinstance(value, float) else value
     try:
@@ -609,8 +609,7 @@ def test_explore_prints_a_url_a_browser_can_open(host, url):
 
 def test_explore_on_ipv6_loopback_prints_the_bracketed_url(monkeypatch, capsys):
     pytest.importorskip("dash")
-    from comet_dse.web import app as web_app
-    from comet_dse.web import serve
+    from comet_dse.web import app as web_app, serve
 
     try:
         with socket.socket(socket.AF_INET6) as probe:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from comet_dse.cli import main
 from comet_dse.base.errors import InputError
+from comet_dse.cli import main
 from comet_dse.model.load import transformer_from_hf_config
 from comet_dse.model.spec import MLPKind, PositionEmbedding
 from comet_dse.presets.catalog import load_model

@@ -14,20 +14,19 @@ import json
 import numpy as np
 import pytest
 
+from comet_dse.base.errors import InputError
 from comet_dse.cli import main
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.kernels import elementwise_time
 from comet_dse.cost.layer_ops import FLOPS_SOFTCAP, causal_window_keys, layer_cost
-from comet_dse.cost.shapes import LayerShape
-from comet_dse.cost.shapes import context_of, device_of
-from comet_dse.cost.microbatch_pass import embedding_and_head
 from comet_dse.cost.layer_work import layer_work
+from comet_dse.cost.microbatch_pass import embedding_and_head
 from comet_dse.cost.pipeline import attention_params_per_device
-from comet_dse.base.errors import InputError
+from comet_dse.cost.shapes import LayerShape, context_of, device_of
 from comet_dse.model.load import transformer_from, transformer_from_hf_config
 from comet_dse.model.spec import MLPKind, Norm
-from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import Strategy
 
 # --- released config.json files, abridged to the keys the loader reads (values as published) -------
 GEMMA2_9B = {

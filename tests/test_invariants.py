@@ -5,12 +5,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from comet_dse.cost.step import evaluate
 from comet_dse.answers.estimate import estimate
+from comet_dse.cost.step import evaluate
 from comet_dse.presets.catalog import load_cluster, load_model
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 A100 = load_cluster("dgx-a100-80gb")
 MODELS = {name: load_model(name) for name in ("megatron-18b", "gpt3-175b", "llama3-70b")}

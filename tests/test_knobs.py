@@ -11,21 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from comet_dse import cost
+from comet_dse.answers.estimate import estimate
 from comet_dse.cli import build_parser
 from comet_dse.cli.options import space_from, strategy_from
 from comet_dse.cost.distinct import map_leaves
 from comet_dse.cost.layout import layout_terms
-from comet_dse.cost.shapes import context_of
 from comet_dse.cost.microbatch_pass import microbatch_terms
-from comet_dse.answers.estimate import estimate
+from comet_dse.cost.shapes import context_of
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.study import load_study
 from comet_dse.design_space.table import evaluate_columns
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy.knob import GIVEN
-from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, Strategy
-from comet_dse.strategy.choices import Choice, Dtype, Zero
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.choices import Choice, Dtype, Zero
+from comet_dse.strategy.declared import KNOBS, LAYOUT_KNOBS, Strategy
+from comet_dse.strategy.knob import GIVEN
 
 H100 = load_cluster("dgx-h100")
 MOE = load_model("mixtral-8x7b").with_seq_len(4096)

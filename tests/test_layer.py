@@ -2,12 +2,11 @@
 import numpy as np
 import pytest
 
-from comet_dse.cost.shapes import LayerShape
 from comet_dse.cost.layer_ops import layer_cost
-from comet_dse.cost.shapes import device_of
-from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.cost.shapes import LayerShape, device_of
 from comet_dse.model.spec import MLP, Attention, Transformer
+from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import Strategy
 
 
 def _gpt(h=6144, a=64, s=2048):

@@ -3,9 +3,9 @@ import pytest
 
 from comet_dse.cost.flops import step_flops
 from comet_dse.presets.catalog import load_model, preset_names
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 
 def test_gpt3_parameter_count(gpt3):

@@ -5,16 +5,16 @@ import json
 import numpy as np
 import pytest
 
+from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
 from comet_dse.cli import main
 from comet_dse.cost.step import evaluate
-from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import estimate
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.model.load import transformer_from_hf_config
 from comet_dse.presets.catalog import load_cluster, load_model
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 H100 = load_cluster("dgx-h100")
 

@@ -7,8 +7,8 @@ from importlib import resources
 import pytest
 import yaml
 
-from comet_dse.base.errors import InputError
 from comet_dse.answers.overrides import apply_overrides, resource_names
+from comet_dse.base.errors import InputError
 from comet_dse.presets.catalog import load_cluster
 from cli_run import one_line_error, run
 

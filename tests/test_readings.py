@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
 from comet_dse.design_space.engine import run_study
 from comet_dse.design_space.study import load_study
-from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import MemoryTier
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.report import analysis
-from comet_dse.report import readings as rd
+from comet_dse.report import analysis, readings as rd
 from comet_dse.report.build import build_report
 from comet_dse.report.findings import text as value_text
 from comet_dse.strategy.declared import Strategy

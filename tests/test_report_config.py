@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from comet_dse.cli import main
 from comet_dse.base.errors import InputError
+from comet_dse.cli import main
 from comet_dse.design_space.study import FIGURE_KINDS, load_study
 from comet_dse.report.build import DRAW, build_report, load_report_text
 

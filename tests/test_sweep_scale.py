@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from comet_dse.base.written import LEDGER
 from comet_dse.cli import main
 from comet_dse.design_space import engine
 from comet_dse.design_space.output import DATASET_MARKER
-from comet_dse.base.written import LEDGER
 from comet_dse.design_space.parquet_concat import ParquetJoinError, _write_struct, join, read_footer
 from comet_dse.design_space.study import load_study
 from dask_kill import sweep_killing_a_worker

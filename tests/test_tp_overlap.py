@@ -5,15 +5,15 @@ import json
 import numpy as np
 import pytest
 
+from comet_dse.answers.estimate import estimate
 from comet_dse.cli import main
 from comet_dse.cost.layer_ops import layer_cost
-from comet_dse.cost.shapes import context_of
 from comet_dse.cost.layer_work import layer_work
-from comet_dse.answers.estimate import estimate
+from comet_dse.cost.shapes import context_of
 from comet_dse.presets.catalog import load_cluster, load_model
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import Recompute
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 A100 = load_cluster("dgx-a100-80gb")
 GPT3 = load_model("gpt3-175b")

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from comet_dse.answers.estimate import estimate
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.answers.whatif import whatif
 from comet_dse.base import vocabulary as voc
 from comet_dse.base.errors import InputError
 from comet_dse.cli.render import render_network, render_search
 from comet_dse.cli.whatif import render as render_whatif
 from comet_dse.design_space.search import search
-from comet_dse.design_space.table import evaluate_columns
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
-from comet_dse.answers.estimate import estimate
-from comet_dse.answers.overrides import apply_overrides
+from comet_dse.design_space.table import evaluate_columns
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.declared import KNOBS, Strategy
 from comet_dse.strategy.text import compact_text, legend, legend_code, legend_entries
-from comet_dse.answers.whatif import whatif
 from cli_run import run
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vocabulary.md"
@@ -186,8 +186,8 @@ def test_set_bandwidth_per_device_sets_the_link_bandwidth(h100):
 
 
 def test_whatif_and_explorer_default_to_the_per_device_name(h100):
-    from comet_dse.web.view import controls_for, overrides_for
     from comet_dse.answers.whatif import default_resources, resource_value
+    from comet_dse.web.view import controls_for, overrides_for
 
     assert "network.nvlink.bandwidth" in default_resources(h100)
     assert not any(r.endswith("link_bandwidth") for r in default_resources(h100))

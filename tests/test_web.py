@@ -11,13 +11,13 @@ import time
 
 import pytest
 
+from comet_dse.answers.overrides import apply_overrides
 from comet_dse.base.errors import InputError
 from comet_dse.design_space.search import search
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
+from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.web import figures
 from comet_dse.web.view import Controls, compute, controls_for, overrides_for
-from comet_dse.answers.overrides import apply_overrides
-from comet_dse.presets.catalog import load_cluster, load_model
 from cli_run import one_line_error
 
 GiB = 2.0**30

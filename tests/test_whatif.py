@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.answers.whatif import smallest_capacity, whatif
 from comet_dse.design_space.search import search
 from comet_dse.design_space.space import SearchSpace
-from comet_dse.answers.overrides import apply_overrides
 from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.answers.whatif import smallest_capacity, whatif
 from cli_run import one_line_error, run
 
 GiB = 2.0**30

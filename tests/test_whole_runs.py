@@ -10,8 +10,8 @@ import pytest
 
 import comet_dse
 from comet_dse.answers import validation
-from comet_dse.whole_run.economics import band_range
 from comet_dse.answers.errorband import band_for
+from comet_dse.whole_run.economics import band_range
 from cli_run import one_line_error, run
 
 CSV = Path(comet_dse.__file__).parent / "data" / "validation" / "whole_runs.csv"

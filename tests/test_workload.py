@@ -11,7 +11,7 @@ import yaml
 import comet_dse
 from cli_run import one_line_error, run
 from comet_dse.base.errors import InputError
-from comet_dse.cost.feasibility import RULE_TEXT, RULES
+from comet_dse.cost.feasibility import RULES, RULE_TEXT
 from comet_dse.presets.catalog import load_model, model_from, preset_data
 from comet_dse.workload import families
 from comet_dse.workload.family import WorkloadFamily

@@ -13,20 +13,8 @@ from comet_dse.version import __version__
 # The package root holds only its front (docs/architecture.md): these names are the API's functions and types;
 # the modules behind them live in their parts (comet_dse.answers.estimate, comet_dse.answers.whatif, ...).
 from comet_dse.api import (
-    Estimate,
-    InputError,
-    SearchResults,
-    SearchSpace,
-    Strategy,
-    SweepResults,
-    WhatIf,
-    estimate,
-    load_cluster,
-    load_model,
-    plan,
-    search,
-    sweep,
-    whatif,
+    Estimate, InputError, SearchResults, SearchSpace, Strategy, SweepResults, WhatIf, estimate, load_cluster,
+    load_model, plan, search, sweep, whatif,
 )
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",

@@ -15,23 +15,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from comet_dse.presets import catalog as presets
+from comet_dse.answers.estimate import Estimate, estimate as _estimate
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.answers.whatif import DEFAULT_FACTORS, WhatIf, whatif as _whatif
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import Estimate
-from comet_dse.answers.estimate import estimate as _estimate
-from comet_dse.design_space.search import SearchResult, strategy_at
-from comet_dse.design_space.search import search as _search
+from comet_dse.base.tables import Tabular, arrow_to_pandas
+from comet_dse.design_space.search import SearchResult, search as _search, strategy_at
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
-from comet_dse.whole_run.economics import token_budget
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.answers.overrides import apply_overrides
-from comet_dse.strategy.knob import GIVEN
+from comet_dse.presets import catalog as presets
 from comet_dse.strategy.declared import KNOB, Strategy, coerced
-from comet_dse.base.tables import Tabular, arrow_to_pandas
-from comet_dse.answers.whatif import DEFAULT_FACTORS, WhatIf
-from comet_dse.answers.whatif import whatif as _whatif
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.whole_run.economics import token_budget
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
@@ -91,8 +88,8 @@ def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimat
     precision and kind of model, or "not validated" with the nearest validated family as an assumption)."""
     from dataclasses import replace
 
-    from comet_dse.whole_run.economics import with_ranges
     from comet_dse.answers.errorband import band_of_cluster
+    from comet_dse.whole_run.economics import with_ranges
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
     band = band_of_cluster(cluster, dtype, bool(model.moe))
@@ -217,8 +214,8 @@ def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> Wh
     baseline's strategy (economics.with_ranges), as ``with_band`` gives an estimate's."""
     from dataclasses import replace
 
-    from comet_dse.whole_run.economics import with_ranges
     from comet_dse.answers.errorband import band_of_cluster
+    from comet_dse.whole_run.economics import with_ranges
 
     base = result.baseline
     if not base.training or not base.strategy:

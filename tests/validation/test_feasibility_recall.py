@@ -11,12 +11,12 @@ import dataclasses as dc
 import numpy as np
 import pytest
 
-from comet_dse.cost.memory import inflight_layer_microbatches, reserved_bytes
 from comet_dse.answers.estimate import estimate
-from comet_dse.presets.catalog import load_cluster
 from comet_dse.answers.validation import (
     GPU, H100, TABLE1, TABLE5, _llama, _read, all_comparisons, h100_strategy, recall, validation_dir,
 )
+from comet_dse.cost.memory import inflight_layer_microbatches, reserved_bytes
+from comet_dse.presets.catalog import load_cluster
 
 GiB = 2.0**30
 

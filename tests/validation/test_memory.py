@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from comet_dse.presets.catalog import load_cluster
 from comet_dse.answers.validation import (
     MEASURES, MEMORY, memory_comparisons, memory_file, memory_summary, validation_dir,
 )
+from comet_dse.presets.catalog import load_cluster
 from cli_run import one_line_error, run
 
 GiB = 2.0**30
@@ -88,8 +88,8 @@ def test_max_allocated_is_the_last_ranks_footprint(comparisons):
 
 
 def test_a_model_override_must_name_a_field(tmp_path):
-    from comet_dse.base.errors import InputError
     from comet_dse.answers.validation import _memory_model
+    from comet_dse.base.errors import InputError
 
     row = {"model": "megatron-ci-tiny.yaml", "model_set": "posiiton=rope", "seq_len": "1024", "vocab": ""}
     with pytest.raises(InputError, match="posiiton"):

@@ -4,8 +4,8 @@ Bounds from the project issue "Core: an accurate model of one training step".
 """
 import pytest
 
-from comet_dse.presets.catalog import load_cluster
 from comet_dse.answers.validation import H100, TABLE1, TABLE4, TABLE5, all_comparisons, summary, validation_dir
+from comet_dse.presets.catalog import load_cluster
 
 
 @pytest.fixture(scope="module")

@@ -33,11 +33,11 @@ import numpy as np
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.hardware.spec import Cluster
 from comet_dse.base.loading import read_text_file
+from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy.declared import KNOB, Strategy, knob_values
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import KNOB, Strategy, knob_values
 
 METRICS = ("iter_s", "tokens_per_s", "mfu")
 MIN_SENSITIVITY = 1e-3     # RMS change of the relative errors when a parameter crosses 10 % of its range

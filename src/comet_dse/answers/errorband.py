@@ -135,8 +135,8 @@ def band_text(band: dict) -> str:
 
 def current_bands() -> list:
     """The bands of the validation as the model predicts it now (runs ``validation.all_comparisons``)."""
-    from comet_dse.presets.catalog import load_cluster
     from comet_dse.answers.validation import all_comparisons
+    from comet_dse.presets.catalog import load_cluster
 
     return bands_of(all_comparisons(load_cluster("dgx-a100-80gb")))
 

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from comet_dse.base.tables import Tabular
 from comet_dse.cost.feasibility import feasible_mask, reasons_for
 from comet_dse.cost.layer_work import layer_phase_times
-from comet_dse.whole_run.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy.declared import Strategy
 from comet_dse.strategy.arrays import StrategyArrays
-from comet_dse.base.tables import Tabular
+from comet_dse.strategy.declared import Strategy
+from comet_dse.whole_run.economics import COLUMNS as TRAINING_COLUMNS, training_of
 from comet_dse.workload.families import family_of
 
 

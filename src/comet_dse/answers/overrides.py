@@ -21,14 +21,14 @@ import dataclasses as dc
 import difflib
 import re
 
-from comet_dse.base.errors import InputError
 from comet_dse.base.bounds import BOUNDS, shown
-from comet_dse.whole_run.economics import check_design
+from comet_dse.base.errors import InputError
+from comet_dse.base.loading import Fields
+from comet_dse.base.units import KIND_FLOPS, parse_quantity
 from comet_dse.hardware import economics_block as economics
 from comet_dse.hardware.load import tier_from
 from comet_dse.hardware.spec import DTYPES, Cluster
-from comet_dse.base.loading import Fields
-from comet_dse.base.units import KIND_FLOPS, parse_quantity
+from comet_dse.whole_run.economics import check_design
 
 _SCALE = re.compile(r"^\s*(?:x\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)|([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*x)\s*$")
 

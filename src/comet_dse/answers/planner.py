@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from comet_dse.answers.estimate import estimate
+from comet_dse.base.errors import InputError
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
-from comet_dse.whole_run.economics import cost_column, with_ranges
-from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import estimate
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.text import compact_text
+from comet_dse.whole_run.economics import cost_column, with_ranges
 
 DEFAULT_DEVICES = (512, 1024, 2048, 4096, 8192, 16384)   # the sizes tried unless asked otherwise
 

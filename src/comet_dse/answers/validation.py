@@ -26,14 +26,14 @@ from pathlib import Path
 
 import yaml
 
+from comet_dse.answers.estimate import estimate, layer_times
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.cost.memory import footprint_bytes
+from comet_dse.base.stats import error_stats
 from comet_dse.cost.flops import step_time_of_mfu
-from comet_dse.answers.estimate import estimate, layer_times
+from comet_dse.cost.memory import footprint_bytes
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
-from comet_dse.base.stats import error_stats
 from comet_dse.strategy.choices import GradAccumulation, Placement, Recompute
 from comet_dse.strategy.declared import Strategy, knob_values
 
@@ -400,8 +400,7 @@ def _memory_model(row: dict, folder: Path) -> Transformer:
     ``model_set`` ("key=value; ...": what a run changes, e.g. "position=rope; dropout=false"), its ``vocab``
     (the padded size the framework used: Megatron-LM pads to a multiple of 128 x TP) and its sequence length."""
     from comet_dse.base.loading import read_yaml
-    from comet_dse.presets.catalog import model_from
-    from comet_dse.presets.catalog import load_model
+    from comet_dse.presets.catalog import load_model, model_from
 
     name = row["model"]
     if not name.endswith(".yaml"):

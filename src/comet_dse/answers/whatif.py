@@ -16,19 +16,19 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from comet_dse.whole_run import economics
+from comet_dse.answers.overrides import _set_one, apply_overrides
+from comet_dse.base import vocabulary
 from comet_dse.base.errors import InputError
-from comet_dse.hardware.economics_block import amount
+from comet_dse.base.tables import Tabular
+from comet_dse.base.units import format_bytes
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies
 from comet_dse.design_space.table import RULES, evaluate_columns, reason_counts
+from comet_dse.hardware.economics_block import amount
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.answers.overrides import _set_one, apply_overrides
 from comet_dse.strategy.text import compact_text
-from comet_dse.base.tables import Tabular
-from comet_dse.base.units import format_bytes
-from comet_dse.base import vocabulary
+from comet_dse.whole_run import economics
 
 MEMORY_BIT = 1 << RULES.index("memory")
 BISECTION_STEPS = 40          # halvings of the capacity interval: to well under 1 MiB of 4 TiB

@@ -7,21 +7,12 @@ import numpy as np
 import yaml
 
 from comet_dse.answers.calibrate import (
-    Fit,
-    RunSet,
-    calibrated_data,
-    check_support,
-    cross_validate,
-    cross_validation,
-    default_fit,
-    error_summary,
-    fit,
-    parameters,
-    read_runs,
+    Fit, RunSet, calibrated_data, check_support, cross_validate, cross_validation, default_fit, error_summary, fit,
+    parameters, read_runs,
 )
 from comet_dse.base import jsonout, written
-from comet_dse.cli.options import name_list
 from comet_dse.base.errors import InputError
+from comet_dse.cli.options import name_list
 from comet_dse.hardware.spec import Cluster
 
 
@@ -84,8 +75,8 @@ def run(args) -> int:
 
 def _base_cluster(ref: str) -> tuple:
     """(Cluster, its raw mapping) from a preset name or a cluster YAML."""
-    from comet_dse.hardware.load import cluster_from
     from comet_dse.base.loading import read_yaml
+    from comet_dse.hardware.load import cluster_from
     from comet_dse.presets.catalog import preset_data
 
     data = read_yaml(Path(ref), "cluster") if ref.endswith((".yaml", ".yml")) else preset_data("clusters", ref)

@@ -7,9 +7,9 @@ import argparse
 import sys
 
 from comet_dse.base.allocator import keep_freed_memory
+from comet_dse.base.errors import InputError, RunFailed, StorageError
 from comet_dse.cli import calibrate, estimate, explore, export, plan, presets, report, search, sweep, validate, whatif
 from comet_dse.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_STORAGE, Parser
-from comet_dse.base.errors import InputError, RunFailed, StorageError
 from comet_dse.version import __version__
 
 # In the order `comet-dse --help` lists them.

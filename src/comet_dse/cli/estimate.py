@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 
-from comet_dse.base import jsonout
-from comet_dse.cli.options import (
-    add_knob_options, add_model_inputs, add_goodput_options, add_tokens_option, load_inputs, strategy_from,
-)
-from comet_dse.base.errors import InputError
 from comet_dse.answers.overrides import add_override_options
+from comet_dse.base import jsonout
+from comet_dse.base.errors import InputError
+from comet_dse.cli.options import (
+    add_goodput_options, add_knob_options, add_model_inputs, add_tokens_option, load_inputs, strategy_from,
+)
 
 # Broken rules that make a command-line estimate an input error rather than a result.
 SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel"}
@@ -24,8 +24,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from comet_dse.cli.render import attention_note, render_estimate
     from comet_dse.answers.estimate import estimate
+    from comet_dse.cli.render import attention_note, render_estimate
     from comet_dse.strategy.declared import runs_fused_attention, with_listed_kernel
 
     model, cluster = load_inputs(args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from comet_dse.cli.options import add_knob_options, add_model_inputs, bounded_int, load_inputs, strategy_from
 from comet_dse.answers.overrides import add_override_options
+from comet_dse.cli.options import add_knob_options, add_model_inputs, bounded_int, load_inputs, strategy_from
 
 
 def add_parser(sub) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from comet_dse.answers.overrides import add_override_options, cluster_from_args
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.answers.overrides import add_override_options, cluster_from_args
-from comet_dse.strategy.knob import GIVEN
 from comet_dse.strategy.declared import KNOBS
+from comet_dse.strategy.knob import GIVEN
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1          # the machine stopped a run (a worker killed): errors.RunFailed

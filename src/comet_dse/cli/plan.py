@@ -6,8 +6,8 @@ import argparse
 
 from comet_dse.base import jsonout
 from comet_dse.base.bounds import BOUNDS
-from comet_dse.cli.options import add_goodput_options, bounded_int, positive_int, positive_ints, token_count
 from comet_dse.base.errors import InputError
+from comet_dse.cli.options import add_goodput_options, bounded_int, positive_int, positive_ints, token_count
 
 BASES = ("rent", "own")
 

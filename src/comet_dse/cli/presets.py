@@ -10,10 +10,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from comet_dse.cli.render import describe_peak, render_network
-    from comet_dse.presets.catalog import load_cluster, load_model, preset_names
     from comet_dse.base.text import render_table
     from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, resource
+    from comet_dse.cli.render import describe_peak, render_network
+    from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 
     models = [load_model(n) for n in preset_names("models")]
     clusters = [load_cluster(n) for n in preset_names("clusters")]

@@ -5,26 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from comet_dse.answers.estimate import Estimate
-from comet_dse.strategy.knob import DERIVED, GIVEN
-from comet_dse.strategy.declared import KNOBS
-from comet_dse.strategy.choices import Choice
-from comet_dse.strategy.text import compact_text, knob_lines, legend
 from comet_dse.base.text import printable, render_table
 from comet_dse.base.units import (
-    format_bytes,
-    format_count,
-    format_duration,
-    format_energy,
-    format_hours,
-    format_time,
-    format_usd,
-    is_finite,
-    is_known,
-    or_unknown,
+    format_bytes, format_count, format_duration, format_energy, format_hours, format_time, format_usd, is_finite,
+    is_known, or_unknown,
 )
 from comet_dse.base.vocabulary import (
     ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource, training_label,
 )
+from comet_dse.strategy.choices import Choice
+from comet_dse.strategy.declared import KNOBS
+from comet_dse.strategy.knob import DERIVED, GIVEN
+from comet_dse.strategy.text import compact_text, knob_lines, legend
 
 
 def render_dry_run(study, points: list, limit: int | None) -> str:
@@ -239,7 +231,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
                   basis: str = "rent", notes: tuple = ()) -> str:
     """Counts, infeasible reasons and the top-k table of an exhaustive search; the cost column on the cluster's
     cost ``basis``, named in its header; each of ``notes`` on a line of its own under the counts."""
-    from comet_dse.design_space.table import RULE_TEXT, RULES
+    from comet_dse.design_space.table import RULES, RULE_TEXT
 
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "

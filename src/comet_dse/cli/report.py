@@ -22,10 +22,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from comet_dse.base.text import printable
     from comet_dse.cli.render import render_dry_run
     from comet_dse.design_space.engine import first_points
     from comet_dse.report.build import build_report, load_folder
-    from comet_dse.base.text import printable
 
     if args.dry_run:
         _, studies = load_folder(Path(args.studies))

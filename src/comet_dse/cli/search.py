@@ -8,7 +8,7 @@ import numpy as np
 
 from comet_dse.base import jsonout
 from comet_dse.cli.options import (
-    add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, positive_int, space_from,
+    add_goodput_options, add_search_inputs, add_tokens_option, load_inputs, positive_int, space_from,
 )
 
 
@@ -23,11 +23,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from comet_dse.answers.estimate import estimate
     from comet_dse.cli.render import attention_note, render_estimate, render_search
-    from comet_dse.strategy.declared import runs_fused_attention
     from comet_dse.design_space.output import to_arrow, write_atomically
     from comet_dse.design_space.search import search, strategy_at
-    from comet_dse.answers.estimate import estimate
+    from comet_dse.strategy.declared import runs_fused_attention
 
     model, cluster = load_inputs(args)
     load_lazy_imports()
@@ -92,10 +92,10 @@ def best_by(result, knob: str) -> dict:
 
 def render_best_by(result, per_value: dict, what: str) -> str:
     """One line per value of ``best_by``: its best strategy's rank, step time, MFU and compact text."""
-    from comet_dse.strategy.declared import KNOBS
-    from comet_dse.strategy.text import compact_text
     from comet_dse.base.text import printable
     from comet_dse.base.units import format_time
+    from comet_dse.strategy.declared import KNOBS
+    from comet_dse.strategy.text import compact_text
 
     cols = result.columns
     lines = [f"\nBest per {what}"]

@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 
 from comet_dse.base import jsonout
+from comet_dse.base.errors import InputError
 from comet_dse.cli.options import (
     DEFAULT_MAX_POINTS, DRY_RUN_POINTS, EXIT_INTERRUPTED, add_tokens_option, note_workers, point_count, positive_int,
 )
-from comet_dse.base.errors import InputError
 
 
 def add_parser(sub) -> None:
@@ -35,10 +35,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from comet_dse.base.text import printable
     from comet_dse.cli.render import render_dry_run, render_sweep
     from comet_dse.design_space.engine import first_points, run_study, summary_path
     from comet_dse.design_space.study import describe, load_study
-    from comet_dse.base.text import printable
 
     if args.scheduler and args.engine != "dask":
         raise InputError("scheduler", "needs --engine dask")

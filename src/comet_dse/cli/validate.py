@@ -21,20 +21,13 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import csv
 
-    from comet_dse.presets.catalog import load_cluster
-    from comet_dse.base.text import render_table
     from comet_dse.answers.errorband import bands_of
     from comet_dse.answers.validation import (
-        all_comparisons,
-        group_summary,
-        memory_comparisons,
-        memory_summary,
-        recall,
-        summary,
-        validation_dir,
-        whole_run_comparisons,
-        whole_run_summary,
+        all_comparisons, group_summary, memory_comparisons, memory_summary, recall, summary, validation_dir,
+        whole_run_comparisons, whole_run_summary,
     )
+    from comet_dse.base.text import render_table
+    from comet_dse.presets.catalog import load_cluster
 
     directory = Path(args.data) if args.data else validation_dir()
     if not directory.is_dir():
@@ -149,8 +142,8 @@ def whole_run_dict(run) -> dict:
 def whole_run_lines(runs: list) -> list:
     """The whole-run table of ``validate``: published against predicted device-hours, with goodput and the error
     band's range, and the summary."""
-    from comet_dse.base.text import render_table
     from comet_dse.answers.validation import whole_run_summary
+    from comet_dse.base.text import render_table
 
     rows = []
     for run in runs:

@@ -6,13 +6,13 @@ import argparse
 import math
 from pathlib import Path
 
+from comet_dse.answers.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, CapacityFit, Cell, WhatIf
 from comet_dse.base import jsonout, written
-from comet_dse.cli.options import add_search_inputs, add_goodput_options, add_tokens_option, load_inputs, space_from
 from comet_dse.base.errors import InputError
-from comet_dse.strategy.text import legend
 from comet_dse.base.units import format_bytes, format_time
 from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, ERROR_BAND_LABEL, resource as described
-from comet_dse.answers.whatif import CAPACITY_RESOURCES, DEFAULT_FACTORS, Cell, CapacityFit, WhatIf
+from comet_dse.cli.options import add_goodput_options, add_search_inputs, add_tokens_option, load_inputs, space_from
+from comet_dse.strategy.text import legend
 
 
 def add_parser(sub) -> None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet_dse.cost.shapes import attention_efficiencies
+from comet_dse.base.units import format_bytes
 from comet_dse.cost.pipeline import embedding_slots
+from comet_dse.cost.shapes import attention_efficiencies
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy.declared import KNOB
-from comet_dse.strategy.choices import ModelParallel
 from comet_dse.strategy.arrays import StrategyArrays
-from comet_dse.base.units import format_bytes
+from comet_dse.strategy.choices import ModelParallel
+from comet_dse.strategy.declared import KNOB
 
 
 # The rule codes, in the bit order of a result table's infeasible_mask (design_space/table.py), and what each means.

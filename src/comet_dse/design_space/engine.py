@@ -44,8 +44,8 @@ try:
 except ImportError:          # not POSIX: no lock between runs
     fcntl = None
 
-from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.base import jsonout, written
+from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.base.errors import InputError, RunFailed
 from comet_dse.design_space.output import (
     check_output_file, csv_table, output_parent, remove_stale_temps, to_arrow, write_dataset,

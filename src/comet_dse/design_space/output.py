@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from comet_dse.base import written
 from comet_dse.base.errors import InputError
 from comet_dse.design_space.storage import Folder, is_url, parquet_options, temp_name
-from comet_dse.strategy.declared import KNOBS
 from comet_dse.strategy.choices import Choice
+from comet_dse.strategy.declared import KNOBS
 
 DATASET_MARKER = "_comet-dse.json"      # in a dataset folder this tool wrote; readers skip names starting with _
 # Choice knobs: their code columns are written as dictionary-encoded names.

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from comet_dse.design_space.table import reason_counts
 from comet_dse.base.jsonout import plain
+from comet_dse.design_space.table import reason_counts
 from comet_dse.strategy.declared import KNOBS
 from comet_dse.base.vocabulary import FRONTS# the Pareto fronts: key, column with and without a token budget
 

@@ -20,9 +20,9 @@ from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
+from comet_dse.strategy.arrays import StrategyArrays, combinations
 from comet_dse.strategy.declared import CROSS_RULES, KNOB, KNOBS
 from comet_dse.strategy.knob import DERIVED, GIVEN
-from comet_dse.strategy.arrays import StrategyArrays, combinations
 from comet_dse.workload.families import family_of
 from comet_dse.workload.family import TooManyRows
 

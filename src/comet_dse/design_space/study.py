@@ -20,19 +20,19 @@ from pathlib import Path
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.design_space.space import SearchSpace, count_strategies, with_study_defaults
-from comet_dse.whole_run.economics import check_design
-from comet_dse.hardware import economics_block as econ
-from comet_dse.hardware.load import network_dim_from, refuse_repeated_names, tier_from
-from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.base.loading import Fields, parse_yaml, read_text_file
-from comet_dse.presets.catalog import load_cluster, load_model, preset_names
 from comet_dse.base.text import printable
-from comet_dse.strategy.knob import GIVEN
-from comet_dse.strategy.declared import KNOBS
 from comet_dse.base.units import (
     KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME, KIND_TOKENS, parse_quantity,
 )
+from comet_dse.design_space.space import SearchSpace, count_strategies, with_study_defaults
+from comet_dse.hardware import economics_block as econ
+from comet_dse.hardware.load import network_dim_from, refuse_repeated_names, tier_from
+from comet_dse.hardware.spec import Cluster, Topology
+from comet_dse.presets.catalog import load_cluster, load_model, preset_names
+from comet_dse.strategy.declared import KNOBS
+from comet_dse.strategy.knob import GIVEN
+from comet_dse.whole_run.economics import check_design
 
 # Axis name -> unit kind of its absolute values (KIND_COUNT = plain number, "text" = a name).
 CLUSTER_AXES = {

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet_dse.whole_run import economics
 from comet_dse.base.allocator import keep_freed_memory
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
-from comet_dse.strategy.declared import KNOBS
 from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.declared import KNOBS
+from comet_dse.whole_run import economics
 from comet_dse.workload.families import DEFAULT, family_of
 
 # The rule codes of result tables and what each means: the default family's (a table's codes are its family's,

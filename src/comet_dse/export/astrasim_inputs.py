@@ -16,8 +16,8 @@ network JSON (link bandwidth in GiB/s, latency in ns).
 """
 from __future__ import annotations
 
-from comet_dse.cost import astrasim
 from comet_dse.base import jsonout
+from comet_dse.cost import astrasim
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.model.spec import Transformer
 

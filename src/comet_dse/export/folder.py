@@ -17,9 +17,9 @@ import os
 import shutil
 from pathlib import Path
 
+from comet_dse.answers.estimate import estimate
 from comet_dse.base import jsonout, written
 from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import estimate
 from comet_dse.export import astrasim_inputs as asi
 from comet_dse.export.chakra import encode_rank
 from comet_dse.export.chakra_schema import schema

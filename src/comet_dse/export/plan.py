@@ -13,18 +13,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from comet_dse.base.errors import InputError
 from comet_dse.cost.cache import layout_of
+from comet_dse.cost.flops import dense_layer_flops
 from comet_dse.cost.memory import grad_bytes
-from comet_dse.cost.shapes import ACTIVATION_BYTES, context_of
 from comet_dse.cost.microbatch_pass import microbatch_terms
 from comet_dse.cost.pipeline import attention_params_per_device, layers_per_stage
-from comet_dse.cost.flops import dense_layer_flops
-from comet_dse.base.errors import InputError
+from comet_dse.cost.shapes import ACTIVATION_BYTES, context_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit
 from comet_dse.strategy.declared import Strategy
-from comet_dse.strategy.arrays import StrategyArrays
 
 LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch_pass.py: embedding_and_head)
 

@@ -44,16 +44,8 @@ from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
 from comet_dse.base.loading import Fields
 from comet_dse.base.units import (
-    KIND_BANDWIDTH,
-    KIND_BYTES,
-    KIND_COUNT,
-    KIND_DURATION,
-    KIND_ENERGY_PRICE,
-    KIND_FLOPS,
-    KIND_POWER,
-    KIND_RENT,
-    parse_per_unit,
-    parse_quantity,
+    KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_DURATION, KIND_ENERGY_PRICE, KIND_FLOPS, KIND_POWER, KIND_RENT,
+    parse_per_unit, parse_quantity,
 )
 
 # Field (as a cluster file, ``--set`` and a study axis name it) -> (unit kind, row of bounds.BOUNDS, attribute).

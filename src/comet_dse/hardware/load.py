@@ -13,10 +13,10 @@ import math
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.hardware.economics_block import Economics, anchored, economics_from
-from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
 from comet_dse.base.loading import Fields
 from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
+from comet_dse.hardware.economics_block import Economics, anchored, economics_from
+from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
 
 MAX_TILE = BOUNDS["matmul_tile"].high     # the largest tile side a cluster file may give
 # Which row of bounds.BOUNDS a tier's capacity is checked against.

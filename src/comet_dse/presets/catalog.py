@@ -13,9 +13,9 @@ from pathlib import Path
 import yaml
 
 from comet_dse.base.errors import InputError
+from comet_dse.base.loading import read_json, read_yaml
 from comet_dse.hardware.load import cluster_from
 from comet_dse.hardware.spec import Cluster
-from comet_dse.base.loading import read_json, read_yaml
 from comet_dse.model.load import transformer_from_hf_config
 from comet_dse.model.spec import Transformer
 from comet_dse.workload.families import DEFAULT, family_named

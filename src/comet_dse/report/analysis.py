@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from comet_dse.design_space.table import RULES
 from comet_dse.base.vocabulary import BREAKDOWN_LABELS, WITH_TIED, time_label
+from comet_dse.design_space.table import RULES
 
 # The time parts the report draws: the vocabulary's, but the framework overhead (0 unless calibrated).
 PARTS = tuple(k for k in BREAKDOWN_LABELS if k != "overhead")

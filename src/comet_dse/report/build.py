@@ -20,16 +20,15 @@ import numpy as np
 
 from comet_dse.base import jsonout, written
 from comet_dse.base.errors import InputError
-from comet_dse.design_space.engine import run_study
-from comet_dse.design_space.study import DOUBLED_RESOURCES, Study, load_study
 from comet_dse.base.loading import Fields, read_yaml
-from comet_dse.report import analysis, figures, findings
-from comet_dse.report import readings as rd
-from comet_dse.report.html import write_html
-from comet_dse.strategy.knob import GIVEN
-from comet_dse.strategy.declared import KNOBS
 from comet_dse.base.units import is_finite
 from comet_dse.base.vocabulary import FRONT, resource
+from comet_dse.design_space.engine import run_study
+from comet_dse.design_space.study import DOUBLED_RESOURCES, Study, load_study
+from comet_dse.report import analysis, figures, findings, readings as rd
+from comet_dse.report.html import write_html
+from comet_dse.strategy.declared import KNOBS
+from comet_dse.strategy.knob import GIVEN
 
 REPORT_FILE = "report.yaml"       # the folder's report title, introduction and findings, not a study
 FINDINGS_FILE = "findings.json"   # the findings table as JSON, beside report.html

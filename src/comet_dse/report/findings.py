@@ -22,8 +22,7 @@ import numpy as np
 
 from comet_dse.base.errors import InputError
 from comet_dse.base.loading import Fields
-from comet_dse.report import analysis
-from comet_dse.report import readings as rd
+from comet_dse.report import analysis, readings as rd
 
 # A ratio within 30 % of the paper's counts as reproduced. A judgement, not a measurement: the paper gives its
 # ratios to one or two digits ("about 3x", 3.1x, "up to 1.4x") from a simulator whose cluster files are not public,

@@ -6,10 +6,10 @@ import html
 from importlib import resources
 from pathlib import Path
 
-from comet_dse.version import __version__
-from comet_dse.strategy.text import compact_text, legend
 from comet_dse.base.units import format_count, format_duration, format_energy, format_time, format_usd, or_unknown
 from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, TIME_PARTS, training_label
+from comet_dse.strategy.text import compact_text, legend
+from comet_dse.version import __version__
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;

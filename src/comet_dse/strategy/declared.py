@@ -26,21 +26,8 @@ import numpy as np
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
 from comet_dse.strategy.choices import (
-    AttentionKernel,
-    CpAlgorithm,
-    CrossEntropy,
-    Dtype,
-    GradAccumulation,
-    GradBuffer,
-    GradPrecision,
-    GradSync,
-    ModelParallel,
-    MoeDispatcher,
-    PipelineEngine,
-    PipelineSplit,
-    Placement,
-    Recompute,
-    Zero,
+    AttentionKernel, CpAlgorithm, CrossEntropy, Dtype, GradAccumulation, GradBuffer, GradPrecision, GradSync,
+    ModelParallel, MoeDispatcher, PipelineEngine, PipelineSplit, Placement, Recompute, Zero,
 )
 from comet_dse.strategy.knob import ALWAYS, CHANGED, DERIVED, GIVEN, Knob, knob
 

@@ -10,24 +10,17 @@ import dash
 from dash import ALL, Input, Output, State, dcc, html
 
 from comet_dse.base.bounds import BOUNDS, Bound, shown
-from comet_dse.whole_run.economics import token_budget
 from comet_dse.base.errors import InputError
-from comet_dse.web import figures
-from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
-from comet_dse.presets.catalog import preset_names
-from comet_dse.strategy.text import legend
 from comet_dse.base.units import (
-    format_bytes,
-    format_count,
-    format_duration,
-    format_energy,
-    format_hours,
-    format_time,
-    format_usd,
-    is_known,
+    format_bytes, format_count, format_duration, format_energy, format_hours, format_time, format_usd, is_known,
     or_unknown,
 )
 from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, training_label
+from comet_dse.presets.catalog import preset_names
+from comet_dse.strategy.text import legend
+from comet_dse.web import figures
+from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
+from comet_dse.whole_run.economics import token_budget
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
 DEFAULT = Controls()

@@ -16,20 +16,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from comet_dse.whole_run import economics
-from comet_dse.base.errors import InputError
-from comet_dse.answers.estimate import estimate
 from comet_dse.answers.errorband import band_of_cluster
+from comet_dse.answers.estimate import estimate
+from comet_dse.answers.overrides import apply_overrides
+from comet_dse.answers.whatif import MEMORY_BIT, Best, candidates, default_resources, resource_value, scaled_best
+from comet_dse.base.errors import InputError
+from comet_dse.base.units import format_bytes
+from comet_dse.base.vocabulary import breakdown_labels, resource as described
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies, with_cluster_defaults
 from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
 from comet_dse.hardware.spec import Cluster, Topology
-from comet_dse.answers.overrides import apply_overrides
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.text import compact_text
-from comet_dse.base.units import format_bytes
-from comet_dse.base.vocabulary import breakdown_labels, resource as described
-from comet_dse.answers.whatif import MEMORY_BIT, Best, candidates, default_resources, resource_value, scaled_best
+from comet_dse.whole_run import economics
 
 GiB = 2.0**30
 TOP = 10                        # strategies listed

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from comet_dse.whole_run import goodput
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
+from comet_dse.base.units import KIND_TOKENS, KWH, YEAR, parse_quantity
 from comet_dse.hardware.economics_block import amount, state_of
 from comet_dse.hardware.spec import Cluster
-from comet_dse.base.units import KIND_TOKENS, KWH, YEAR, parse_quantity
+from comet_dse.whole_run import goodput
 
 # Defaults where a cluster file gives no figure: editable assumptions with their sources (docs/economics.md),
 # each overridable with --set.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.divisors import divisors
 from comet_dse.base.errors import InputError
-from comet_dse.cost.feasibility import RULE_TEXT, RULES, violations
+from comet_dse.cost.feasibility import RULES, RULE_TEXT, violations
 from comet_dse.cost.step import evaluate
 from comet_dse.model.load import transformer_from
 from comet_dse.model.spec import Transformer
