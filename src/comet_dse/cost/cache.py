@@ -3,7 +3,7 @@
 A sweep of millions of points has a few hundred distinct parallel layouts (the knobs declared ``layout=True``,
 ``LAYOUT_KNOBS``) and a few hundred distinct micro-batch shapes (``MICROBATCH_KNOBS`` and the TP and DP strides
 of the placement). ``layout_grouped`` computes cost/layout.py's terms and ``microbatch_terms_grouped``
-cost/microbatch_pass.py's once per distinct key (cost/distinct.py: grouped); the ``_of`` forms gather them back
+cost/microbatch_pass.py's once per distinct key (cost/distinct.py: grouped); ``layout_of`` gathers the layouts back
 to every point. Bit-identical to computing every point.
 """
 from __future__ import annotations
@@ -33,25 +33,14 @@ def layout_grouped(model: Transformer, cluster: Cluster, devices: int, st: Strat
     return grouped(st, columns, lambda sub: layout_terms(model, st=sub, ctx=context(sub)))
 
 
-def microbatch_terms_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays, strides: dict,
-                        context=None) -> dict:
-    """microbatch_terms, computed once per distinct combination of the fields it depends on (cost/distinct.py).
-
-    Those fields are the knobs declared ``microbatch=True`` on Strategy
-    (``MICROBATCH_KNOBS``) and the TP and DP strides of the placement
-    (``strides``, StrategyArrays.strides; they fix the spans of the TP, CP and
-    EP groups). A sweep of millions of points has a few hundred distinct
-    micro-batch shapes. ``context``: StrategyArrays -> Context (default ``context_of``).
-    """
-    at_groups, rows = microbatch_terms_grouped(model, cluster, devices, st, strides, context)
-    return at_groups if rows is None else gathered(at_groups, rows[1])
-
-
 def microbatch_terms_grouped(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays,
                              strides: dict, context=None) -> tuple:
     """(microbatch_terms of one point per distinct micro-batch shape, (first, inverse)), or (every point's
-    terms, None) where the batch is not grouped (``microbatch_terms_of`` without the gathering; cost/distinct.py:
-    grouped)."""
+    terms, None) where the batch is not grouped (cost/distinct.py: grouped).
+
+    The key is the knobs declared ``microbatch=True`` on Strategy (``MICROBATCH_KNOBS``) and the TP and DP
+    strides of the placement (``strides``, StrategyArrays.strides; they fix the spans of the TP, CP and EP
+    groups). ``context``: StrategyArrays -> Context (default ``context_of``)."""
     context = context or (lambda sub: context_of(model, cluster, devices, sub))
     columns = [getattr(st, f) for f in MICROBATCH_KNOBS] + [strides["tp"], strides["dp"]]
     return grouped(st, columns, lambda sub: microbatch_terms(model, context(sub), sub))
