@@ -35,22 +35,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _design_space():
-    """The package of the sweep engine, under its name in the revision on the path: comet_dse.design_space
-    (comet_dse.explore before the first house issue), with its space, table, engine and study modules loaded."""
-    import importlib
-    import types
-
-    for name in ("comet_dse.design_space", "comet_dse.explore"):
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-        return types.SimpleNamespace(**{m: importlib.import_module(f"{name}.{m}")
-                                        for m in ("space", "table", "engine", "study")})
-    raise ModuleNotFoundError("neither comet_dse.design_space nor comet_dse.explore")
-
-
 def _first_module(*names):
     """The first of ``names`` that imports: a module under its name in the revision on the path (the house
     issue moved comet_dse.allocator to comet_dse.base.allocator and comet_dse.presets to
@@ -63,6 +47,17 @@ def _first_module(*names):
         except ModuleNotFoundError:
             continue
     raise ModuleNotFoundError(" nor ".join(names))
+
+
+def _design_space():
+    """The package of the sweep engine, under its name in the revision on the path: comet_dse.design_space
+    (comet_dse.explore before the first house issue), with its space, table, engine and study modules loaded."""
+    import importlib
+    import types
+
+    package = _first_module("comet_dse.design_space", "comet_dse.explore").__name__
+    return types.SimpleNamespace(**{m: importlib.import_module(f"{package}.{m}")
+                                    for m in ("space", "table", "engine", "study")})
 
 
 def child(points: int, out: Path) -> None:
