@@ -405,7 +405,10 @@ def deepseek_training() -> list:
     steps, whole = gpu_hours("--tokens", "14.8T", "--goodput", "off"), gpu_hours("--tokens", "14.8T")
     per_trillion = gpu_hours("--tokens", "1T", "--goodput", "off") / 1e3
     selective = printed_json(without(DEEPSEEK, "--recompute") + ("--recompute", "selective"))
+    physical = gpu_hours("--tokens", "1T", "--goodput", "off", "--physical") / 1e3
     return figures + [
+        f"With `--physical` (the burn-test rate) the same command gives {physical:.0f}K, "
+        f"{over(physical, 180)} the reported 180K",
         f"The steps alone take {steps:,.0f} GPU-hours (`--goodput off`; about {per_trillion:.0f}K per trillion "
         f"tokens x 14.8), {over(steps, 2664e3)} the reported 2,664K GPU-hours",
         f'reports, docs/economics.md "Goodput") {whole:,.0f}, {over(whole, 2664e3)}.',

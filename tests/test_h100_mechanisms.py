@@ -15,7 +15,7 @@ from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.declared import Strategy
 
-H100 = load_cluster("dgx-h100")
+H100 = load_cluster("dgx-h100", efficiency="physical")   # the mechanisms, at the burn-test rate
 LLAMA8B = load_model("llama3-8b")
 GPT3 = load_model("gpt3-175b")
 

@@ -23,6 +23,8 @@ from comet_dse.base.errors import InputError
 from comet_dse.base.tables import Tabular, arrow_to_pandas
 from comet_dse.design_space.search import SearchResult, search as _search, strategy_at
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
+from comet_dse.hardware.efficiency import PHYSICAL
+from comet_dse.hardware.load import physical_reading
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.presets import catalog as presets
@@ -43,29 +45,33 @@ def load_model(ref, seq_len: int | None = None) -> Transformer:
     return model.with_seq_len(BOUNDS["seq_len"].check_integer("seq_len", seq_len))
 
 
-def load_cluster(ref, overrides=None, expansion=None) -> Cluster:
+def load_cluster(ref, overrides=None, expansion=None, physical: bool = False) -> Cluster:
     """A cluster: a preset name (``"tpu-v4"``), a cluster YAML file or a ``Cluster``, with an expansion
     tier added and resources changed as ``comet-dse --expansion`` and ``--set`` do.
 
     overrides: ``{"hbm_capacity": "51.2 GiB", "network.x.topology": "ring", "peak_flops": "x2"}``
       (names: ``comet_dse.answers.overrides.resource_names``); expansion: ``"512 GiB@64 GB/s"`` or a mapping
-      ``{"capacity": ..., "bandwidth": ..., "latency": ...}``.
+      ``{"capacity": ..., "bandwidth": ..., "latency": ...}``; physical: the burn-test tensor rate instead of
+      the training efficiency measured on public runs (``--physical``; hardware/efficiency.py).
     """
-    cluster = ref if isinstance(ref, Cluster) else presets.load_cluster(str(ref))
+    if physical:
+        cluster = physical_reading(ref) if isinstance(ref, Cluster) else presets.load_cluster(str(ref), PHYSICAL)
+    else:
+        cluster = ref if isinstance(ref, Cluster) else presets.load_cluster(str(ref))
     if overrides or expansion is not None:
         cluster = apply_overrides(cluster, overrides or {}, expansion, where="overrides")
     return cluster
 
 
 def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = None, *, overrides=None,
-             expansion=None, seq_len: int | None = None, tokens=None, **knobs) -> Estimate:
+             expansion=None, seq_len: int | None = None, tokens=None, physical: bool = False, **knobs) -> Estimate:
     """One training step of ``model`` on ``devices`` devices of ``cluster`` under one strategy.
 
     The strategy is a ``Strategy``, a dict of knobs, or keywords (``tp=8, pp=64, global_batch=512,
     recompute="selective"``); dp defaults to devices / (tp cp pp) as on the command line. An infeasible
-    strategy is a result (``feasible`` False, ``reasons``), not an exception.
+    strategy is a result (``feasible`` False, ``reasons``), not an exception. ``physical``: as load_cluster.
     """
-    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion, physical)
     if strategy is not None and not isinstance(strategy, (Strategy, dict)):
         raise InputError("strategy", f"must be a Strategy or a dict of knobs such as {{'tp': 8, 'pp': 2}} (or give "
                          f"the knobs as keywords: tp=8), got {shown(strategy)}")
@@ -85,15 +91,18 @@ def estimate(model, cluster, devices: int, strategy: Strategy | dict | None = No
 
 def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimate:
     """``result`` with its error band (errorband.band_for: the validation residuals of this accelerator,
-    precision and kind of model, or "not validated" with the nearest validated family as an assumption)."""
+    precision and kind of model, or "not validated" with the nearest validated family as an assumption) and
+    the training efficiency it ran at (hardware/efficiency.py: efficiency_summary)."""
     from dataclasses import replace
 
     from comet_dse.answers.errorband import band_of_cluster
+    from comet_dse.hardware.efficiency import efficiency_summary
     from comet_dse.whole_run.economics import with_ranges
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
     band = band_of_cluster(cluster, dtype, bool(model.moe))
-    return replace(result, error_band=band, training=with_ranges(result.training, band))
+    efficiency = efficiency_summary(cluster.accelerator, cluster.efficiency_setting, dtype, model.moe)
+    return replace(result, error_band=band, training=with_ranges(result.training, band), efficiency=efficiency)
 
 
 def _check_knobs(given: dict, what: str) -> None:
@@ -184,12 +193,12 @@ def _space(knobs: dict, mp, max_micro_batch: int, max_interleave: int, cluster=N
 
 def search(model, cluster, devices: int, global_batch: int, *, mp=None, overrides=None, expansion=None, tokens=None,
            seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8,
-           tp_across_nodes: bool = False, **knobs) -> SearchResults:
+           tp_across_nodes: bool = False, physical: bool = False, **knobs) -> SearchResults:
     """Evaluate every strategy (each knob a value or a list of values to try; ``mp``: model-parallel
     degrees MP = TP x PP to try) and rank those that fit, as ``comet-dse search`` does (its defaults too:
     flash attention where the cluster has a fused-attention rate, TP inside the scale-up domain unless
-    ``tp_across_nodes`` or ``tp``/``mp`` say otherwise)."""
-    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    ``tp_across_nodes`` or ``tp``/``mp`` say otherwise; ``physical``: as load_cluster)."""
+    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion, physical)
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     started = time.perf_counter()
     tokens = token_budget(tokens)
@@ -200,10 +209,11 @@ def search(model, cluster, devices: int, global_batch: int, *, mp=None, override
 def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, factors=DEFAULT_FACTORS, tokens=None,
            capacity: str | None = "hbm_capacity", mp=None, overrides=None, expansion=None,
            seq_len: int | None = None, max_micro_batch: int = 16, max_interleave: int = 8,
-           tp_across_nodes: bool = False, **knobs) -> WhatIf:
+           tp_across_nodes: bool = False, physical: bool = False, **knobs) -> WhatIf:
     """The best strategy's speedup with each resource scaled by each factor, and the smallest
-    ``capacity`` at which the searched split fits (``comet-dse whatif``; answers/whatif.py), with search's defaults."""
-    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion)
+    ``capacity`` at which the searched split fits (``comet-dse whatif``; answers/whatif.py), with search's defaults.
+    Every scaled resource keeps the training efficiency of the measured family (``physical``: as load_cluster)."""
+    model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion, physical)
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     return whatif_with_band(_whatif(model, cluster, devices, global_batch, space, resources, factors, capacity,
                                     token_budget(tokens)), cluster, model)
@@ -226,12 +236,12 @@ def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> Wh
 
 def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,
          clusters=None, devices=None, basis: str = "rent", seq_len: int | None = None, overrides=None,
-         slow_end: bool = False):
+         slow_end: bool = False, physical: bool = False):
     """The cheapest design (cluster preset, size, strategy) that trains ``tokens`` within ``days``, and the fastest
     within ``budget`` USD, across ``clusters`` (default every cluster preset) at ``devices`` (default
     plan.DEFAULT_DEVICES), as ``comet-dse plan`` does: a ``plan.Plan``. ``overrides`` apply to every cluster
     (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own); ``slow_end``
-    judges the deadline and the budget at the slow end of each design's error band."""
+    judges the deadline and the budget at the slow end of each design's error band; ``physical``: as load_cluster."""
     from comet_dse.answers import planner as planning
     from comet_dse.answers.errorband import band_of_cluster
 
@@ -245,7 +255,7 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
     tokens = token_budget(tokens)
     global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
     names = list(clusters) if clusters else presets.preset_names("clusters")
-    loaded = [load_cluster(c, overrides) for c in names]
+    loaded = [load_cluster(c, overrides, physical=physical) for c in names]
     counts = tuple(BOUNDS["devices"].check_integer("devices", n) for n in (devices or planning.DEFAULT_DEVICES))
     found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
     return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,

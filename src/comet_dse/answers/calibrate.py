@@ -120,7 +120,7 @@ def _get(cluster: Cluster, name: str):
     if name == "memory":
         return acc.hbm.efficiency
     if name == "sustained":
-        return acc.sustained("bf16")
+        return acc.physical_sustained("bf16")
     if name == "attention":
         return 1.0
     if name == "kernel_overhead":
@@ -142,8 +142,9 @@ def _put(cluster: Cluster, name: str, value) -> Cluster:
         return dc.replace(cluster, accelerator=dc.replace(acc, matmul_efficiency_by_dtype=by_dtype))
     if name == "memory":
         return dc.replace(cluster, accelerator=dc.replace(acc, hbm=dc.replace(acc.hbm, efficiency=value)))
-    if name == "sustained":
-        return dc.replace(cluster, accelerator=dc.replace(acc, tensor_sustained={d: value for d in acc.peak_flops}))
+    if name == "sustained":         # the fitted fraction replaces any training efficiency the cluster carried
+        return dc.replace(cluster, accelerator=dc.replace(acc, tensor_sustained={d: value for d in acc.peak_flops},
+                                                          training_efficiency={}), efficiency_setting="physical")
     if name == "attention":
         from comet_dse.strategy.choices import AttentionKernel
 
@@ -553,8 +554,9 @@ def _write(data: dict, cluster: Cluster, name: str, value: float) -> None:
         acc["matmul_efficiency"] = table
     elif name == "memory":
         acc["memory"]["hbm"]["efficiency"] = round(value, 4)
-    elif name == "sustained":
+    elif name == "sustained":        # the fit stands in for the shipped training efficiency
         acc["tensor_sustained"] = round(value, 4)
+        data["training_efficiency"] = "physical"
     elif name == "attention":
         rates = cluster.accelerator.attention_efficiency or {
             k: (cluster.accelerator.matmul_efficiency,) * 2 for k in ("fa2", "fa3", "cudnn")}

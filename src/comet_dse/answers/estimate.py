@@ -32,7 +32,9 @@ class Estimate(Tabular):
     ``training``: with a token budget (``estimate(..., tokens=)``), time to train, device time, energy and
     cost (whole_run/economics.py: economics.training_of; SI units, NaN / null where an input is unknown).
     ``error_band``: the step-time error the validation residuals give for this accelerator and precision
-    (errorband.band_for; the API and the command line add it), or None.
+    (errorband.band_for; the API and the command line add it), or None. ``efficiency``: the fraction of the
+    benchmark tensor rate the estimate ran at and where it comes from (measured on public runs of its family,
+    assumed from the nearest family, or the physical reading; hardware/efficiency.py), added likewise.
     """
 
     feasible: bool
@@ -54,6 +56,7 @@ class Estimate(Tabular):
     inputs: dict = field(default_factory=dict)
     training: dict | None = None
     error_band: dict | None = None    # the error to expect (errorband.band_for), where the caller adds it
+    efficiency: dict | None = None    # the tensor rate it ran at (hardware/efficiency.py: efficiency_summary), likewise
     memory_last_stage_bytes: int = 0  # the last pipeline rank's memory, its reserve included (= the busiest with pp 1)
 
     @property
@@ -104,6 +107,7 @@ class Estimate(Tabular):
                                                 if k in TRAINING_COLUMNS or k.endswith("_range")})
                          if not timed else dict(self.training)) if self.training is not None else None,
             "error_band": dict(self.error_band) if self.error_band is not None else None,
+            "efficiency": dict(self.efficiency) if self.efficiency is not None else None,
         }
 
 

@@ -99,6 +99,15 @@ def add_model_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", required=True, type=bounded_int("devices"), help="number of accelerators")
     parser.add_argument("--seq-len", type=bounded_int("seq_len"), default=None,
                         help="sequence length (overrides the model's)")
+    add_physical_option(parser)
+
+
+def add_physical_option(parser: argparse.ArgumentParser) -> None:
+    """``--physical``: the burn-test tensor rate instead of the training efficiency measured on public runs."""
+    parser.add_argument("--physical", action="store_true",
+                        help="run tensor kernels at the physical (burn-test) sustained rate instead of the "
+                             "training efficiency measured on public runs of the accelerator (docs/hardware.md, "
+                             "'Training efficiency'); for hardware that does not exist yet")
 
 
 def add_search_inputs(parser: argparse.ArgumentParser) -> None:
@@ -233,7 +242,14 @@ def load_inputs(args) -> tuple:
         print(note, file=sys.stderr)
     if args.seq_len:
         model = model.with_seq_len(args.seq_len)
-    return model, cluster_from_args(load_cluster(args.cluster), args)
+    return model, cluster_from_args(load_cluster(args.cluster, efficiency=efficiency_option(args)), args)
+
+
+def efficiency_option(args) -> str | None:
+    """The `training_efficiency:` setting --physical gives (hardware/efficiency.py), or None: the file's."""
+    from comet_dse.hardware.efficiency import PHYSICAL
+
+    return PHYSICAL if getattr(args, "physical", False) else None
 
 
 def token_count(text: str) -> float:

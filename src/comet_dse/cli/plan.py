@@ -7,7 +7,9 @@ import argparse
 from comet_dse.base import jsonout
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
-from comet_dse.cli.options import add_goodput_options, bounded_int, positive_int, positive_ints, token_count
+from comet_dse.cli.options import (
+    add_goodput_options, add_physical_option, bounded_int, positive_int, positive_ints, token_count,
+)
 
 BASES = ("rent", "own")
 
@@ -36,6 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--slow-end", action="store_true",
                    help="judge the deadline and the budget at the slow end of each design's error band (a design "
                         "without a validated band: as predicted, and the answer says so)")
+    add_physical_option(p)
     p.add_argument("--top", type=positive_int, default=15, help="how many designs to list (default 15)")
     add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
@@ -74,7 +77,8 @@ def run(args) -> int:
         raise InputError("--days", "give a deadline (--days) or a budget (--budget), or both")
     result = plan(args.model, args.tokens, args.global_batch, days=args.days, budget=args.budget,
                   clusters=args.clusters, devices=args.devices, basis=args.basis, seq_len=args.seq_len,
-                  overrides=[tuple(t.split("=", 1)) for t in args.overrides or []], slow_end=args.slow_end)
+                  overrides=[tuple(t.split("=", 1)) for t in args.overrides or []], slow_end=args.slow_end,
+                  physical=args.physical)
     if args.json:
         print(jsonout.dumps(result.to_dict(), indent=2))
     else:

@@ -70,6 +70,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     lines += [
         f"Step time        {format_time(est.step_time_s)}",
         *([f"{ERROR_BAND_LABEL:17s}{est.error_band['text']}"] if est.error_band else []),
+        *([f"{'Efficiency':17s}{est.efficiency['text']}"] if est.efficiency else []),
         f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
         f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
         "",

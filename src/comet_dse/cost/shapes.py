@@ -14,6 +14,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.kernels import Device
+from comet_dse.hardware.efficiency import kind_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.arrays import StrategyArrays
@@ -66,8 +67,10 @@ def fp8_of(shape: LayerShape):
     return np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
 
 
-def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
-    """Cost-model view of the accelerator for the dtypes and attention kernels of ``st``.
+def device_of(cluster: Cluster, st: StrategyArrays, moe=None) -> Device:
+    """Cost-model view of the accelerator for the dtypes and attention kernels of ``st``, for a dense
+    (``moe`` falsy) or mixture-of-experts model: its tensor rates carry the training efficiency of that
+    family where the cluster has one (hardware/efficiency.py), else the physical tensor_sustained.
 
     A kernel the accelerator has no attention_efficiency for is NaN (the
     attention_kernel validity rule); an accelerator without any runs every
@@ -78,7 +81,10 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
     bf16 = peaks.get("bf16", peaks.get("fp16", np.nan))
     sixteen = st.dtype_table({"bf16": bf16, "fp16": peaks.get("fp16", bf16), "fp8": bf16})
     attn_fwd, attn_bwd = attention_efficiencies(cluster, st)
-    sustained = st.dtype_table({d: acc.sustained(d) for d in peaks})
+    kind = kind_of(moe)
+    sustained = st.dtype_table({d: acc.sustained(d, kind) for d in peaks})
+    # 16-bit kernels of a step (attention): the physical 16-bit fraction, or the step's family's efficiency
+    sustained16 = sustained if acc.training_efficiency else acc.sustained("bf16" if "bf16" in peaks else "fp16")
     return Device(
         peak=st.dtype_table(acc.peak_flops), matmul_eff=st.dtype_table(acc.matmul_efficiencies()),
         matmul_eff16=acc.matmul_efficiency, units=acc.compute_units,
@@ -87,7 +93,7 @@ def device_of(cluster: Cluster, st: StrategyArrays) -> Device:
         sram_cap=acc.sram.capacity, sram_bw=acc.sram.achievable_bandwidth,
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
         peak16=sixteen, attn_fwd=attn_fwd, attn_bwd=attn_bwd,
-        sustained=sustained, sustained16=acc.sustained("bf16" if "bf16" in peaks else "fp16"),
+        sustained=sustained, sustained16=sustained16,
         comm_share=acc.comm_units / acc.compute_units,
     )
 
@@ -133,7 +139,7 @@ def context_of(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     stride = st.strides()
     sizes = {"tp": st.tp, "cp": st.cp, "pp": st.pp, "dp": st.dp, "ep": st.ep, "edp": st.dp / st.ep}
     spans = {g: coll.spans(dims, stride[g], sizes[g]) for g in sizes}
-    return Context(dev=device_of(cluster, st), dims=dims, spans=spans, shape=shape, strides=stride)
+    return Context(dev=device_of(cluster, st, model.moe), dims=dims, spans=spans, shape=shape, strides=stride)
 
 
 def joint_spans(a: list, b: list) -> list:

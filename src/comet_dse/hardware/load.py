@@ -15,6 +15,7 @@ from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
 from comet_dse.base.loading import Fields
 from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
+from comet_dse.hardware.efficiency import PHYSICAL, efficiency_of
 from comet_dse.hardware.economics_block import Economics, anchored, economics_from
 from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
 
@@ -202,8 +203,27 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         workspace_memory=fields.quantity("workspace_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
         calibration=_calibration(fields),
     )
+    cluster = with_efficiency(cluster, fields.raw("training_efficiency", PHYSICAL), fields.name("training_efficiency"))
     fields.reject_unknown()
     return anchored(cluster)
+
+
+def with_efficiency(cluster: Cluster, setting, where: str = "training_efficiency") -> Cluster:
+    """``cluster`` at the training efficiency ``setting`` names (hardware/efficiency.py: "public-runs", the
+    shipped one; "physical", the burn-test reading; or an efficiency file's path)."""
+    import dataclasses as dc
+
+    try:
+        applied = efficiency_of(setting, cluster.accelerator.name)
+    except InputError as exc:
+        raise InputError(where if exc.field == "training_efficiency" else exc.field, exc.message) from None
+    return dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, training_efficiency=applied),
+                      efficiency_setting=str(setting))
+
+
+def physical_reading(cluster: Cluster) -> Cluster:
+    """``cluster`` without a fitted training efficiency: every tensor rate at its physical tensor_sustained."""
+    return with_efficiency(cluster, PHYSICAL)
 
 
 

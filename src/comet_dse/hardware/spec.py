@@ -11,6 +11,7 @@ from enum import Enum
 
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
+from comet_dse.hardware.efficiency import precision_class
 from comet_dse.hardware.economics_block import Economics
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -87,6 +88,10 @@ class Accelerator:
     tensor_sustained: dtype -> the fraction of its benchmark rate (matmul_efficiency, attention_efficiency,
       short bursts) a device holds when its tensor units run for minutes at the power limit, as in training;
       1.0 where no public measurement separates the two (docs/hardware.md, "Sustained tensor rate").
+      The physical reading.
+    training_efficiency: (precision class, kind) -> efficiency.Applied: the fraction of the benchmark rate
+      measured on public training runs of that family, which replaces tensor_sustained for every tensor
+      kernel of a step of that precision and kind of model (hardware/efficiency.py); {}: the physical reading.
     """
 
     name: str
@@ -104,9 +109,19 @@ class Accelerator:
     matmul_efficiency_by_dtype: dict = field(default_factory=dict)
     comm_units: int = 0
     tensor_sustained: dict = field(default_factory=dict)
+    training_efficiency: dict = field(default_factory=dict)
 
-    def sustained(self, dtype: str) -> float:
-        """The sustained fraction of the benchmark tensor rate for ``dtype`` (1.0 where the preset gives none)."""
+    def sustained(self, dtype: str, kind: str | None = None) -> float:
+        """The sustained fraction of the benchmark tensor rate for ``dtype``: with a ``kind`` of model ("dense"
+        or "MoE") the training efficiency of that family where the cluster carries one, else the physical
+        tensor_sustained (1.0 where the preset gives none)."""
+        applied = self.training_efficiency.get((precision_class(dtype), kind)) if kind else None
+        if applied is not None:
+            return applied.value
+        return self.physical_sustained(dtype)
+
+    def physical_sustained(self, dtype: str) -> float:
+        """tensor_sustained for ``dtype``: the burn-test fraction of the benchmark rate (1.0 where none)."""
         return self.tensor_sustained.get(dtype, self.tensor_sustained.get("bf16", 1.0))
 
     def matmul_efficiencies(self) -> dict:
@@ -187,6 +202,9 @@ class Cluster:
     # PyTorch, Transformer Engine's): part of the reserve, but inside the allocator (torch max_allocated counts it)
     workspace_memory: float = 0.0
     calibration: dict | None = field(default=None, compare=False, hash=False)  # provenance (comet-dse calibrate)
+    # The file's `training_efficiency:` setting (hardware/efficiency.py): "public-runs", "physical" or a path;
+    # what it gives is in accelerator.training_efficiency.
+    efficiency_setting: str = field(default="physical", compare=False, hash=False)
 
     def dim_sizes(self, devices: int) -> tuple:
         """Sizes of each network dimension when the cluster holds ``devices`` devices.

@@ -64,12 +64,14 @@ def model_from(data, where: str = "model"):
     return family.load(data, where)
 
 
-def load_cluster(ref: str) -> Cluster:
-    """A cluster from a preset name or a YAML file."""
+def load_cluster(ref: str, efficiency: str | None = None) -> Cluster:
+    """A cluster from a preset name or a YAML file; ``efficiency``: a `training_efficiency:` setting that
+    replaces the file's (hardware/efficiency.py: "physical" for the burn-test reading)."""
     _check_reference(ref, "cluster")
-    if ref.endswith((".yaml", ".yml")):
-        return cluster_from(read_yaml(Path(ref), "cluster"), "cluster")
-    return cluster_from(preset_data("clusters", ref), "cluster")
+    data = read_yaml(Path(ref), "cluster") if ref.endswith((".yaml", ".yml")) else preset_data("clusters", ref)
+    if efficiency is not None:
+        data = {**data, "training_efficiency": efficiency}
+    return cluster_from(data, "cluster")
 
 
 def _check_reference(ref: str, field: str) -> None:
