@@ -113,6 +113,7 @@ def validation_table() -> list:
     labels = {"korthikanti2022_table5.csv": "Korthikanti et al. 2022, Table 5",
               "korthikanti2022_table4.csv": "Korthikanti et al. 2022, Table 4",
               "narayanan2021_table1.csv": "Narayanan et al. 2021, Table 1",
+              "moe_layer_perf.csv": "Megatron-LM's MoE layer benchmark",
               "h100_public.csv": "MLPerf v3.x GPT-3 175B and Llama 3 405B on H100",
               "gpu_public.csv": "gpu_public: "}
     summary = printed_json(("validate",))["summary"]
@@ -434,7 +435,8 @@ def validation_results() -> list:
     lines = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8").splitlines()
     starts = {"korthikanti2022_table5.csv": "| Korthikanti 2022 Table 5", "korthikanti2022_table4.csv":
               "| Korthikanti 2022 Table 4", "narayanan2021_table1.csv": "| Narayanan 2021 Table 1",
-              "h100_public.csv": "| h100_public:", "gpu_public.csv": "| gpu_public:"}
+              "h100_public.csv": "| h100_public:", "gpu_public.csv": "| gpu_public:",
+              "moe_layer_perf.csv": "| Megatron-LM MoE layer benchmark"}
     figures = []
     for csv, start in starts.items():
         row = next(line for line in lines if line.startswith(start))
@@ -481,7 +483,40 @@ def validation_whole_runs() -> list:
     return figures
 
 
+def validation_moe_layers() -> list:
+    """Round 4's table of Megatron-LM's MoE layer benchmark: predicted / measured forward and backward per case."""
+    rows = {r["label"]: r for r in printed_json(("validate",))["rows"] if r["dataset"] == "moe_layer_perf.csv"}
+    cases = list(dict.fromkeys(label.rsplit(" ", 1)[0] for label in rows))
+
+    def cell(r: dict) -> str:
+        return f"{r['predicted_s'] * 1e3:.2f} / {r['measured_s'] * 1e3:.2f} ms ({100 * r['error']:+.1f} %)"
+
+    return [f"| {case} | {cell(rows[case + ' forward'])} | {cell(rows[case + ' backward'])} |" for case in cases]
+
+
+def validation_fixed_cost() -> list:
+    """Round 4's line through the MLPerf v3.1 GPT-3 rows: step time against micro-batches per pipeline,
+    measured and predicted as shipped (least squares over the six rows)."""
+    import csv
+
+    import numpy as np
+
+    table = {r["id"]: r for r in csv.DictReader((ROOT / "src/comet_dse/data/validation/h100_public.csv").open())}
+    rows = [r for r in printed_json(("validate",))["rows"] if r["label"].startswith("mlperf31")]
+    m = np.array([int(table[r["label"]]["global_batch"]) * int(table[r["label"]]["tp"]) * int(table[r["label"]]["pp"])
+                  / int(table[r["label"]]["gpus"]) for r in rows])
+    design = np.vstack([np.ones_like(m), m]).T
+
+    def line(key: str) -> str:
+        a, b = np.linalg.lstsq(design, np.array([r[key] for r in rows]), rcond=None)[0]
+        return f"t = {a:.3f} s + {b * 1e3:.1f} ms x m"
+
+    return [f"measured {line('measured_s')}", f"predicted {line('predicted_s')}"]
+
+
 VALIDATION_DOC = [Check("docs/validation.md", "Results and the papers' runs", validation_results),
+                  Check("docs/validation.md", "Round 4 MoE layers", validation_moe_layers),
+                  Check("docs/validation.md", "Round 4 fixed cost", validation_fixed_cost),
                   Check("docs/validation.md", "Whole runs", validation_whole_runs),
                   Check("docs/validation.md", "Round 3 as shipped", validation_families_shipped)]
 

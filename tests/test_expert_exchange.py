@@ -57,8 +57,8 @@ def test_fp8_dispatch_halves_one_of_the_two_exchanges():
     ctx, st = _ctx(RUN)
     _, layer = layer_work(DEEPSEEK, ctx, st, moe_layer=True)
     ctx8, st8 = _ctx(dc.replace(RUN, ep_fp8_dispatch=True))
-    plain = float(expert_exchange_time(DEEPSEEK.moe, layer, ctx, st)[0])
-    fp8 = float(expert_exchange_time(DEEPSEEK.moe, layer, ctx8, st8)[0])
+    plain = float(expert_exchange_time(DEEPSEEK.moe, layer.a2a_bytes, ctx, st)[0])
+    fp8 = float(expert_exchange_time(DEEPSEEK.moe, layer.a2a_bytes, ctx8, st8)[0])
     assert 0.70 * plain < fp8 < 0.80 * plain    # (1 + (1 + 4/128)/2) / 2 of the bytes, plus fixed latency
 
 
@@ -106,3 +106,20 @@ def test_more_network_or_compute_never_slower(placement, fp8_dispatch):
     flops = dc.replace(H800, accelerator=dc.replace(acc, peak_flops={k: 2 * v for k, v in acc.peak_flops.items()}))
     assert estimate(DEEPSEEK, links, 2048, st).step_time_s <= base * (1 + 1e-12)
     assert estimate(DEEPSEEK, flops, 2048, st).step_time_s <= base * (1 + 1e-12)
+
+
+def test_deepep_sends_a_token_once_per_rank_that_holds_one_of_its_experts():
+    """rank_copy_fraction: 32 experts on 8 ranks, top-8: 8 (1 - C(28, 8) / C(32, 8)) = 5.64 ranks per token;
+    8 experts on 8 ranks, top-2: always 2 ranks; the all-to-all dispatcher sends every copy."""
+    from math import comb
+
+    from comet_dse.cost.layer_ops import DISPATCHER_ALLTOALL, DISPATCHER_FLEX
+    from comet_dse.cost.layer_work import rank_copy_fraction
+    from comet_dse.model.spec import MoE
+
+    wide = MoE(experts=32, top_k=8, ffn=2048)
+    expected = 8 * (1 - comb(28, 8) / comb(32, 8)) / 8
+    assert float(rank_copy_fraction(wide, 8, DISPATCHER_FLEX)) == pytest.approx(expected, rel=1e-12)
+    assert float(rank_copy_fraction(MoE(experts=8, top_k=2, ffn=1), 8, DISPATCHER_FLEX)) == pytest.approx(1.0)
+    assert float(rank_copy_fraction(wide, 8, DISPATCHER_ALLTOALL)) == 1.0
+    assert float(rank_copy_fraction(wide, 1, DISPATCHER_FLEX)) == pytest.approx(1 / 8)   # one rank holds all

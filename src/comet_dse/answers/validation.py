@@ -35,6 +35,7 @@ from comet_dse.cost.memory import footprint_bytes
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 from comet_dse.strategy.choices import GradAccumulation, Placement, Recompute
+from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.declared import Strategy, knob_values
 
 TABLE5 = "korthikanti2022_table5.csv"
@@ -215,6 +216,58 @@ def table4_comparisons(cluster: Cluster, directory: Path) -> list:
     return out
 
 
+MOE_LAYER = "moe_layer_perf.csv"
+MOE_PERF = "Megatron-Core MoE layer benchmark"
+# moe_perf's dispatchers as comet-dse's knob: DeepEP and HybridEP both run under the flex dispatcher
+MOE_PERF_DISPATCHER = {"alltoall": "alltoall", "deepep": "flex", "hybridep": "flex"}
+
+
+def moe_layer_model(row: dict) -> Transformer:
+    """The MoE layer a row of moe_layer_perf.csv times: ``hidden``, ``num_experts`` experts of FFN
+    ``moe_ffn_hidden``, ``topk`` per token, GELU experts unless ``gated`` (the test never sets a gated linear
+    unit), the shared expert where the row has one, at ``seq_len`` (data/validation/moe_layer_perf.md). Only
+    the MoE block is costed (cost/layer_work.py: moe_block_phase_times), so the rest of the model is
+    Mixtral 8x7B's and plays no part."""
+    from comet_dse.model.spec import MoE
+    from comet_dse.presets.catalog import load_model
+
+    gated = row["gated"].strip().lower() == "true"
+    ffn = int(row["moe_ffn_hidden"])
+    return dc.replace(load_model("mixtral-8x7b"), name=row["id"], hidden=int(row["hidden"]),
+                   mlp=MLP(ffn=ffn, kind=MLPKind.SWIGLU if gated else MLPKind.GELU), seq_len=int(row["seq_len"]),
+                   moe=MoE(experts=int(row["num_experts"]), top_k=int(row["topk"]), ffn=ffn,
+                           shared_ffn=int(row["shared_expert_ffn_hidden"] or 0)))
+
+
+def moe_layer_comparisons(cluster: Cluster, directory: Path) -> list:
+    """Megatron-LM's MoE layer benchmark (tests/functional_tests/test_cases/common/moe_perf): forward and
+    backward GPU time of one MoE layer on 8 H100s, expert parallel 8, each rank with its own micro-batch, routing
+    forced balanced, predicted with ``cluster`` (dgx-h100 as shipped) and the row's dispatcher and precision."""
+    from comet_dse.cost.layer_work import moe_block_phase_times
+
+    path = packaged_or(directory, MOE_LAYER)
+    out = []
+    for row in _read(path.parent, path.name):
+        gpus, ep, tp = int(row["gpus"]), int(row["ep"]), int(row["tp"])
+        strategy = Strategy(tp=tp, pp=1, dp=gpus // tp, ep=ep, global_batch=gpus // tp * int(row["micro_batch"]),
+                            micro_batch=int(row["micro_batch"]), dtype=row["dtype"], sequence_parallel=tp > 1,
+                            moe_dispatcher=MOE_PERF_DISPATCHER[row["dispatcher"]])
+        times = moe_block_phase_times(moe_layer_model(row), cluster, gpus, StrategyArrays.of([strategy]))
+        where = {"hardware": cluster.accelerator.name, "framework": MOE_PERF, "dtype": row["dtype"], "kind": "MoE"}
+        for phase in ("forward", "backward"):
+            measured = measured_value(row, f"{phase}_ms", MOE_LAYER, scale=1e-3) / 1e3
+            out.append(Comparison(MOE_LAYER, f"{row['id']} {phase}", float(times[phase][0]), measured, **where))
+    return out
+
+
+def packaged_or(directory: Path, name: str) -> Path:
+    """``name`` in ``directory``, or the packaged copy when that folder has none."""
+    path = directory / name
+    if path.is_file():
+        return path
+    return Path(str(resources.files("comet_dse").joinpath("data", "validation", name)))
+
+
 def h100_strategy(row: dict) -> Strategy:
     """The settings a row of h100_public.csv states, as a Strategy.
 
@@ -287,10 +340,7 @@ def model_kind(model: Transformer) -> str:
 
 def gpu_file(directory: Path) -> Path:
     """gpu_public.csv in ``directory``, or the packaged copy when that folder has none."""
-    path = directory / GPU
-    if path.is_file():
-        return path
-    return Path(str(resources.files("comet_dse").joinpath("data", "validation", GPU)))
+    return packaged_or(directory, GPU)
 
 
 def gpu_comparisons(directory: Path | None = None) -> list:
@@ -328,9 +378,10 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     from comet_dse.presets.catalog import load_cluster
 
     directory = directory or validation_dir()
+    h100 = h100 or load_cluster("dgx-h100")
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
-            + table4_comparisons(cluster, directory)
-            + h100_comparisons(h100 or load_cluster("dgx-h100"), directory) + gpu_comparisons(directory))
+            + table4_comparisons(cluster, directory) + moe_layer_comparisons(h100, directory)
+            + h100_comparisons(h100, directory) + gpu_comparisons(directory))
 
 
 @dataclass(frozen=True)

@@ -358,7 +358,7 @@ def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, expert
                   adjacent * (up_f.total + down_f.total), adjacent * (up_b.total + down_b.total))
 
 
-def _moe(model: Transformer, shape: LayerShape, dev: Device):
+def moe_block(model: Transformer, shape: LayerShape, dev: Device):
     """Router, routed experts sharded over the EP group, shared experts; (_Block, all-to-all bytes).
 
     Router: [tokens, h] x [h, E], fp32 softmax/top-k over tokens*E scores.
@@ -442,7 +442,7 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     resid_bytes_f = 3 * e + (MASK_BYTES if dropout else 0.0)
     resid_f, resid_b = _pointwise(ntok * h, resid_bytes_f, resid_bytes_f, FLOPS_DROPOUT + FLOPS_ADD, dev)
     if moe_layer and model.moe:
-        mlp, a2a = _moe(model, shape, dev)
+        mlp, a2a = moe_block(model, shape, dev)
     else:
         mlp, a2a = _ffn(tok, model.mlp.ffn, model, shape, dev), 0.0
     norms = model.norms_per_layer

@@ -12,7 +12,7 @@ import numpy as np
 
 from comet_dse.cost import collectives as coll
 from comet_dse.cost.kernels import KernelTime
-from comet_dse.cost.layer_ops import LayerCost, layer_cost
+from comet_dse.cost.layer_ops import DISPATCHER_ALLTOALL, LayerCost, layer_cost, moe_block
 from comet_dse.cost.shapes import FP32, Context, context_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MoE, Transformer
@@ -84,7 +84,7 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     cp_fwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(ring - core, 0.0)), 0.0)
     cp_bwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(2.0 * ring - 2.5 * core, 0.0)), 0.0)
     ring_hides = (st.cp > 1) & ~all_gather
-    ep_pass = expert_exchange_time(model.moe, layer, ctx, st) if layer.moe else 0.0
+    ep_pass = expert_exchange_time(model.moe, layer.a2a_bytes, ctx, st) if layer.moe else 0.0
     ep_fwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.forward.total, tp_pass - tp_fwd,
                                                       np.where(ring_hides, ring - cp_fwd, 0.0)), ep_pass)
     ep_bwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.backward.total, tp_back - tp_bwd,
@@ -144,6 +144,23 @@ def layer_phase_times(model: Transformer, cluster: Cluster, devices: int, st: St
             "backward": w["bwd_math"] + w["bwd_mem"] + w["rec_math"] + w["rec_mem"] + w[BACKWARD_COMM]}
 
 
+def moe_block_phase_times(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> dict:
+    """Forward and backward seconds of one MoE block alone, one micro-batch, per point:
+
+        forward  = router + token permutation + routed (and shared) experts + dispatch and combine
+        backward = their backward kernels + the same two all-to-alls
+
+    with the all-to-alls exposed (nothing else runs beside them), as Megatron-LM's MoE layer benchmark
+    times a MoELayer with no attention, norm or residual around it
+    (data/validation/moe_layer_perf.md). Returns {"forward", "backward"} -> arrays [s].
+    """
+    ctx = context_of(model, cluster, devices, st)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        block, a2a = moe_block(model, ctx.shape, ctx.dev)
+        exchange = expert_exchange_time(model.moe, a2a, ctx, st)
+    return {"forward": block.forward.total + exchange, "backward": block.backward.total + exchange}
+
+
 def _behind_the_rest(comm, compute, *hidden):
     """Exposed seconds of an overlapped collective whose pass computes ``compute`` seconds, part of which
     already hides other communication (``hidden``: the TP and CP seconds those overlaps hid) [s]:
@@ -186,16 +203,43 @@ def node_copy_fraction(moe: MoE | None, ep_spans: list):
     return reach * (1.0 - (1.0 - 1.0 / reach) ** moe.top_k) / moe.top_k
 
 
-def expert_exchange_time(moe: MoE, layer: LayerCost, ctx: Context, st: StrategyArrays):
+def rank_copy_fraction(moe: MoE | None, ep, dispatcher):
+    """Token copies a dispatch sends, relative to one per routed expert (top_k per token) [-].
+
+    Megatron-Core's all-to-all dispatcher sends a token once per chosen expert. DeepEP's kernels (the flex
+    dispatcher, and DeepSeek's own stack: dispatcher fused) send it once per destination rank that holds any
+    of its experts, and the combine sends back one partial sum per rank (DeepEP README: the dispatch layout
+    counts tokens per rank, ``is_token_in_rank``). With E experts, L = E/ep on each of the ep ranks, and a
+    token's k distinct experts drawn evenly, a rank holds none of them with probability
+    C(E - L, k) / C(E, k) = prod_{i<k} (E - L - i) / (E - i), so
+
+        fraction = ep (1 - prod_{i<k} (E - L - i) / (E - i)) / k      (1 for the all-to-all dispatcher)
+
+    e.g. 32 experts on 8 ranks, top-8: 5.64 ranks per token, 0.70; 8 experts on 8 ranks, top-2: 1.
+    """
+    if moe is None:
+        return 1.0
+    ep = np.asarray(ep, dtype=float)
+    none = np.ones_like(ep)
+    local = moe.experts / ep
+    for i in range(moe.top_k):
+        none = none * np.maximum(moe.experts - local - i, 0.0) / (moe.experts - i)
+    return np.where(dispatcher == DISPATCHER_ALLTOALL, 1.0, ep * (1.0 - none) / moe.top_k)
+
+
+def expert_exchange_time(moe: MoE, a2a_bytes, ctx: Context, st: StrategyArrays):
     """Dispatch plus combine all-to-all of one pass through a MoE layer [s].
 
-    Each moves the layer's a2a_bytes per device (16-bit token copies), scaled
-    on the outer dimension by ``node_copy_fraction``. With ep_fp8_dispatch the
+    Each moves the layer's a2a_bytes per device (16-bit token copies, one per routed expert) times
+    ``rank_copy_fraction`` (one per destination rank with DeepEP), and across the outer dimension no more
+    than ``node_copy_fraction`` of them (one per destination node). With ep_fp8_dispatch the
     dispatch (and in backward the gradient sent to the down projection) is
     fp8 plus its scales: a2a_bytes * (1 + 4/128) / e; combines stay 16-bit.
     """
-    fraction = node_copy_fraction(moe, ctx.spans["ep"])
+    ranks = rank_copy_fraction(moe, st.ep, st.moe_dispatcher)
+    fraction = np.minimum(node_copy_fraction(moe, ctx.spans["ep"]), ranks) / ranks
     fp8 = (1.0 + FP8_SCALE_BYTES) / ctx.shape.e
-    dispatch = layer.a2a_bytes * np.where(st.ep_fp8_dispatch, fp8, 1.0)
+    sent = a2a_bytes * ranks
+    dispatch = sent * np.where(st.ep_fp8_dispatch, fp8, 1.0)
     return (coll.all_to_all_time(dispatch, ctx.dims, ctx.spans["ep"], outer_scale=fraction)
-            + coll.all_to_all_time(layer.a2a_bytes, ctx.dims, ctx.spans["ep"], outer_scale=fraction))
+            + coll.all_to_all_time(sent, ctx.dims, ctx.spans["ep"], outer_scale=fraction))
