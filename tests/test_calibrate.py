@@ -130,6 +130,7 @@ def test_writes_a_labelled_calibrated_cluster_that_estimate_takes(tmp_path, caps
     assert len(data["calibration"]["runs_sha256"]) == 64
     assert abs(data["calibration"]["fitted"]["gemm"]["value"] - 0.70) < 0.03
     calibrated = load_cluster(str(out))
+    assert calibrated.calibration["fingerprint"] and not calibrated.calibration.get("stale")   # sealed, and intact
     st = Strategy(tp=8, dp=8, global_batch=64, recompute=Recompute.FULL)
     base = estimate(load_model("megatron-22b"), A100, 64, st).step_time_s
     assert estimate(load_model("megatron-22b"), calibrated, 64, st).step_time_s > base

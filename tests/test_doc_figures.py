@@ -514,7 +514,25 @@ def validation_fixed_cost() -> list:
     return [f"measured {line('measured_s')}", f"predicted {line('predicted_s')}"]
 
 
-VALIDATION_DOC = [Check("docs/validation.md", "Results and the papers' runs", validation_results),
+def hardware_efficiency_table() -> list:
+    """docs/hardware.md's table of the shipped training efficiency, row by row from the shipped file."""
+    from comet_dse.hardware.efficiency import shipped_table
+
+    def cell(s: dict) -> str:
+        return f"{pct(s['mean_abs_error'])} ({100 * s['mean_error']:+.1f})"
+
+    figures = []
+    for f in shipped_table():
+        name = f["accelerator"].removeprefix("NVIDIA ").replace(" Blackwell GPU", "")
+        how = f["cross_validation"].removesuffix(" cross-validation")
+        figures.append(f"| {name} | {f['precision']} | {f['kind']} | {f['runs']} | {f['physical']:.3f} | "
+                       f"{f['efficiency']:.3f} +/- {f['sigma']:.3f} | {cell(f['error_physical'])} | "
+                       f"{cell(f['error_cross_validated'])}, {how} | {'yes' if f['applies'] else 'no'}")
+    return figures
+
+
+VALIDATION_DOC = [Check("docs/hardware.md", "the training efficiency shipped", hardware_efficiency_table),
+                  Check("docs/validation.md", "Results and the papers' runs", validation_results),
                   Check("docs/validation.md", "Round 4 MoE layers", validation_moe_layers),
                   Check("docs/validation.md", "Round 4 fixed cost", validation_fixed_cost),
                   Check("docs/validation.md", "Whole runs", validation_whole_runs),

@@ -33,7 +33,9 @@ import numpy as np
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
+from comet_dse.base.fingerprint import fingerprint
 from comet_dse.base.loading import read_text_file
+from comet_dse.hardware.load import FINGERPRINT
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.arrays import StrategyArrays
@@ -450,6 +452,20 @@ def _uncertainty(residuals, jac) -> np.ndarray:
     return np.sqrt(np.maximum(np.diag(cov), 0.0))
 
 
+def check_runnable(run: Run, cluster: Cluster) -> None:
+    """Refuse a run the model says cannot run as written on ``cluster``: a broken validity rule other than
+    memory (a global batch the data-parallel replicas and micro-batches do not divide, more stages than
+    layers...). Its step time would be a number for a strategy nobody ran. A run judged not to fit in memory is
+    kept: it ran, so the model's memory verdict, not the run, is what is off (docs/validation.md,
+    "Feasibility recall")."""
+    from comet_dse.answers.estimate import estimate
+
+    result = estimate(run.model, cluster, run.devices, run.strategy)
+    broken = [(code, why) for code, why in zip(result.broken_rules, result.reasons) if code != "memory"]
+    if broken:
+        raise InputError(f"runs {run.label}", f"cannot run as written: {broken[0][1]}")
+
+
 def check_support(runs: list, names: list) -> None:
     """Refuse to fit more parameters than the runs support (RUNS_PER_PARAMETER runs each)."""
     needed = RUNS_PER_PARAMETER * len(names)
@@ -509,7 +525,8 @@ def error_summary(errors: np.ndarray) -> dict:
 def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: Path, loo: np.ndarray | None,
                     holdout: dict | None = None) -> dict:
     """The base cluster's mapping with the fitted values written in and a `calibration:` provenance block
-    (``loo``: the cross-validated errors, by ``cross_validation``'s method for that many runs)."""
+    (``loo``: the cross-validated errors, by ``cross_validation``'s method for that many runs), sealed by its
+    ``fingerprint`` over everything else in the file (hardware/load.py: calibration_mismatch)."""
     import copy
 
     data = copy.deepcopy(base_data)
@@ -535,6 +552,7 @@ def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: P
            if loo is not None else {}),
         **({"error_held_out": holdout} if holdout else {}),
     }
+    data["calibration"]["fingerprint"] = fingerprint(data, (FINGERPRINT,))
     return data
 
 

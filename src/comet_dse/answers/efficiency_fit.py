@@ -50,9 +50,11 @@ class TodayRun:
 
 
 def today_runs(directory: Path) -> list:
-    """Every whole run of h100_public.csv and gpu_public.csv in ``directory``, with its stated settings."""
+    """Every whole run of h100_public.csv and gpu_public.csv in ``directory`` that the model can run as written
+    (the runs ``comet-dse validate`` compares), with its stated settings."""
+    from comet_dse.answers.estimate import estimate
     from comet_dse.answers.validation import (
-        GPU, H100, LLAMA3, NEMO_MLPERF, _gpt, _llama, _read, _strategy, h100_measured, h100_strategy,
+        GPU, H100, LLAMA3, NEMO_MLPERF, _gpt, _llama, _read, _strategy, h100_measured, h100_strategy, not_expressible,
     )
     from comet_dse.presets.catalog import load_cluster, load_model
 
@@ -65,10 +67,14 @@ def today_runs(directory: Path) -> list:
         run = Run(row["id"], model, int(row["gpus"]), strategy, "iter_s", measured)
         framework = NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3
         out.append(TodayRun("dgx-h100", run, precision_class(strategy.dtype.value), "dense", framework))
+    clusters = {}
     for row in _read(directory, GPU):
         model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
         strategy = _strategy(row)
         run = Run(row["id"], model, int(row["gpus"]), strategy, "iter_s", float(row["step_s"]))
+        cluster = clusters.setdefault(row["cluster"], load_cluster(row["cluster"], efficiency=PHYSICAL))
+        if not_expressible(estimate(model, cluster, run.devices, strategy)):
+            continue                   # as `comet-dse validate`: not compared (answers/validation.py)
         out.append(TodayRun(row["cluster"], run, precision_class(strategy.dtype.value), kind_of(model.moe),
                             row["family_framework"]))
     return out

@@ -110,10 +110,17 @@ def band_for(accelerator: str, dtype: str, bands=None, kind: str = "dense") -> d
 def band_of_cluster(cluster, dtype: str, moe: bool = False) -> dict:
     """The error band of an estimate on ``cluster`` in ``dtype`` of a dense (``moe`` False) or mixture-of-experts
     model: for a calibrated cluster (``comet-dse calibrate``: its ``calibration`` block) the fit's own
-    cross-validated error on the runs it was fitted to, for a preset the validation's (``band_for``)."""
+    cross-validated error on the runs it was fitted to (not validated, saying why, when the file no longer
+    matches its calibration: hardware/load.py calibration_mismatch), for a preset the validation's
+    (``band_for``)."""
     cal = cluster.calibration
     if not cal:
         return band_for(cluster.accelerator.name, dtype, kind=kind_of(moe))
+    if cal.get("stale"):
+        return {"validated": False, "hardware": cluster.accelerator.name, "precision": precision_class(dtype),
+                "kind": kind_of(moe), "nearest": None, "runs": 0, "low": None, "high": None, "mean_abs_error": None,
+                "frameworks": "", "text": f"not validated: the calibration no longer matches this cluster "
+                                          f"({cal['stale']}); refit it with comet-dse calibrate"}
     held = cal.get("error_cross_validated") or cal.get("error_in_sample") or {}
     kind = "cross-validated" if cal.get("error_cross_validated") else "in-sample"
     mean, worst = held.get("mean_abs_error"), held.get("max_abs_error")

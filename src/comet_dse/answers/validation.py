@@ -113,12 +113,24 @@ def validation_dir() -> Path:
     return Path(str(resources.files("comet_dse").joinpath("data", "validation")))
 
 
+# Rows a validation CSV may hold: each costs an estimate (10-30 ms), so 2,000 rows are about a minute; the
+# largest published set here (gpu_public.csv) has 153. A bigger file (100,000 rows ran for minutes without a
+# word) is refused before any work.
+MAX_ROWS = 2000
+
+
 def _read(directory: Path, name: str) -> list:
     path = directory / name
     if not path.is_file():
         raise InputError("validation", f"{path} is missing")
+    rows = []
     with path.open(newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+        for row in csv.DictReader(handle):
+            rows.append(row)
+            if len(rows) > MAX_ROWS:
+                raise InputError("data", f"{path} holds more than {MAX_ROWS:,} rows; split it (each row is an "
+                                         "estimate: the bound keeps validate to about a minute)")
+    return rows
 
 
 def measured_value(row: dict, column: str, dataset: str, bound: str = "measured_time", scale: float = 1.0) -> float:
@@ -294,19 +306,25 @@ def h100_strategy(row: dict) -> Strategy:
     )
 
 
-def h100_comparisons(cluster: Cluster, directory: Path) -> list:
+def h100_comparisons(cluster: Cluster, directory: Path, skipped: list | None = None) -> list:
     """h100_public.csv: MLPerf GPT-3 175B step times and Llama 3 405B MFU on DGX H100.
 
     An MFU row is compared as a step time: the measured MFU converted with the
     FLOP count of the convention such reports use (cost.step.model_flops with
     causal=False: every score counted, as Megatron-LM and PaLM count them) /
-    (GPUs x bf16 peak x MFU) (docs/validation.md).
+    (GPUs x bf16 peak x MFU) (docs/validation.md). Rows the model cannot run as written are left out and
+    appended to ``skipped`` (``not_expressible``).
     """
     out = []
     for row in _read(directory, H100):
         model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
         strategy = h100_strategy(row)
         result = estimate(model, cluster, int(row["gpus"]), strategy)
+        why = not_expressible(result)
+        if why:
+            if skipped is not None:
+                skipped.append((H100, row["id"], why))
+            continue
         measured = h100_measured(row, model, strategy, cluster)
         out.append(_compared(H100, row["id"], result, measured, cluster,
                              NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3, strategy.dtype.value))
@@ -333,6 +351,15 @@ def _compared(dataset: str, label: str, result, measured: float, cluster: Cluste
                       hardware=cluster.accelerator.name, framework=framework, dtype=dtype, kind=kind)
 
 
+def not_expressible(result) -> str | None:
+    """Why the model cannot run a published run as written (a validity rule other than memory it breaks, e.g.
+    Megatron-Core's expert groups drawn across tensor and data parallel ranks, which the model's "EP divides
+    DP" rule does not express), or None. Such a row is not compared: a step time for a strategy the model
+    calls invalid measures nothing (``comet-dse validate`` lists it)."""
+    broken = [why for code, why in zip(result.broken_rules, result.reasons) if code != "memory"]
+    return broken[0] if broken else None
+
+
 def model_kind(model: Transformer) -> str:
     """"MoE" for a mixture-of-experts model, else "dense" (the model family of an error band)."""
     return "MoE" if model.moe else "dense"
@@ -343,11 +370,12 @@ def gpu_file(directory: Path) -> Path:
     return packaged_or(directory, GPU)
 
 
-def gpu_comparisons(directory: Path | None = None) -> list:
+def gpu_comparisons(directory: Path | None = None, skipped: list | None = None) -> list:
     """gpu_public.csv: published step times of NVIDIA's and others' runs on H100, H200, B200 and GB200 (dense
     and MoE, bf16 and fp8), each predicted with its cluster preset as shipped, its model preset at the run's
     sequence length and the knob columns its source and its framework's recipe state (the ``assumed`` column
-    names what came from a recipe default). ``step_s`` is the measured step time (docs/validation.md)."""
+    names what came from a recipe default). ``step_s`` is the measured step time (docs/validation.md). Rows the
+    model cannot run as written are left out and appended to ``skipped`` as (dataset, id, why)."""
     from comet_dse.presets.catalog import load_cluster, load_model
 
     path = gpu_file(directory or validation_dir())
@@ -357,6 +385,11 @@ def gpu_comparisons(directory: Path | None = None) -> list:
         model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
         strategy = _strategy(row)
         result = estimate(model, cluster, int(row["gpus"]), strategy)
+        why = not_expressible(result)
+        if why:
+            if skipped is not None:
+                skipped.append((GPU, row["id"], why))
+            continue
         measured = float(row["step_s"])
         if not measured > 0:
             raise InputError("gpu_public.csv step_s", f"must be a positive number of seconds, got {row['step_s']!r}")
@@ -373,15 +406,17 @@ def recall(comparisons: list) -> dict:
             "missed": [c.label for c in runs if not c.fits]}
 
 
-def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Cluster | None = None) -> list:
-    """Every comparison, in dataset order; ``h100``: the cluster for h100_public.csv (default dgx-h100)."""
+def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Cluster | None = None,
+                    skipped: list | None = None) -> list:
+    """Every comparison, in dataset order; ``h100``: the cluster for h100_public.csv (default dgx-h100);
+    ``skipped`` collects (dataset, id, why) of the runs the model cannot run as written (``not_expressible``)."""
     from comet_dse.presets.catalog import load_cluster
 
     directory = directory or validation_dir()
     h100 = h100 or load_cluster("dgx-h100")
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory) + moe_layer_comparisons(h100, directory)
-            + h100_comparisons(h100, directory) + gpu_comparisons(directory))
+            + h100_comparisons(h100, directory, skipped) + gpu_comparisons(directory, skipped))
 
 
 @dataclass(frozen=True)

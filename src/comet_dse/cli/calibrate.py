@@ -7,7 +7,7 @@ import numpy as np
 import yaml
 
 from comet_dse.answers.calibrate import (
-    Fit, RunSet, calibrated_data, check_support, cross_validate, cross_validation, default_fit, error_summary, fit,
+    Fit, RunSet, calibrated_data, check_runnable, check_support, cross_validate, cross_validation, default_fit, error_summary, fit,
     parameters, read_runs,
 )
 from comet_dse.base import jsonout, written
@@ -49,11 +49,15 @@ def run(args) -> int:
             cluster.dim_sizes(run.devices)
         except InputError as exc:
             raise InputError(f"runs {run.label}: gpus", exc.message) from None
+        check_runnable(run, cluster)
     catalogue = parameters(cluster)
     names = list(args.fit or default_fit(cluster))
     unknown = [n for n in names if n not in catalogue]
     if unknown:
         raise InputError("fit", f"unknown parameter {unknown[0]!r}; parameters of {cluster.name}: {', '.join(catalogue)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError("fit", f"names {repeated[0]} twice; give each parameter once")
     train, held = _split(runs, args.holdout)
     check_support(train, names)
     result = fit(train, cluster, names)

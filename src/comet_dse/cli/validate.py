@@ -39,8 +39,9 @@ def run(args) -> int:
             raise InputError("--figure", f"{args.figure} must end in .png or .svg")
         written.check_file(args.figure, "--figure", inputs)
     cluster = load_cluster(args.cluster)
+    skipped = []
     try:
-        comparisons = all_comparisons(cluster, directory)
+        comparisons = all_comparisons(cluster, directory, skipped=skipped)
     except InputError:
         raise
     except KeyError as exc:
@@ -67,6 +68,7 @@ def run(args) -> int:
             "groups": groups,
             "error_bands": bands,
             "feasibility_recall": fits,
+            "not_compared": [{"dataset": d, "label": label, "why": why} for d, label, why in skipped],
             "memory": {"rows": [{"label": c.label, "predicted_bytes": c.predicted, "measured_bytes": c.measured,
                                  "measures": c.measures, "error": c.error, "source": c.source} for c in memory],
                        "summary": memory_summary(memory)},
@@ -100,6 +102,10 @@ def run(args) -> int:
         shown = ", ".join(missed[:6]) + (f" and {len(missed) - 6} more" if len(missed) > 6 else "")
         print(f"  {dataset.removesuffix('.csv')}: {part['judged_to_fit']} of {part['runs']} published runs judged "
               f"to fit" + (f"; not: {shown}" if missed else ""))
+    if skipped:
+        print(f"\nNot compared: {len(skipped)} published runs the model cannot run as written")
+        for dataset, label, why in skipped:
+            print(f"  {dataset.removesuffix('.csv')}: {label}: {why}")
     print("\nPeak memory per device, predicted vs measured (memory.csv)\n")
     rows = [[c.label, c.measures, _gib(c.predicted), _gib(c.measured), f"{c.error * 100:+.1f}%"] for c in memory]
     print(render_table(["run", "measured as", "predicted GiB", "measured GiB", "error"], rows, left=(0, 1)))

@@ -31,8 +31,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from comet_dse.base import jsonout
 from comet_dse.base.errors import InputError
+from comet_dse.base.fingerprint import fingerprint
 
 SHIPPED = "public-runs"        # a cluster file's `training_efficiency:` for the shipped efficiency file
 PHYSICAL = "physical"          # ... for the burn-test reading (no fitted efficiency)
@@ -99,9 +99,8 @@ class Applied:
 
 
 def checksum(data: dict) -> str:
-    """sha256 of the file's content without its ``checksum`` key, as canonical JSON (sorted keys)."""
-    body = {k: v for k, v in data.items() if k != "checksum"}
-    return hashlib.sha256(jsonout.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """sha256 of the file's content without its ``checksum`` key, as canonical JSON (base/fingerprint.py)."""
+    return fingerprint(data, ("checksum",))
 
 
 def file_sha256(path: Path) -> str:

@@ -9,10 +9,13 @@ explorer's controls check the values they set against the same rows.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
+from comet_dse.base.fingerprint import fingerprint
 from comet_dse.base.loading import Fields
 from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
 from comet_dse.hardware.efficiency import PHYSICAL, efficiency_of
@@ -173,8 +176,9 @@ def refuse_repeated_names(network: tuple, field: str) -> None:
         seen.add(dim.name)
 
 
-def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
-    """Build a Cluster from a mapping shaped like presets/clusters/*.yaml."""
+def cluster_from(data: dict, prefix: str = "cluster", folder: Path | None = None) -> Cluster:
+    """Build a Cluster from a mapping shaped like presets/clusters/*.yaml; ``folder``: where its file is (a
+    calibrated file's runs are looked up there)."""
     fields = Fields(data, prefix)
     dims_raw = fields.raw("network")
     if not isinstance(dims_raw, list) or not dims_raw:
@@ -201,7 +205,7 @@ def cluster_from(data: dict, prefix: str = "cluster") -> Cluster:
         reserved_memory=fields.quantity("reserved_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
         fragmentation=fields.quantity("fragmentation", KIND_COUNT, 0.0, bound="fragmentation"),
         workspace_memory=fields.quantity("workspace_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
-        calibration=_calibration(fields),
+        calibration=_calibration(fields, data, folder),
     )
     cluster = with_efficiency(cluster, fields.raw("training_efficiency", PHYSICAL), fields.name("training_efficiency"))
     fields.reject_unknown()
@@ -231,7 +235,33 @@ def physical_reading(cluster: Cluster) -> Cluster:
 CALIBRATION_ERRORS = ("error_before", "error_in_sample", "error_cross_validated", "error_held_out")
 
 
-def _calibration(fields: Fields):
+FINGERPRINT = "calibration.fingerprint"   # where a calibrated file keeps its seal (answers/calibrate.py)
+
+
+def calibration_mismatch(data: dict, folder: Path | None) -> str | None:
+    """Why a calibrated file's calibration no longer describes it, or None when it does.
+
+    calibrate seals the file with ``calibration.fingerprint``, the sha256 of everything else in it
+    (base/fingerprint.py): the fitted values, the resources they were fitted with, the base, the runs' sha256
+    and the errors. Any edit breaks it. Where the file's folder is known, its runs file must still be there
+    and still have the sha256 the fit recorded.
+    """
+    cal = data.get("calibration") or {}
+    seal = cal.get("fingerprint")
+    if seal is None:
+        return "it carries no fingerprint (written before calibrate sealed its files, or edited)"
+    if seal != fingerprint(data, (FINGERPRINT,)):
+        return "the file was edited after its fit (its fingerprint differs)"
+    if folder is not None:
+        runs = folder / str(cal.get("runs_file"))
+        if not runs.is_file():
+            return f"its runs file {cal.get('runs_file')} is not beside it"
+        if hashlib.sha256(runs.read_bytes()).hexdigest() != cal.get("runs_sha256"):
+            return f"its runs file {cal.get('runs_file')} changed since the fit (sha256)"
+    return None
+
+
+def _calibration(fields: Fields, data: dict | None = None, folder: Path | None = None):
     """The provenance block a calibrated cluster file carries (calibrate.calibrated_data writes it), kept as
     read once checked: the runs counted, the runs file named, each error summary two |errors| in the
     ``relative_error`` row of bounds.BOUNDS with the mean at most the max, ``fitted`` values finite numbers.
@@ -258,11 +288,15 @@ def _calibration(fields: Fields):
         fitted = cal.sub("fitted")
         for name in fitted.data:
             _fitted_value(fitted.sub(str(name)) if isinstance(name, str) else fitted.sub(name))
+    seal = cal.raw("fingerprint", None)
+    if seal is not None and not (isinstance(seal, str) and len(seal) == 64 and all(c in "0123456789abcdef" for c in seal)):
+        raise InputError(cal.name("fingerprint"), f"must be 64 hexadecimal digits, got {shown(seal)}")
     left = cal.raw("left_at_preset", [])
     if not isinstance(left, list) or not all(isinstance(n, str) for n in left):
         raise InputError(cal.name("left_at_preset"), f"must be a list of parameter names, got {shown(left)}")
     cal.reject_unknown()
-    return raw
+    mismatch = calibration_mismatch(data, folder) if data is not None else None
+    return {**raw, "stale": mismatch} if mismatch else raw
 
 
 def _error_summary(block: Fields) -> None:

@@ -68,10 +68,11 @@ def load_cluster(ref: str, efficiency: str | None = None) -> Cluster:
     """A cluster from a preset name or a YAML file; ``efficiency``: a `training_efficiency:` setting that
     replaces the file's (hardware/efficiency.py: "physical" for the burn-test reading)."""
     _check_reference(ref, "cluster")
-    data = read_yaml(Path(ref), "cluster") if ref.endswith((".yaml", ".yml")) else preset_data("clusters", ref)
+    is_file = ref.endswith((".yaml", ".yml"))
+    data = read_yaml(Path(ref), "cluster") if is_file else preset_data("clusters", ref)
     if efficiency is not None:
         data = {**data, "training_efficiency": efficiency}
-    return cluster_from(data, "cluster")
+    return cluster_from(data, "cluster", Path(ref).parent if is_file else None)
 
 
 def _check_reference(ref: str, field: str) -> None:
