@@ -872,7 +872,16 @@ def test_the_calibration_block_of_a_cluster_file_is_checked(tmp_path, capsys, ch
 
 
 def test_a_sound_calibration_block_is_read_and_gives_the_error_band(tmp_path, capsys):
-    data = {**preset_data("clusters", "dgx-a100-80gb"), "calibration": CALIBRATION}
+    """A sound block, sealed as calibrate seals it (its runs file beside it, the fingerprint over the rest)."""
+    import hashlib
+
+    from comet_dse.base.fingerprint import fingerprint
+    from comet_dse.hardware.load import FINGERPRINT
+
+    (tmp_path / "runs.csv").write_text("id,model,gpus,metric,measured\n")
+    digest = hashlib.sha256((tmp_path / "runs.csv").read_bytes()).hexdigest()
+    data = {**preset_data("clusters", "dgx-a100-80gb"), "calibration": {**CALIBRATION, "runs_sha256": digest}}
+    data["calibration"]["fingerprint"] = fingerprint(data, (FINGERPRINT,))
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
     est = comet_dse.estimate("megatron-1.7b", path, 8, tp=8, global_batch=8)

@@ -111,3 +111,69 @@ def test_calibrate_refuses_runs_that_cannot_run_and_a_parameter_named_twice(tmp_
                     "".join(f"r{i},llama3-8b,8,1,1,{8 * (i + 1)},iter_s,{i + 1}.0\n" for i in range(6)))
     one_line_error(run_cli(capsys, "calibrate", runs, "--cluster", "dgx-h100", "--fit", "memory,memory"),
                    "fit", "twice")
+
+
+def test_money_and_days_never_print_infinities_or_exponents():
+    from comet_dse.base.units import format_duration, format_usd
+
+    assert format_usd(1e12) == "$1,000B" and format_usd(7.25e6) == "$7.25M" and format_usd(950) == "$950"
+    assert format_usd(float("inf")) == format_usd(float("nan")) == "unknown"
+    assert format_duration(float("inf")) == "unknown"
+
+
+@pytest.mark.parametrize("days", ["5_0", "\uff150"])
+def test_days_take_the_number_syntax_of_every_other_amount(capsys, days):
+    from cli_run import one_line_error
+
+    one_line_error(run_cli(capsys, "plan", "--model", "llama3-8b", "--global-batch", 512, "--tokens", "1T",
+                           "--days", days), "--days", "cannot read")
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda api: api.plan("llama3-8b", "1T", 512, days="x"), "days"),
+    (lambda api: api.plan("llama3-8b", "1T", 512, days=30, devices="8"), "devices"),
+    (lambda api: api.plan("llama3-8b", "1T", 512, days=30, clusters=5), "clusters"),
+    (lambda api: api.sweep(None), "study"),
+    (lambda api: api.estimate("llama3-8b", "dgx-h100", 8, global_batch=8, zero=True), "zero"),
+])
+def test_the_api_refuses_a_wrong_type_with_an_input_error(call, field):
+    from comet_dse import api
+    from comet_dse.base.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        call(api)
+    assert err.value.field == field
+
+
+def test_the_api_takes_one_cluster_name_and_one_device_count():
+    from comet_dse import api
+
+    result = api.plan("llama3-8b", "1T", 512, days=30, clusters="dgx-h100", devices=64)
+    assert result.clusters == ("dgx-h100",)
+
+
+def test_a_name_with_a_newline_is_refused(tmp_path, capsys):
+    from cli_run import one_line_error
+
+    data = yaml.safe_load((ROOT / "src/comet_dse/presets/clusters/dgx-h100.yaml").read_text())
+    data["name"] = "evil\nbandwidth: 1"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    one_line_error(run_cli(capsys, "estimate", "--model", "llama3-8b", "--cluster", tmp_path / "c.yaml",
+                           "--devices", 8, "--global-batch", 8), "cluster.name", "one line")
+
+
+def test_the_explorer_answers_malformed_requests_with_a_4xx_and_a_sentence():
+    pytest.importorskip("dash")
+    from comet_dse.web.app import MAX_REQUEST_BYTES, build_app
+
+    client = build_app().server.test_client()
+    unknown = {"output": "nothing.children", "outputs": {"id": "nothing", "property": "children"}, "inputs": [],
+               "changedPropIds": []}
+    answers = [client.post("/_dash-update-component", json=unknown),
+               client.post("/_dash-update-component", data="[" * 100_000 + "]" * 100_000,
+                           content_type="application/json"),
+               client.post("/_dash-update-component", data=b"x" * (MAX_REQUEST_BYTES + 1),
+                           content_type="application/json")]
+    assert [r.status_code for r in answers] == [400, 400, 413]
+    assert b"Traceback" not in answers[0].data and b"could not be answered" in answers[0].data
+    assert client.get("/").status_code == 200

@@ -111,6 +111,31 @@ def _check_knobs(given: dict, what: str) -> None:
         raise InputError(unknown[0], f"is not a strategy knob {what} takes; knobs: {', '.join(KNOB)}")
 
 
+def _amount(value, field: str) -> float:
+    """A number, or text in the command line's number syntax ("50", "1.5e7", "12M"), as a float; an
+    InputError naming ``field`` otherwise (``plan(days='x')`` was a raw ValueError)."""
+    from comet_dse.base.units import KIND_TOKENS, parse_quantity
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        return parse_quantity(value.strip().lstrip("$").removesuffix("USD").strip(), KIND_TOKENS, field)
+    raise InputError(field, f"must be a number, got {shown(value)}")
+
+
+def _several(value, field: str, kinds: tuple) -> list:
+    """One value of ``kinds`` or a list of them, as a list (``clusters='dgx-h100'`` was read letter by letter,
+    ``devices=8`` was a raw TypeError)."""
+    if isinstance(value, kinds) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, kinds) and not isinstance(v, bool)
+                                                          for v in value):
+        return list(value)
+    words = {"str": "a name", "int": "an integer", "Path": "a path", "Cluster": "a Cluster"}
+    names = " or ".join(words[k.__name__] for k in kinds)
+    raise InputError(field, f"must be {names} or a non-empty list of them, got {shown(value)}")
+
+
 @dataclass(frozen=True)
 class SearchResults(Tabular):
     """Every evaluated strategy of a search, the feasible ones ranked fastest first.
@@ -249,14 +274,15 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
         raise InputError("basis", f"must be rent or own, got {basis!r}")
     if days is None and budget is None:
         raise InputError("days", "give a deadline (days) or a budget, or both")
-    deadline = BOUNDS["deadline_days"].check("days", float(days)) * 86400.0 if days is not None else None
-    budget = BOUNDS["budget_usd"].check("budget", float(budget)) if budget is not None else None
+    deadline = BOUNDS["deadline_days"].check("days", _amount(days, "days")) * 86400.0 if days is not None else None
+    budget = BOUNDS["budget_usd"].check("budget", _amount(budget, "budget")) if budget is not None else None
     model = load_model(model, seq_len)
     tokens = token_budget(tokens)
     global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
-    names = list(clusters) if clusters else presets.preset_names("clusters")
+    names = _several(clusters, "clusters", (str, Path, Cluster)) if clusters else presets.preset_names("clusters")
     loaded = [load_cluster(c, overrides, physical=physical) for c in names]
-    counts = tuple(BOUNDS["devices"].check_integer("devices", n) for n in (devices or planning.DEFAULT_DEVICES))
+    counts = tuple(BOUNDS["devices"].check_integer("devices", n)
+                   for n in (_several(devices, "devices", (int,)) if devices else planning.DEFAULT_DEVICES))
     found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
     return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,
                          found, bool(slow_end))
@@ -296,6 +322,8 @@ def sweep(study, output=None, *, workers: int = 1, top: int = 5, progress: bool 
     from comet_dse.design_space.engine import run_study
     from comet_dse.design_space.study import Study, load_study
 
+    if not isinstance(study, (Study, str, Path)):
+        raise InputError("study", f"must be a Study or the path of a study YAML, got {shown(study)}")
     loaded = study if isinstance(study, Study) else load_study(Path(study))
     if output is not None:
         path = Path(output)

@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import stat
+import unicodedata
 from pathlib import Path
 
 import yaml
@@ -23,6 +24,8 @@ MAX_DEPTH = 64              # nested mappings and lists
 MAX_NODES = 200_000         # values in a file, counting each use of a YAML alias
 _MAX_DIGITS = 4300           # Python's limit on the digits of an integer read from text (sys.get_int_max_str_digits)
 MAX_INTEGER = BOUNDS["integer"].high   # largest integer field (layers, hidden, devices per node, ...)
+
+MAX_NAME = 200              # characters in a name a file gives (a cluster's, a device's, a network dimension's)
 
 
 def read_text_file(path: Path, what: str) -> str:
@@ -258,6 +261,16 @@ class Fields:
     def text(self, key: str, default: object = ...) -> str:
         value = self.raw(key, default)
         return str(value).strip()
+
+    def name_text(self, key: str, default: object = ...) -> str:
+        """A name (of a cluster, a device, a model): text of at most MAX_NAME characters without control
+        characters (a newline in a cluster's name wrote keys of its own into the exported ASTRA-sim
+        network.yml). Invisible format characters stay allowed: every printer escapes them (text.printable)."""
+        value = self.text(key, default)
+        if len(value) > MAX_NAME or any(unicodedata.category(c) == "Cc" for c in value):
+            raise InputError(self.name(key), f"must be a name of at most {MAX_NAME} characters on one line, without "
+                                             f"control characters, got {shown(value[:60])}")
+        return value
 
     def sub(self, key: str) -> "Fields":
         return Fields(self.raw(key), self.name(key))

@@ -177,7 +177,10 @@ def format_time(t: float) -> str:
 
 
 def format_duration(t: float) -> str:
-    """A long time with a readable unit: days from one day on, else hours, e.g. 3.2e6 -> '37.0 days'."""
+    """A long time with a readable unit: days from one day on, else hours, e.g. 3.2e6 -> '37.0 days';
+    'unknown' for NaN or an infinite time (never 'inf days')."""
+    if not math.isfinite(t):
+        return "unknown"
     if abs(t) >= DAY:
         return f"{t / DAY:,.1f} days"
     if abs(t) >= HOUR:
@@ -198,12 +201,23 @@ def _three(x: float, unit: str) -> str:
 
 
 def format_usd(usd: float) -> str:
-    """Dollars, e.g. 1.234e6 -> '$1.23M', 950 -> '$950', -38400 -> '-$38.4k'."""
+    """Dollars, three significant digits and never an exponent, e.g. 1.234e6 -> '$1.23M', 950 -> '$950',
+    -38400 -> '-$38.4k', 1e12 -> '$1,000B'; 'unknown' for NaN or an infinite amount (never '$infB')."""
+    if not math.isfinite(usd):
+        return "unknown"
     sign, usd = ("-" if usd < 0 else ""), abs(usd)
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if usd >= scale:
-            return f"{sign}${usd / scale:,.3g}{unit}"
-    return f"{sign}${usd:,.3g}"
+            return f"{sign}${_significant(usd / scale)}{unit}"
+    return f"{sign}${_significant(usd)}"
+
+
+def _significant(x: float) -> str:
+    """A non-negative amount with three significant digits, whole from 100 on, never in exponent notation:
+    1.234 -> '1.23', 12.34 -> '12.3', 999.6 -> '1,000', 12345 -> '12,345'."""
+    if x >= 99.95:
+        return f"{x:,.0f}"
+    return f"{float(f'{x:.3g}'):g}" if x >= 1e-4 else f"{x:.4f}"
 
 
 def format_hours(seconds: float) -> str:

@@ -45,8 +45,12 @@ def add_parser(sub) -> None:
 
 
 def _days(text: str) -> float:
+    """A deadline in days, in the number syntax of every other amount (base/units.py: parse_quantity; no
+    full-width digits, no 5_0)."""
+    from comet_dse.base.units import KIND_COUNT, parse_quantity
+
     try:
-        return BOUNDS["deadline_days"].check("--days", float(text), text)
+        return BOUNDS["deadline_days"].check("--days", parse_quantity(text, KIND_COUNT, "--days"), text)
     except (ValueError, InputError) as exc:
         raise argparse.ArgumentTypeError(getattr(exc, "message", f"expected a number of days, got {text!r}")) from None
 

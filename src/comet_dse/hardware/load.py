@@ -67,7 +67,7 @@ def accelerator_from(fields: Fields) -> Accelerator:
         raise InputError(fields.name("matmul_pipeline_overhead"),
                          f"must be a number of iterations in [{cap.low}, {cap.high}], got {overhead!r}")
     accelerator = Accelerator(
-        name=fields.text("name"),
+        name=fields.name_text("name"),
         peak_flops=peak_flops,
         matmul_efficiency=_matmul_efficiency(fields, peak_flops)[0],
         matmul_efficiency_by_dtype=_matmul_efficiency(fields, peak_flops)[1],
@@ -152,7 +152,7 @@ def network_dim_from(fields: Fields, outermost: bool) -> NetworkDim:
     if size is None and not outermost:
         raise InputError(fields.name("size"), "only the outermost network dimension may be unbounded (null)")
     dim = NetworkDim(
-        name=fields.text("name"),
+        name=fields.name_text("name"),
         size=size,
         topology=fields.choice("topology", Topology),
         link_bandwidth=fields.quantity("link_bandwidth", KIND_BANDWIDTH, bound="link_bandwidth"),
@@ -189,7 +189,7 @@ def cluster_from(data: dict, prefix: str = "cluster", folder: Path | None = None
     )
     refuse_repeated_names(network, fields.name("network"))
     cluster = Cluster(
-        name=fields.text("name"),
+        name=fields.name_text("name"),
         accelerator=accelerator_from(fields.sub("accelerator")),
         devices_per_node=fields.integer("devices_per_node"),
         network=network,

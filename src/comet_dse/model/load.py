@@ -36,7 +36,7 @@ def transformer_from(data: dict, prefix: str = "model") -> Transformer:
                   expert_groups=mo.integer("expert_groups", 1), groups_per_token=mo.integer("groups_per_token", 1))
         mo.reject_unknown()
     model = Transformer(
-        name=f.text("name"),
+        name=f.name_text("name"),
         layers=f.integer("layers"),
         hidden=hidden,
         attention=Attention(heads=heads, kv_heads=f.integer("kv_heads", heads), head_dim=head_dim, latent=latent,

@@ -111,6 +111,8 @@ class Knob:
                 return words[value.strip().lower()]
             raise bad
         if self.is_choice:
+            if isinstance(value, (bool, np.bool_)):       # zero=True was ZeRO 1 (Zero is an IntEnum)
+                raise bad
             try:
                 return self.kind(int(value) if self.kind is Zero and isinstance(value, str) else value)
             except ValueError:

@@ -50,7 +50,28 @@ def build_app() -> dash.Dash:
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + STYLE + "</style>")
     app.layout = _layout()
     _callbacks(app)
+    _refuse_malformed_requests(app.server)
     return app
+
+
+MAX_REQUEST_BYTES = 2**20     # a callback's request is a few KiB of control values; 1 MiB leaves room for any
+
+
+def _refuse_malformed_requests(server) -> None:
+    """A request the page would never send (a body over MAX_REQUEST_BYTES, JSON nested beyond what the
+    parser takes, an output or input the app does not have) gets a 4xx and one sentence, never a 500 with a
+    traceback: Flask answers 413 for the size; whatever else fails while Dash decodes or dispatches it is a
+    400 naming the exception's kind."""
+    from werkzeug.exceptions import HTTPException
+
+    server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+
+    @server.errorhandler(Exception)
+    def malformed(exc):
+        if isinstance(exc, HTTPException):
+            return exc
+        return (f"comet-dse explore: the request could not be answered ({type(exc).__name__}); the page sends "
+                "control values only\n", 400, {"Content-Type": "text/plain; charset=utf-8"})
 
 
 def _labelled(text: str, control) -> list:
