@@ -1,13 +1,15 @@
 """Search for points where a better resource makes a step slower, far beyond what the test suite draws.
 
 For every cluster preset that holds 64 devices (and the same preset with a 512 GiB, 100 GB/s CXL-like tier
-with a 20 TFLOP/s compute roof when it has none), a dense and a MoE model, and N random strategies over the whole knob space, it evaluates
-the batched cost model once as it is and once per improved resource (2x FLOP/s, HBM, SRAM and vector rates,
-HBM and tier capacity, tier bandwidth and compute roof, 4x SRAM capacity, the sustained tensor rate at 1; per network dimension
-2x link bandwidth, 1.25x efficiency capped at 1, half the latency), over pipelines up to 16 stages, ZeRO 0-3,
-the expansion tier as memory or as a roofline, every placement family and each device's attention kernels and prints each (cluster, resource) with violations: how many, the worst ratio, and the
-worst strategy. No output means none was found. tests/test_physics.py checks the same property on fewer
-points in CI.
+with a 20 TFLOP/s compute roof when it has none), a dense model at 8K and at 64K tokens and a MoE model, and N
+random strategies over the whole knob space (context parallelism up to 16, every CP algorithm), it evaluates
+the batched cost model once as it is and once per improved resource, each by a factor drawn from 1.01 to 10
+(FLOP/s, HBM, SRAM and vector rates, HBM, SRAM and tier capacity, tier bandwidth and compute roof, the
+sustained tensor rate and the training efficiency toward 1; per network dimension link bandwidth, efficiency
+capped at 1, latency divided), over pipelines up to 16 stages, ZeRO 0-3, the expansion tier as memory or as a
+roofline, every placement family and each device's attention kernels, and prints each (cluster, resource)
+with violations: how many, the worst ratio, and the worst strategy. No output means none was found.
+tests/test_physics.py checks the same property on fewer points in CI.
 
     python benchmarks/probe_monotonic.py [--seed 0] [--points 300]
 """
@@ -32,7 +34,7 @@ CXL = MemoryTier("cxl", 512 * 2**30, 100e9, 0.9, 2e-6, compute=20e12)   # a comp
 
 def random_strategy(rng: random.Random, moe: bool, kernels=("fa2",)) -> Strategy:
     tp = rng.choice([1, 2, 4, 8])
-    cp = rng.choice([1, 2])
+    cp = rng.choice([c for c in (1, 2, 4, 8, 16) if tp * c <= DEVICES])
     pp = rng.choice([p for p in (1, 2, 4, 8, 16) if tp * cp * p <= DEVICES])
     dp = DEVICES // (tp * cp * pp)
     ep = rng.choice([e for e in (1, 2, 4, 8) if dp % e == 0]) if moe else 1
@@ -52,30 +54,46 @@ def _acc(cluster, **changes):
     return dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, **changes))
 
 
-def improved(cluster):
-    """(name, cluster with that resource improved) for every resource."""
+def improved(cluster, rng: random.Random):
+    """(name, factor, cluster with that resource improved by the factor) for every resource; each factor is
+    drawn from 1.01 to 10."""
     acc = cluster.accelerator
-    yield "flops", _acc(cluster, peak_flops={k: 2 * v for k, v in acc.peak_flops.items()})
-    yield "hbm_bandwidth", _acc(cluster, hbm=dc.replace(acc.hbm, bandwidth=2 * acc.hbm.bandwidth))
-    yield "hbm_capacity", _acc(cluster, hbm=dc.replace(acc.hbm, capacity=2 * acc.hbm.capacity))
-    yield "sram_bandwidth", _acc(cluster, sram=dc.replace(acc.sram, bandwidth=2 * acc.sram.bandwidth))
-    yield "sram_capacity", _acc(cluster, sram=dc.replace(acc.sram, capacity=4 * acc.sram.capacity))
-    yield "tensor_sustained", _acc(cluster, tensor_sustained={d: 1.0 for d in acc.peak_flops})
-    yield "vector_flops", _acc(cluster, vector_flops=2 * acc.vector_flops)
+    f = lambda: rng.uniform(1.01, 10.0)  # noqa: E731 - one draw per resource
+    x = f()
+    yield "flops", x, _acc(cluster, peak_flops={k: x * v for k, v in acc.peak_flops.items()})
+    x = f()
+    yield "hbm_bandwidth", x, _acc(cluster, hbm=dc.replace(acc.hbm, bandwidth=x * acc.hbm.bandwidth))
+    x = f()
+    yield "hbm_capacity", x, _acc(cluster, hbm=dc.replace(acc.hbm, capacity=x * acc.hbm.capacity))
+    x = f()
+    yield "sram_bandwidth", x, _acc(cluster, sram=dc.replace(acc.sram, bandwidth=x * acc.sram.bandwidth))
+    x = f()
+    yield "sram_capacity", x, _acc(cluster, sram=dc.replace(acc.sram, capacity=x * acc.sram.capacity))
+    x = f()
+    sustained = {d: min(1.0, x * acc.physical_sustained(d)) for d in acc.peak_flops}
+    yield "tensor_sustained", x, _acc(cluster, tensor_sustained=sustained, training_efficiency={
+        k: dc.replace(a, value=min(1.0, x * a.value)) for k, a in acc.training_efficiency.items()})
+    x = f()
+    yield "vector_flops", x, _acc(cluster, vector_flops=x * acc.vector_flops)
     if acc.expansion:
         exp = acc.expansion
-        yield "expansion_bandwidth", _acc(cluster, expansion=dc.replace(exp, bandwidth=2 * exp.bandwidth))
-        yield "expansion_latency", _acc(cluster, expansion=dc.replace(exp, latency=0.5 * exp.latency))
-        yield "expansion_capacity", _acc(cluster, expansion=dc.replace(exp, capacity=2 * exp.capacity))
+        x = f()
+        yield "expansion_bandwidth", x, _acc(cluster, expansion=dc.replace(exp, bandwidth=x * exp.bandwidth))
+        x = f()
+        yield "expansion_latency", x, _acc(cluster, expansion=dc.replace(exp, latency=exp.latency / x))
+        x = f()
+        yield "expansion_capacity", x, _acc(cluster, expansion=dc.replace(exp, capacity=x * exp.capacity))
         if exp.compute is not None:
-            yield "expansion_compute", _acc(cluster, expansion=dc.replace(exp, compute=2 * exp.compute))
+            x = f()
+            yield "expansion_compute", x, _acc(cluster, expansion=dc.replace(exp, compute=x * exp.compute))
     for i, d in enumerate(cluster.network):
-        for what, new in (("link_bandwidth", dc.replace(d, link_bandwidth=2 * d.link_bandwidth)),
-                          ("efficiency", dc.replace(d, efficiency=min(1.0, 1.25 * d.efficiency))),
-                          ("latency", dc.replace(d, latency=0.5 * d.latency))):
+        x, y, z = f(), f(), f()
+        for what, factor, new in (("link_bandwidth", x, dc.replace(d, link_bandwidth=x * d.link_bandwidth)),
+                                  ("efficiency", y, dc.replace(d, efficiency=min(1.0, y * d.efficiency))),
+                                  ("latency", z, dc.replace(d, latency=d.latency / z))):
             network = list(cluster.network)
             network[i] = new
-            yield f"{d.name}.{what}", dc.replace(cluster, network=tuple(network))
+            yield f"{d.name}.{what}", factor, dc.replace(cluster, network=tuple(network))
 
 
 def clusters():
@@ -97,7 +115,9 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=300, help="random strategies per cluster and model")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    models = {"dense": load_model("llama3-8b").with_seq_len(8192), "moe": load_model("mixtral-8x7b").with_seq_len(8192)}
+    models = {"dense 8K": load_model("llama3-8b").with_seq_len(8192),
+              "dense 64K": load_model("llama3-8b").with_seq_len(65536),
+              "moe": load_model("mixtral-8x7b").with_seq_len(8192)}
     found = {}
     for label, cluster in clusters():
         for kind, model in models.items():
@@ -107,17 +127,20 @@ def main() -> None:
                           for s in strategies]
             arrays = StrategyArrays.of(strategies)
             with np.errstate(all="ignore"):
-                base = evaluate(model, cluster, DEVICES, arrays).step_time
-                for resource, better in improved(cluster):
-                    ratio = evaluate(model, better, DEVICES, arrays).step_time / base
-                    worse = np.flatnonzero(ratio > 1 + 1e-9)
+                base = evaluate(model, cluster, DEVICES, arrays)
+                for resource, factor, better in improved(cluster, rng):
+                    step = evaluate(model, better, DEVICES, arrays)
+                    ratio = step.step_time / base.step_time
+                    worse = np.flatnonzero((ratio > 1 + 1e-9) | (base.fits & ~step.fits))
                     if len(worse):
                         worst = worse[np.argmax(ratio[worse])]
                         count, top, _ = found.get((label, resource), (0, 0.0, None))
-                        example = (kind, strategies[worst]) if ratio[worst] > top else found[(label, resource)][2]
+                        example = ((kind, factor, strategies[worst]) if ratio[worst] > top or not count
+                                   else found[(label, resource)][2])
                         found[(label, resource)] = (count + len(worse), max(top, ratio[worst]), example)
-    for (label, resource), (count, top, (kind, strategy)) in sorted(found.items()):
-        print(f"{label} {resource}: {count} slower, worst x{top:.6f} ({kind}) {strategy}")
+    for (label, resource), (count, top, (kind, factor, strategy)) in sorted(found.items()):
+        print(f"{label} {resource} x{factor:.2f}: {count} slower or no longer feasible, worst x{top:.6f} "
+              f"({kind}) {strategy}")
 
 
 if __name__ == "__main__":

@@ -389,16 +389,18 @@ def test_huge_integer_is_one_line(tmp_path, capsys):
 # --- 9. terminal control characters -------------------------------------------------------------
 
 def test_control_characters_in_names_are_not_printed(tmp_path, capsys):
-    """Case 9: escape sequences in a model name were printed raw."""
+    """Case 9: escape sequences in a model name were printed raw. Since the fourth hardening round (issue 39)
+    a model or cluster name with control characters is refused, with the characters escaped in the line; a
+    study's name is still printed escaped."""
     model = preset_data("models", "megatron-22b")
     model["name"] = "\x1b]0;pwned\x07\x1b[2J\x1b[31mevil\x9b1m"
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
     for command in (["estimate", "--tp", 8], ["search", "--tp", 8]):
         code, out, err = run(capsys, command[0], "--model", tmp_path / "m.yaml", "--cluster", "dgx-a100-80gb",
                              "--devices", 64, "--global-batch", 64, *command[1:])
-        assert code == 0, err
-        assert "evil" in out and not any(c in out + err for c in "\x1b\x07\x9b"), out
-    path = write_study(tmp_path / "s.yaml", models=[str(tmp_path / "m.yaml")], name="\x1b[5mblink")
+        assert code == 2 and "model.name" in err and "control characters" in err, err
+        assert not any(c in out + err for c in "\x1b\x07\x9b"), err
+    path = write_study(tmp_path / "s.yaml", models=["megatron-22b"], name="\x1b[5mblink")
     code, out, err = run(capsys, "sweep", path, "--output", tmp_path / "r.parquet", "--no-progress")
     assert code == 0 and "blink" in out and not any(c in out + err for c in "\x1b\x07\x9b")
     bad = tmp_path / "\x1b[31mmissing.yaml"

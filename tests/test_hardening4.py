@@ -177,3 +177,33 @@ def test_the_explorer_answers_malformed_requests_with_a_4xx_and_a_sentence():
     assert [r.status_code for r in answers] == [400, 400, 413]
     assert b"Traceback" not in answers[0].data and b"could not be answered" in answers[0].data
     assert client.get("/").status_code == 200
+
+
+@pytest.mark.parametrize("factor", ["x1.0", "x1.02", "x1.05", "x1.1", "x1.2", "x1.5", "x2"])
+def test_more_hbm_never_makes_a_point_with_a_tier_infeasible(factor):
+    """Probe: megatron-310b on 144 GB200 with a 512 GiB tier flipped feasible, no, no, yes, no, yes, yes as the
+    HBM grew: the placement tested HBM again after spilling, and rounding decided (cost/memory.py: place)."""
+    from comet_dse import api
+
+    result = api.estimate("megatron-310b", "gb200-nvl72", 144, tp=1, pp=8, dp=18, zero=1, global_batch=144,
+                          overrides={"hbm_capacity": factor}, expansion="512GiB@64GB/s")
+    assert result.feasible, result.reasons
+
+
+CP_RING = dict(tp=4, cp=16, pp=1, dp=1, global_batch=8, micro_batch=1, recompute="none", sequence_parallel=True,
+               zero=2, dtype="bf16", flash_attention=False, tp_overlap=True, cp_algorithm="ring")
+
+
+@pytest.mark.parametrize("cluster, resource, factor", [
+    ("dgx-a100-40gb", "sram_capacity", "x6.68"), ("dgx-a100-40gb", "hbm_bandwidth", "x4.12"),
+    ("gaudi3", "hbm_bandwidth", "x10"), ("mi300x", "hbm_bandwidth", "x6.25"), ("dgx-h200", "sram_capacity", "x4"),
+])
+def test_a_better_resource_never_slows_a_cp_ring(cluster, resource, factor):
+    """Probe (benchmarks/probe_monotonic.py with factors to 10 and cp to 16): with a CP ring and unfused
+    attention a faster HBM or a larger SRAM made a step up to 4 % slower: the backward ring was charged against
+    2.5x the forward attention kernels, which a memory-bound core does not take (cost/layer_work.py)."""
+    from comet_dse import api
+
+    base = api.estimate("llama3-8b", cluster, 64, seq_len=8192, **CP_RING)
+    better = api.estimate("llama3-8b", cluster, 64, seq_len=8192, overrides={resource: factor}, **CP_RING)
+    assert better.step_time_s <= base.step_time_s * (1 + 1e-12)

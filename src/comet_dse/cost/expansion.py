@@ -89,7 +89,7 @@ def offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None
     T_f, T_b: the stage's forward and backward (+ recomputation) seconds per
     micro-batch with their exposed communication; T_opt: the optimizer step;
     T_dp: the step's exposed data-parallel communication.
-    ``roofline`` = (expansion_roofline per point, C_f, C_b, R_f, R_b): where on, the tier is costed as
+    ``roofline`` = (expansion_roofline per point, C_f, C_b, R_f, R_b, F): where on, the tier is costed as
     COMET's remote-memory roofline (dkadiyala3/comet-astrasim, trial/run.log: remote-mem-roofline-bw and
     -peak-perf beside local-mem-roofline-*): an operator takes max(compute, local memory, remote memory,
     compute on remote operands), so each pass's remote time R (its stream (W_x + f_x A)/B, (2 W_x + f_x A)/B,
@@ -99,8 +99,11 @@ def offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None
     one pass into another or into exposed DP time. (Hiding it behind the compute-bound kernels alone made
     faster compute slow a step: a GEMM that turns memory-bound, or attention that stops hiding a CP ring,
     left that window, issue 32.)
-        T = m [max(0, R_f - C_f) + max(0, R_b - C_b)] + max(0, 2 O_x / B - T_opt) + latencies
-    (the optimizer, memory-bound, streams its spilled state beside its HBM traffic).
+        T = (m + F) [max(0, R_f - C_f) + max(0, R_b - C_b)] + max(0, 2 O_x / B - T_opt) + latencies
+    (the optimizer, memory-bound, streams its spilled state beside its HBM traffic). F = (p - 1) / v: the
+    pipeline's fill and drain run the same stretched passes, so its bubble grows by F of them. (Without it a
+    higher compute roof or a faster tier could slow a step: the data-parallel reduction hides behind
+    ((v - 1) p + 1) / v passes, more than the m a step was charged for.)
     Sources: Rajbhandari et al. 2021 (ZeRO-Infinity, arXiv:2104.07857,
     Sec. 6: overlap-centric design); docs/model.md.
     """
@@ -118,8 +121,8 @@ def offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None
         optimizer = np.maximum(2.0 * placed.spilled_optimizer / bw - t_opt, 0.0)
         exposed = np.where(on, np.maximum(m * (forward + backward) + optimizer - t_dp, 0.0), exposed)
         if roofline is not None:
-            on, c_f, c_b, roof_f, roof_b = roofline
+            on, c_f, c_b, roof_f, roof_b, fill = roofline
             forward = np.maximum(roof_f - c_f, 0.0)
             backward = np.maximum(roof_b - c_b, 0.0)
-            exposed = np.where(on, m * (forward + backward) + optimizer, exposed)
+            exposed = np.where(on, (m + fill) * (forward + backward) + optimizer, exposed)
     return exposed + phases * lat

@@ -67,6 +67,7 @@ class LayerCost:
     tp_gemm_forward: object = 0.0   # forward time of the GEMMs next to the TP collectives (_Block)
     tp_gemm_backward: object = 0.0  # their backward (input- and weight-gradient) time
     tp_messages_backward: object = 2.0  # TP all-reduces in backward (Transformer.tp_operators)
+    attention_core_backward: object = 0.0   # the core's backward kernels (KernelTime): what the CP ring hides behind
 
 
 # Transformer Engine's fp8 passes (delayed scaling, TE 1.x; docs/model.md, "The fp8 recipe's own kernels"):
@@ -285,7 +286,7 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
     split over TP (QKV or MLA's up projections, and the output projection).
     Each rank holds a/t query heads and kv = ``kv_heads_per_rank(t)`` K and V
     heads (max(k/t, 1): multi-query attention replicates its one KV head).
-    Returns (_Block, core forward time, core saved bytes, K/V bytes per CP step).
+    Returns (_Block, core forward time, core backward time, core saved bytes, K/V bytes per CP step).
     """
     h, t, e, tok = model.hidden, shape.t, shape.e, shape.tokens
     att = model.attention
@@ -313,7 +314,7 @@ def _attention(model: Transformer, shape: LayerShape, dev: Device):
         fwd, bwd = fwd + rope_f, bwd + rope_b
     kv_bytes = tok * kv * (att.qk_dim + att.v_dim) * e
     block = _Block(fwd + core_f, bwd + core_b, saved + qkv * e + core_saved, tp_f, tp_b)
-    return block, core_f, core_saved, kv_bytes
+    return block, core_f, core_b, core_saved, kv_bytes
 
 
 def _ffn(tokens, ffn, model: Transformer, shape: LayerShape, dev: Device, experts=1, routed=False,
@@ -438,7 +439,7 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     dropout = model.dropout
 
     norm_f, norm_b = _pointwise(ntok * h, 2 * e, NORM_BWD_ELEMENTS * e, FLOPS_NORM, dev)
-    att, core_f, core_saved, kv_bytes = _attention(model, shape, dev)
+    att, core_f, core_b, core_saved, kv_bytes = _attention(model, shape, dev)
     resid_bytes_f = 3 * e + (MASK_BYTES if dropout else 0.0)
     resid_f, resid_b = _pointwise(ntok * h, resid_bytes_f, resid_bytes_f, FLOPS_DROPOUT + FLOPS_ADD, dev)
     if moe_layer and model.moe:
@@ -461,7 +462,7 @@ def layer_cost(model: Transformer, shape: LayerShape, dev: Device, moe_layer: bo
     saved = norm_in + gemm_in + att.saved + masks + mlp.saved
     tp_fwd, tp_bwd = _tp_messages(model, shape)
     return LayerCost(
-        forward=forward, backward=backward, attention_core=core_f,
+        forward=forward, backward=backward, attention_core=core_f, attention_core_backward=core_b,
         saved_bytes=saved, attention_core_bytes=np.where(shape.flash, 0.0, core_saved),
         input_bytes=ntok * h * e, tp_messages=tp_fwd, tp_messages_backward=tp_bwd, tp_message_bytes=tok * h * e,
         moe=bool(moe_layer and model.moe), a2a_bytes=a2a, cp_kv_bytes=kv_bytes,

@@ -82,7 +82,8 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     core = layer.attention_core.total
     gather = coll.all_gather_time(st.cp * layer.cp_kv_bytes, dims, spans["cp"])
     cp_fwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(ring - core, 0.0)), 0.0)
-    cp_bwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(2.0 * ring - 2.5 * core, 0.0)), 0.0)
+    core_back = layer.attention_core_backward.total
+    cp_bwd = np.where(st.cp > 1, np.where(all_gather, gather, np.maximum(2.0 * ring - core_back, 0.0)), 0.0)
     ring_hides = (st.cp > 1) & ~all_gather
     ep_pass = expert_exchange_time(model.moe, layer.a2a_bytes, ctx, st) if layer.moe else 0.0
     ep_fwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.forward.total, tp_pass - tp_fwd,

@@ -182,7 +182,11 @@ def place(parts: dict, hbm_capacity, expansion_capacity, total=None) -> Placemen
     act = np.minimum(over, parts["activations"])
     over = over - act
     spilled = opt + wg + act
-    fits = (over <= 0.0) & (spilled <= expansion_capacity) & (total - spilled <= hbm_capacity)
+    # With a tier, what stays is total - spilled = min(total, hbm) + what could not spill: it fits exactly when
+    # nothing is left over (over <= 0). Testing total - spilled <= hbm as well flipped on rounding (the two
+    # sides equal in exact arithmetic), so that more HBM made a fitting point not fit.
+    tier = np.asarray(expansion_capacity) > 0
+    fits = np.where(tier, (over <= 0.0) & (spilled <= expansion_capacity), total <= hbm_capacity)
     return Placement(hbm=total - spilled, expansion=spilled, spilled_optimizer=opt,
                      spilled_weights=wg, spilled_activations=act, fits=fits)
 

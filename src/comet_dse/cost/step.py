@@ -120,7 +120,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
             remote_f, remote_b = np.maximum(remote_f, capped_f), np.maximum(remote_b, capped_b)
         dp_fwd = np.where(st.expansion_roofline, np.maximum(fwd, remote_f), fwd)
         dp_bwd = np.where(st.expansion_roofline, np.maximum(bwd, remote_b), bwd)
-        roofline = (st.expansion_roofline, fwd, bwd, remote_f, remote_b)
+        roofline = (st.expansion_roofline, fwd, bwd, remote_f, remote_b, (p - 1) / v)
     dp_exposed, dp_hidden = exposed_data_parallel(st, dp_fwd, dp_bwd, lay.dp, m, np.maximum(lay.stage_layers, 1.0),
                                            u > 0)
     # fp8 amax all-reduces: every micro-batch of every stage, on the critical path like the stage's work
