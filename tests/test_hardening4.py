@@ -207,3 +207,17 @@ def test_a_better_resource_never_slows_a_cp_ring(cluster, resource, factor):
     base = api.estimate("llama3-8b", cluster, 64, seq_len=8192, **CP_RING)
     better = api.estimate("llama3-8b", cluster, 64, seq_len=8192, overrides={resource: factor}, **CP_RING)
     assert better.step_time_s <= base.step_time_s * (1 + 1e-12)
+
+
+def test_an_export_of_more_ranks_than_its_bound_is_refused_before_any_work(tmp_path, capsys):
+    from comet_dse.export.folder import MAX_RANKS
+    from cli_run import one_line_error
+
+    data = yaml.safe_load((ROOT / "src/comet_dse/presets/clusters/dgx-h100.yaml").read_text())
+    data.pop("max_devices")
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(data))
+    devices = 8 * (MAX_RANKS // 8 + 1)
+    one_line_error(run_cli(capsys, "export", "--model", "llama3-8b", "--cluster", tmp_path / "big.yaml",
+                           "--devices", devices, "--tp", 8, "--global-batch", devices // 8, "--no-traces",
+                           "-o", tmp_path / "out"), "devices", f"{MAX_RANKS:,}")
+    assert not (tmp_path / "out").exists()

@@ -32,6 +32,10 @@ from comet_dse.strategy.declared import Strategy
 MARKER = ".comet-dse-export"
 KIND = "simulator export"
 MAX_NODES = 20_000_000       # nodes over all ranks before an export is refused (--max-nodes)
+# Ranks an export writes: one trace and one communicator-list entry per group each; 10 M ranks with --no-traces
+# ran 112 s into 3.9 GB. Beyond 2^20 (with --no-traces about 5 s and 22 MB for llama3-8b at TP 8, and far past
+# the tens of thousands of NPUs ASTRA-sim runs are reported at) it is refused before any work.
+MAX_RANKS = 2**20
 WORKLOAD = "workload"        # the ET files' prefix: chakra/workload.<rank>.et
 
 
@@ -53,6 +57,10 @@ def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strateg
     written. ``traces`` False: no chakra/ folder (the ASTRA-sim configurations and the 1.0 workload only,
     e.g. for the paper's 4,096-device splits). Returns the folder."""
     output = Path(os.path.abspath(output))
+    if devices > MAX_RANKS:
+        raise InputError("devices", f"an export writes every rank's trace and communicator groups; {devices:,} ranks "
+                         f"is more than {MAX_RANKS:,} (ASTRA-sim simulations run tens of thousands): export a smaller "
+                         "job of the same strategy")
     result = estimate(model, cluster, devices, strategy)
     if not result.runnable:
         raise InputError("strategy", "this strategy cannot run, so there is no step to export: "
