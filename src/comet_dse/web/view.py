@@ -26,6 +26,7 @@ from comet_dse.base.vocabulary import breakdown_labels, resource as described
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies, with_cluster_defaults
 from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
+from comet_dse.hardware.efficiency import efficiency_summary
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.text import compact_text
@@ -287,8 +288,10 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
         note = "nothing fits: the strategy that needs the least memory is shown"
     est = estimate(model, cluster, controls.devices, strategy_at(cols, row), tokens=controls.tokens)
     band = band_of_cluster(cluster, est.inputs["strategy"].get("dtype", "bf16"), bool(model.moe))
+    efficiency = efficiency_summary(cluster.accelerator, cluster.efficiency_setting,
+                                    est.inputs["strategy"].get("dtype", "bf16"), model.moe)
     return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
-            "error_band": band["text"],
+            "error_band": band["text"], "efficiency": "Tensor rate: " + efficiency["text"],
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
             "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes),
             "labels": breakdown_labels(est.inputs["strategy"], model.tied_embeddings),
