@@ -221,3 +221,33 @@ def test_an_export_of_more_ranks_than_its_bound_is_refused_before_any_work(tmp_p
                            "--devices", devices, "--tp", 8, "--global-batch", devices // 8, "--no-traces",
                            "-o", tmp_path / "out"), "devices", f"{MAX_RANKS:,}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_during_export_or_sweep_names_the_output(tmp_path, capsys, monkeypatch):
+    """Probe: export and sweep said "No space left on device" and nothing else."""
+    import errno
+    import os
+    import pathlib
+
+    import pyarrow.parquet as pq
+
+    from cli_run import one_line_error
+    from comet_dse.cli.options import EXIT_STORAGE
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real = pathlib.Path.write_text
+    monkeypatch.setattr(pathlib.Path, "write_text",
+                        lambda self, *a, **k: full() if self.name == "network.yml" else real(self, *a, **k))
+    out = tmp_path / "export"
+    one_line_error(run_cli(capsys, "export", "--model", "llama3-8b", "--cluster", "dgx-h100", "--devices", 8,
+                           "--tp", 8, "--global-batch", 8, "--no-traces", "-o", out),
+                   str(out), "ENOSPC", status=EXIT_STORAGE)
+    assert not out.exists()
+    monkeypatch.setattr(pathlib.Path, "write_text", real)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    result = tmp_path / "points.parquet"
+    code, _, err = run_cli(capsys, "sweep", ROOT / "studies" / "example-capacity.yaml", "--output", result,
+                           "--no-progress")
+    assert code == EXIT_STORAGE and f"cannot write {result}" in err and "ENOSPC" in err, err

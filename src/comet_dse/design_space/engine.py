@@ -46,7 +46,7 @@ except ImportError:          # not POSIX: no lock between runs
 
 from comet_dse.base import jsonout, written
 from comet_dse.base.allocator import keep_freed_memory
-from comet_dse.base.errors import InputError, RunFailed
+from comet_dse.base.errors import InputError, RunFailed, StorageError
 from comet_dse.design_space.output import (
     check_output_file, csv_table, output_parent, remove_stale_temps, to_arrow, write_dataset,
 )
@@ -463,7 +463,12 @@ def run_study(study: Study, output, *, engine: str = "local", workers: int = 1, 
         client = stack.enter_context(_dask_client(workers, scheduler)) if engine == "dask" else None
         store = PartStore(output, study, chunks, resume)      # after the scheduler answered: nothing left behind
         stack.callback(store.release)
-        return _run(study, output, chunks, store, client, workers, progress, on_chunk, top_k, on_start)
+        try:
+            return _run(study, output, chunks, store, client, workers, progress, on_chunk, top_k, on_start)
+        except (RunFailed, StorageError, InputError):
+            raise
+        except OSError as exc:        # a full disk while a part or the output is written: name the output
+            raise written.failure("output", "write", output, exc) from None
 
 
 def _run(study, output, chunks, store, client, workers, progress, on_chunk, top_k, on_start) -> dict:

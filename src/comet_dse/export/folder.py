@@ -76,9 +76,12 @@ def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strateg
     written.remove_stale_temps(output, MARKER)
     tmp = written.result_temp_folder(output)     # private, at a name nobody can predict (never through a link)
     try:
-        (tmp / MARKER).write_text("{}")       # an export being written: stale-temporary cleaning may remove it
-        _write_all(tmp, plan, model, cluster, devices, strategy, result, traces)
-        written.seal(tmp, MARKER, KIND, devices=devices, nodes=total)
+        try:
+            (tmp / MARKER).write_text("{}")   # an export being written: stale-temporary cleaning may remove it
+            _write_all(tmp, plan, model, cluster, devices, strategy, result, traces)
+            written.seal(tmp, MARKER, KIND, devices=devices, nodes=total)
+        except OSError as exc:                # a full disk: one line naming the folder asked for, not the temporary
+            raise written.failure("output", "write", output, exc) from None
         written.replace_folder(tmp, output, lambda: written.check_folder(output, MARKER, KIND, inputs=inputs))
     finally:
         if tmp.exists():
