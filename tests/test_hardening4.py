@@ -251,3 +251,12 @@ def test_a_full_disk_during_export_or_sweep_names_the_output(tmp_path, capsys, m
     code, _, err = run_cli(capsys, "sweep", ROOT / "studies" / "example-capacity.yaml", "--output", result,
                            "--no-progress")
     assert code == EXIT_STORAGE and f"cannot write {result}" in err and "ENOSPC" in err, err
+
+
+def test_calibrate_says_which_runs_do_not_fit_and_keeps_them(tmp_path, capsys):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("id,model,gpus,tp,pp,global_batch,metric,measured\n" +
+                    "".join(f"r{i},llama3-8b,8,8,1,{8 * (i + 1)},iter_s,{i + 1}.0\n" for i in range(5)) +
+                    "big,llama3-405b,8,8,1,8,iter_s,100.0\n")
+    code, out, err = run_cli(capsys, "calibrate", runs, "--cluster", "dgx-h100", "--fit", "sustained", "--no-cv")
+    assert code == 0 and "1 of 6 runs do not fit in memory" in err and "(big)" in err, err

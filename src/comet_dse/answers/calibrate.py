@@ -452,18 +452,19 @@ def _uncertainty(residuals, jac) -> np.ndarray:
     return np.sqrt(np.maximum(np.diag(cov), 0.0))
 
 
-def check_runnable(run: Run, cluster: Cluster) -> None:
+def check_runnable(run: Run, cluster: Cluster) -> bool:
     """Refuse a run the model says cannot run as written on ``cluster``: a broken validity rule other than
     memory (a global batch the data-parallel replicas and micro-batches do not divide, more stages than
     layers...). Its step time would be a number for a strategy nobody ran. A run judged not to fit in memory is
     kept: it ran, so the model's memory verdict, not the run, is what is off (docs/validation.md,
-    "Feasibility recall")."""
+    "Feasibility recall"). Returns whether the model judges it to fit."""
     from comet_dse.answers.estimate import estimate
 
     result = estimate(run.model, cluster, run.devices, run.strategy)
     broken = [(code, why) for code, why in zip(result.broken_rules, result.reasons) if code != "memory"]
     if broken:
         raise InputError(f"runs {run.label}", f"cannot run as written: {broken[0][1]}")
+    return "memory" not in result.broken_rules
 
 
 def check_support(runs: list, names: list) -> None:

@@ -1,17 +1,19 @@
 """``comet-dse calibrate``: read runs, fit, cross-validate, print, write a calibrated cluster file."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from comet_dse.answers.calibrate import (
-    Fit, RunSet, calibrated_data, check_runnable, check_support, cross_validate, cross_validation, default_fit, error_summary, fit,
-    parameters, read_runs,
+    Fit, RunSet, calibrated_data, check_runnable, check_support, cross_validate, cross_validation, default_fit,
+    error_summary, fit, parameters, read_runs,
 )
 from comet_dse.base import jsonout, written
 from comet_dse.base.errors import InputError
+from comet_dse.base.text import printable
 from comet_dse.cli.options import name_list
 from comet_dse.hardware.spec import Cluster
 
@@ -44,12 +46,19 @@ def run(args) -> int:
     cluster, base_data = _base_cluster(args.cluster)
     runs_path = Path(args.runs)
     runs = read_runs(runs_path)
+    over = []
     for run in runs:
         try:
             cluster.dim_sizes(run.devices)
         except InputError as exc:
             raise InputError(f"runs {run.label}: gpus", exc.message) from None
-        check_runnable(run, cluster)
+        if not check_runnable(run, cluster):
+            over.append(run.label)
+    if over:           # kept (they ran), but said: the model's memory verdict is what is off for them
+        shown_ids = ", ".join(over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
+        print(f"comet-dse: note: {len(over)} of {len(runs)} runs do not fit in memory by the model with "
+              f"{cluster.name}'s reserve ({printable(shown_ids)}); they ran, so their step times are fitted as "
+              "measured", file=sys.stderr)
     catalogue = parameters(cluster)
     names = list(args.fit or default_fit(cluster))
     unknown = [n for n in names if n not in catalogue]
