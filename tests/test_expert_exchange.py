@@ -123,3 +123,25 @@ def test_deepep_sends_a_token_once_per_rank_that_holds_one_of_its_experts():
     assert float(rank_copy_fraction(MoE(experts=8, top_k=2, ffn=1), 8, DISPATCHER_FLEX)) == pytest.approx(1.0)
     assert float(rank_copy_fraction(wide, 8, DISPATCHER_ALLTOALL)) == 1.0
     assert float(rank_copy_fraction(wide, 1, DISPATCHER_FLEX)) == pytest.approx(1 / 8)   # one rank holds all
+
+
+def test_deepep_holds_its_own_sms_while_an_exchange_hides():
+    """expert_exchange_share: NCCL's comm_units / compute_units for the all-to-all dispatcher, DEEPEP_SMS /
+    compute_units for DeepEP's kernels (flex, fused), and nothing on a device that counts no communication units."""
+    import dataclasses
+
+    from comet_dse.cost.layer_work import DEEPEP_SMS, expert_exchange_share
+    from comet_dse.cost.shapes import device_of
+    from comet_dse.presets.catalog import load_cluster
+    from comet_dse.strategy.arrays import StrategyArrays
+    from comet_dse.strategy.declared import Strategy
+
+    h100 = load_cluster("dgx-h100")
+    st = StrategyArrays.of([Strategy(ep=8, dp=8, global_batch=8, moe_dispatcher=d)
+                            for d in ("alltoall", "flex", "fused")])
+    dev = device_of(h100, st)
+    units = h100.accelerator.compute_units
+    assert list(expert_exchange_share(dev, st)) == pytest.approx([h100.accelerator.comm_units / units,
+                                                                  DEEPEP_SMS / units, DEEPEP_SMS / units])
+    none = dataclasses.replace(dev, comm_share=0.0)
+    assert list(expert_exchange_share(none, st)) == [0.0, 0.0, 0.0]

@@ -91,11 +91,11 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
     ep_bwd = np.where(st.ep_overlap, _behind_the_rest(ep_pass, layer.backward.total, tp_back - tp_bwd,
                                                       np.where(ring_hides, 2.0 * ring - cp_bwd, 0.0)), ep_pass)
     # the compute beside each hidden transfer runs on the units the communication kernels leave free
-    u = ctx.dev.comm_share
-    slow_f = contention(u, TP_OVERLAP_SM_SHARE * (tp_pass - tp_fwd) + np.where(ring_hides, ring - cp_fwd, 0.0)
-                        + (ep_pass - ep_fwd))
-    slow_b = contention(u, TP_OVERLAP_SM_SHARE * (tp_back - tp_bwd) + np.where(ring_hides, 2.0 * ring - cp_bwd, 0.0)
-                        + (ep_pass - ep_bwd))
+    u, u_ep = ctx.dev.comm_share, expert_exchange_share(ctx.dev, st)
+    slow_f = (contention(u, TP_OVERLAP_SM_SHARE * (tp_pass - tp_fwd) + np.where(ring_hides, ring - cp_fwd, 0.0))
+              + contention(u_ep, ep_pass - ep_fwd))
+    slow_b = (contention(u, TP_OVERLAP_SM_SHARE * (tp_back - tp_bwd) + np.where(ring_hides, 2.0 * ring - cp_bwd, 0.0))
+              + contention(u_ep, ep_pass - ep_bwd))
     forward = KernelTime(layer.forward.math + slow_f, layer.forward.memory)
     backward = KernelTime(layer.backward.math + slow_b, layer.backward.memory)
     rec = KernelTime(np.where(full, forward.math, np.where(selective, layer.attention_core.math, 0.0)),
@@ -113,6 +113,22 @@ def layer_work(model: Transformer, ctx: Context, st: StrategyArrays, moe_layer: 
 # proj_dgrad, fc2_dgrad; pipeline or bulk with 2-24 SMs for the others). With sequence parallelism each
 # pass has as many all-gathers as reduce-scatters, so half the hidden TP transfer time holds SMs.
 TP_OVERLAP_SM_SHARE = 0.5
+
+
+# Streaming multiprocessors DeepEP's dispatch and combine kernels hold while they run: Megatron-Core's
+# --moe-deepep-num-sms default (20) under the flex dispatcher, and the 20 of an H800's 132 SMs DeepSeek-V3 gives
+# its own all-to-alls (arXiv:2412.19437, Sec. 3.2.2; DeepEP v1's training configuration used up to 24, its v2
+# 4-6: deepseek-ai/DeepEP README).
+DEEPEP_SMS = 20
+
+
+def expert_exchange_share(dev, st: StrategyArrays):
+    """The share of the compute units a hidden expert exchange holds, per point [-]: NCCL's (comm_share,
+    Accelerator.comm_units / compute_units) for the all-to-all dispatcher, DEEPEP_SMS / compute_units for
+    DeepEP's kernels (flex, fused) on a device that counts its communication units (comm_units > 0)."""
+    deepep = np.minimum(DEEPEP_SMS, dev.units) / dev.units
+    own = (st.moe_dispatcher != DISPATCHER_ALLTOALL) & (np.asarray(dev.comm_share) > 0)
+    return np.where(own, deepep, dev.comm_share)
 
 
 def contention(share, hidden):
