@@ -135,6 +135,8 @@ def test_days_take_the_number_syntax_of_every_other_amount(capsys, days):
     (lambda api: api.plan("llama3-8b", "1T", 512, days=30, clusters=5), "clusters"),
     (lambda api: api.sweep(None), "study"),
     (lambda api: api.estimate("llama3-8b", "dgx-h100", 8, global_batch=8, zero=True), "zero"),
+    (lambda api: api.estimate("llama3-8b", "dgx-h100", 8, global_batch=8, physical="yes"), "physical"),
+    (lambda api: api.whatif("llama3-8b", "dgx-h100", 8, 8, resources=5), "resources"),
 ])
 def test_the_api_refuses_a_wrong_type_with_an_input_error(call, field):
     from comet_dse import api

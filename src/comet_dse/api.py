@@ -54,6 +54,8 @@ def load_cluster(ref, overrides=None, expansion=None, physical: bool = False) ->
       ``{"capacity": ..., "bandwidth": ..., "latency": ...}``; physical: the burn-test tensor rate instead of
       the training efficiency measured on public runs (``--physical``; hardware/efficiency.py).
     """
+    if not isinstance(physical, bool):
+        raise InputError("physical", f"must be True or False, got {shown(physical)}")
     if physical:
         cluster = physical_reading(ref) if isinstance(ref, Cluster) else presets.load_cluster(str(ref), PHYSICAL)
     else:

@@ -183,8 +183,14 @@ def check_factors(factors) -> tuple:
 
 
 def check_resources(cluster: Cluster, names) -> tuple:
-    """``names`` if each is a resource of ``cluster`` that can be scaled (x1 applies cleanly)."""
-    names = tuple(dict.fromkeys(str(n) for n in names))
+    """``names`` (one name or a list of names) if each is a resource of ``cluster`` that can be scaled (x1
+    applies cleanly); an InputError otherwise (``resources=5`` was a raw TypeError)."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise InputError("resources", f"must be a resource name or a list of them (as --set names them), got "
+                                      f"{names!r:.60}")
+    names = tuple(dict.fromkeys(names))
     for name in names:
         if name.endswith(".topology"):
             raise InputError(f"--resources {name}", "a topology has no scale; compare topologies with "

@@ -44,6 +44,14 @@ def run(args) -> int:
             raise InputError("output", f"{args.output} must end in .yaml or .yml (a calibrated cluster file)")
         written.check_file(args.output, "output", inputs)
     cluster, base_data = _base_cluster(args.cluster)
+    catalogue = parameters(cluster)
+    names = list(args.fit or default_fit(cluster))
+    unknown = [n for n in names if n not in catalogue]
+    if unknown:
+        raise InputError("fit", f"unknown parameter {unknown[0]!r}; parameters of {cluster.name}: {', '.join(catalogue)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError("fit", f"names {repeated[0]} twice; give each parameter once")
     runs_path = Path(args.runs)
     runs = read_runs(runs_path)
     over = []
@@ -59,14 +67,6 @@ def run(args) -> int:
         print(f"comet-dse: note: {len(over)} of {len(runs)} runs do not fit in memory by the model with "
               f"{cluster.name}'s reserve ({printable(shown_ids)}); they ran, so their step times are fitted as "
               "measured", file=sys.stderr)
-    catalogue = parameters(cluster)
-    names = list(args.fit or default_fit(cluster))
-    unknown = [n for n in names if n not in catalogue]
-    if unknown:
-        raise InputError("fit", f"unknown parameter {unknown[0]!r}; parameters of {cluster.name}: {', '.join(catalogue)}")
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise InputError("fit", f"names {repeated[0]} twice; give each parameter once")
     train, held = _split(runs, args.holdout)
     check_support(train, names)
     result = fit(train, cluster, names)
