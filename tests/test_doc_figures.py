@@ -531,7 +531,23 @@ def hardware_efficiency_table() -> list:
     return figures
 
 
+def validation_short_steps() -> list:
+    """Round 4's short steps: MLPerf v5.1 Llama 3.1 8B on 72 and 512 GB200 (fp8 tensorwise; settings from
+    data/validation/mlperf_llama31_configs.csv, step times from mlperf_step_timing.csv), predicted as shipped."""
+    import comet_dse
+
+    figures = []
+    for gpus, tp, cp, batch, measured in ((72, 1, 2, 36, 0.1708), (512, 2, 4, 64, 0.0889)):
+        est = comet_dse.estimate("llama3-8b", "gb200-nvl72", gpus, tp=tp, cp=cp, pp=1, global_batch=batch,
+                                 micro_batch=1, dtype="fp8", sequence_parallel=tp > 1, zero=1, flash_attention=True,
+                                 attention_kernel="fa4", tp_overlap=tp > 1, placement="tp-dp-pp", seq_len=8192)
+        figures.append(f"| {gpus} | {tp} | {cp} | {batch} | {measured * 1e3:.1f} ms | {est.step_time_s * 1e3:.1f} ms | "
+                       f"{100 * (est.step_time_s / measured - 1):+.1f} % |")
+    return figures
+
+
 VALIDATION_DOC = [Check("docs/hardware.md", "the training efficiency shipped", hardware_efficiency_table),
+                  Check("docs/validation.md", "Round 4 short steps", validation_short_steps),
                   Check("docs/validation.md", "Results and the papers' runs", validation_results),
                   Check("docs/validation.md", "Round 4 MoE layers", validation_moe_layers),
                   Check("docs/validation.md", "Round 4 fixed cost", validation_fixed_cost),
