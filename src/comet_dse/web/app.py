@@ -272,7 +272,8 @@ def _best(view):
     return html.Span(["Best: ", html.Code(best["strategy"], id="best-text"),
                       f" — {format_time(best['step_time_s'])} per step, {best['tokens_per_second']:,.0f} tokens/s, "
                       f"MFU {best['mfu'] * 100:.1f} %, {format_bytes(best['memory_bytes'])} per device. ",
-                      html.Span(view.chosen.get("error_band") or "", id="error-band"), " ",
+                      html.Span(view.chosen.get("error_band") or "", id="error-band"),
+                      ". " if view.chosen.get("error_band") and view.chosen.get("efficiency") else "",
                       html.Span(view.chosen.get("efficiency") or "", id="efficiency")])
 
 
