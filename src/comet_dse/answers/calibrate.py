@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses as dc
-import hashlib
 import io
 import math
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
 from comet_dse.base.fingerprint import fingerprint
 from comet_dse.base.loading import read_text_file
+from comet_dse.base.written import sha256_hex
 from comet_dse.hardware.load import FINGERPRINT
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
@@ -543,7 +543,7 @@ def calibrated_data(base_data: dict, cluster: Cluster, result: Fit, runs_path: P
     data["calibration"] = {
         "base": cluster.name,
         "runs_file": runs_path.name,
-        "runs_sha256": hashlib.sha256(Path(runs_path).read_bytes()).hexdigest(),
+        "runs_sha256": sha256_hex(runs_path),
         "runs": int(len(result.before)),
         "fitted": fitted,
         "left_at_preset": list(result.unidentifiable),

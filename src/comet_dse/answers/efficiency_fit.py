@@ -29,7 +29,8 @@ import yaml
 
 from comet_dse.answers.calibrate import Run, cross_validate, cross_validation, fit
 from comet_dse.base.stats import error_stats
-from comet_dse.hardware.efficiency import PHYSICAL, SHIPPED_FILE, checksum, file_sha256, kind_of, precision_class
+from comet_dse.base.written import sha256_hex
+from comet_dse.hardware.efficiency import PHYSICAL, SHIPPED_FILE, checksum, kind_of, precision_class
 
 MIN_RUNS = 3                # a family needs this many runs for a fitted efficiency (else: nearest, assumed)
 PARAMETER = "sustained"     # calibrate's parameter: tensor_sustained for every dtype
@@ -164,7 +165,7 @@ def fitted_table(directory: Path, folder: Path, progress: bool = False) -> dict:
         "fitted_by": "python -m comet_dse.answers.efficiency_fit",
         "min_runs": MIN_RUNS,
         "runs_files": [{"file": Path(os.path.relpath(directory.resolve() / name, folder.resolve())).as_posix(),
-                        "sha256": file_sha256(directory / name)} for name in RUNS_FILES],
+                        "sha256": sha256_hex(directory / name)} for name in RUNS_FILES],
         "families": entries,
         "too_few_runs": skipped,
     }

@@ -198,6 +198,16 @@ def content_hash(path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def sha256_hex(path) -> str | None:
+    """The hex SHA-256 of the whole file ``path`` (``content_hash`` without its prefix), as the files that
+    record another file's digest write it (a calibrated cluster's runs, the efficiency file's runs); None when
+    it cannot be read as a regular file (a link, a folder), which then matches no recorded digest."""
+    try:
+        return content_hash(path).removeprefix("sha256:")
+    except OSError:
+        return None
+
+
 def read_small_json(path, field: str = "output") -> dict:
     """The JSON object comet-dse wrote as ``path`` (a ledger, a manifest), or {} when there is none or it
     is not comet-dse's. Read only if it is a regular file of at most JSON_LIMIT bytes: a link, a FIFO, a

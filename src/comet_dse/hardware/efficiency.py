@@ -25,7 +25,6 @@ checksum over everything else differs).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from comet_dse.base.errors import InputError
 from comet_dse.base.fingerprint import fingerprint
+from comet_dse.base.written import sha256_hex
 
 SHIPPED = "public-runs"        # a cluster file's `training_efficiency:` for the shipped efficiency file
 PHYSICAL = "physical"          # ... for the burn-test reading (no fitted efficiency)
@@ -103,10 +103,6 @@ def checksum(data: dict) -> str:
     return fingerprint(data, ("checksum",))
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def check_table(data, folder: Path, where: str) -> tuple:
     """The families of an efficiency file's content ``data`` (read from ``folder``), after every check; an
     InputError naming ``where`` and the field otherwise."""
@@ -123,7 +119,7 @@ def check_table(data, folder: Path, where: str) -> tuple:
         if not path.is_file():
             raise InputError(f"{where}: runs_files[{i}]", f"the source runs {entry['file']} are missing "
                                                           f"(looked in {folder})")
-        if file_sha256(path) != entry.get("sha256"):
+        if sha256_hex(path) != entry.get("sha256"):
             raise InputError(f"{where}: runs_files[{i}]", f"{entry['file']} differs from the runs the efficiency "
                                                           "was fitted on (sha256); refit it")
     for i, fam in enumerate(data["families"]):

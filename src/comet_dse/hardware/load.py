@@ -9,13 +9,13 @@ explorer's controls check the values they set against the same rows.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
 from comet_dse.base.fingerprint import fingerprint
+from comet_dse.base.written import sha256_hex
 from comet_dse.base.loading import Fields
 from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FLOPS, KIND_TIME
 from comet_dse.hardware.efficiency import PHYSICAL, efficiency_of
@@ -256,7 +256,7 @@ def calibration_mismatch(data: dict, folder: Path | None) -> str | None:
         runs = folder / str(cal.get("runs_file"))
         if not runs.is_file():
             return f"its runs file {cal.get('runs_file')} is not beside it"
-        if hashlib.sha256(runs.read_bytes()).hexdigest() != cal.get("runs_sha256"):
+        if sha256_hex(runs) != cal.get("runs_sha256"):
             return f"its runs file {cal.get('runs_file')} changed since the fit (sha256)"
     return None
 
