@@ -21,6 +21,7 @@ from comet_dse.answers.whatif import DEFAULT_FACTORS, WhatIf, whatif as _whatif
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
 from comet_dse.base.tables import Tabular, arrow_to_pandas
+from comet_dse.base.units import KIND_COUNT, parse_quantity
 from comet_dse.design_space.search import SearchResult, search as _search, strategy_at
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
 from comet_dse.hardware.efficiency import PHYSICAL
@@ -30,7 +31,7 @@ from comet_dse.model.spec import Transformer
 from comet_dse.presets import catalog as presets
 from comet_dse.strategy.declared import KNOB, Strategy, coerced
 from comet_dse.strategy.knob import GIVEN
-from comet_dse.whole_run.economics import token_budget
+from comet_dse.whole_run.economics import token_budget, usd_amount
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
@@ -111,18 +112,6 @@ def _check_knobs(given: dict, what: str) -> None:
     unknown = sorted(set(given) - set(KNOB))
     if unknown:
         raise InputError(unknown[0], f"is not a strategy knob {what} takes; knobs: {', '.join(KNOB)}")
-
-
-def _amount(value, field: str) -> float:
-    """A number, or text in the command line's number syntax ("50", "1.5e7", "12M"), as a float; an
-    InputError naming ``field`` otherwise (``plan(days='x')`` was a raw ValueError)."""
-    from comet_dse.base.units import KIND_TOKENS, parse_quantity
-
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        return parse_quantity(value.strip().lstrip("$").removesuffix("USD").strip(), KIND_TOKENS, field)
-    raise InputError(field, f"must be a number, got {shown(value)}")
 
 
 def _several(value, field: str, kinds: tuple) -> list:
@@ -276,8 +265,9 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
         raise InputError("basis", f"must be rent or own, got {basis!r}")
     if days is None and budget is None:
         raise InputError("days", "give a deadline (days) or a budget, or both")
-    deadline = BOUNDS["deadline_days"].check("days", _amount(days, "days")) * 86400.0 if days is not None else None
-    budget = BOUNDS["budget_usd"].check("budget", _amount(budget, "budget")) if budget is not None else None
+    deadline = (BOUNDS["deadline_days"].check("days", parse_quantity(days, KIND_COUNT, "days")) * 86400.0
+                if days is not None else None)
+    budget = BOUNDS["budget_usd"].check("budget", usd_amount(budget)) if budget is not None else None
     model = load_model(model, seq_len)
     tokens = token_budget(tokens)
     global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)

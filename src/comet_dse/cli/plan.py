@@ -57,11 +57,10 @@ def _days(text: str) -> float:
 
 def _usd(text: str) -> float:
     """A budget in USD: a number with an optional k, M or G suffix and an optional $ or USD."""
-    from comet_dse.base.units import KIND_TOKENS, parse_quantity
+    from comet_dse.whole_run.economics import usd_amount
 
-    bare = text.strip().lstrip("$").removesuffix("USD").strip()
     try:
-        return BOUNDS["budget_usd"].check("--budget", parse_quantity(bare, KIND_TOKENS, "--budget"), text)
+        return BOUNDS["budget_usd"].check("--budget", usd_amount(text, "--budget"), text)
     except InputError as exc:
         raise argparse.ArgumentTypeError(exc.message if "outside" in exc.message
                                          else f"expected USD like 50M or 5e7, got {text!r}") from None

@@ -115,6 +115,15 @@ def token_budget(value, field: str = "tokens", given: str | None = None) -> floa
     return BOUNDS["tokens"].check(field, number, repr(value) if given is None else given)
 
 
+def usd_amount(value, field: str = "budget") -> float:
+    """An amount of US dollars [USD]: a number, or text with an optional k, M, G suffix and an optional $ or
+    USD ("50M", "$5e7", "12M USD"). ``plan --budget`` and the API's ``plan(budget=)`` read it here; an
+    InputError naming ``field`` otherwise (the bounds are the caller's: budget_usd)."""
+    if isinstance(value, str):
+        value = value.strip().lstrip("$").removesuffix("USD").strip()
+    return parse_quantity(value, KIND_TOKENS, field)
+
+
 def _known(x: float) -> float:
     """``x``, or 0 where it is unknown: only for the parts ``Rates.excluded`` names."""
     return 0.0 if math.isnan(x) else x
