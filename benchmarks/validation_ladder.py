@@ -22,36 +22,24 @@ import dataclasses as dc
 import statistics
 from pathlib import Path
 
-from comet_dse.answers.errorband import precision_class
 from comet_dse.answers.estimate import estimate
-from comet_dse.answers.validation import (
-    H100, _gpt, _llama, _read, gpu_file, h100_measured, h100_strategy, model_kind, validation_dir,
-)
-from comet_dse.presets.catalog import load_cluster, load_model
-from comet_dse.strategy.declared import Strategy, knob_values
+from comet_dse.answers.validation import gpu_runs, h100_runs, validation_dir
+from comet_dse.hardware.efficiency import PHYSICAL, kind_of, precision_class
+from comet_dse.presets.catalog import load_cluster
+from comet_dse.strategy.declared import Strategy
 
 RUNGS = ("before", "sustained", "rank order", "fa4", "permutation")
 
 
 def _runs(directory: Path) -> list:
-    """(label, cluster preset, model, Strategy as the rows state it, measured step time [s])."""
-    out = []
-    for row in _read(directory, H100):
-        model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
-        strategy = h100_strategy(row)
-        measured = h100_measured(row, model, strategy, load_cluster("dgx-h100"))
-        out.append((row["id"], "dgx-h100", model, int(row["gpus"]), strategy, measured))
-    path = gpu_file(directory)
-    for row in _read(path.parent, path.name):
-        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
-        out.append((row["id"], row["cluster"], model, int(row["gpus"]), Strategy(**knob_values(row)),
-                    float(row["step_s"])))
-    return out
+    """The published runs of today's GPUs as the rows state them (validation.PublishedRun)."""
+    return h100_runs(directory, load_cluster("dgx-h100")) + gpu_runs(directory)
 
 
 def _at(rung: int, cluster_name: str, strategy: Strategy):
-    """The cluster and strategy of a run with the mechanisms above ``rung`` undone."""
-    cluster = load_cluster(cluster_name)
+    """The cluster and strategy of a run with the mechanisms above ``rung`` undone, at the physical reading
+    (the shipped training efficiency is what the mechanisms leave; docs/hardware.md)."""
+    cluster = load_cluster(cluster_name, efficiency=PHYSICAL)
     if rung < 1:
         cluster = dc.replace(cluster, accelerator=dc.replace(cluster.accelerator, tensor_sustained={}))
     changes = {}
@@ -70,11 +58,12 @@ def ladder(directory: Path) -> dict:
     out = {}
     for rung, name in enumerate(RUNGS):
         families = out.setdefault(name, {})
-        for label, cluster_name, model, gpus, strategy, measured in runs:
-            cluster, changed = _at(rung, cluster_name, strategy)
-            predicted = estimate(model, cluster, gpus, changed).step_time_s
-            family = f"{cluster.accelerator.name} | {precision_class(strategy.dtype.value)} | {model_kind(model)}"
-            families.setdefault(family, []).append((predicted - measured) / measured)
+        for run in runs:
+            cluster, changed = _at(rung, run.cluster, run.strategy)
+            predicted = estimate(run.model, cluster, run.devices, changed).step_time_s
+            family = (f"{cluster.accelerator.name} | {precision_class(run.strategy.dtype.value)} | "
+                      f"{kind_of(run.model.moe)}")
+            families.setdefault(family, []).append((predicted - run.measured) / run.measured)
     return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,56 +38,37 @@ RUNS_FILES = ("h100_public.csv", "gpu_public.csv")
 HEADER = "# Written by python -m comet_dse.answers.efficiency_fit; do not edit: its checksum would not match.\n"
 
 
-@dataclass(frozen=True)
-class TodayRun:
-    """A published run of today's GPUs: the preset it ran on, the run, its family and framework."""
-
-    cluster: str
-    run: Run
-    precision: str
-    kind: str
-    framework: str
-
-
 def today_runs(directory: Path) -> list:
     """Every whole run of h100_public.csv and gpu_public.csv in ``directory`` that the model can run as written
-    (the runs ``comet-dse validate`` compares), with its stated settings."""
-    from comet_dse.answers.estimate import estimate
-    from comet_dse.answers.validation import (
-        GPU, H100, LLAMA3, NEMO_MLPERF, _gpt, _llama, _read, _strategy, h100_measured, h100_strategy, not_expressible,
-    )
-    from comet_dse.presets.catalog import load_cluster, load_model
+    (validation.PublishedRun: the runs ``comet-dse validate`` compares), with its stated settings."""
+    from comet_dse.answers.validation import comparisons_of, gpu_runs, h100_runs
+    from comet_dse.presets.catalog import load_cluster
 
-    out = []
-    h100 = load_cluster("dgx-h100", efficiency=PHYSICAL)
-    for row in _read(directory, H100):
-        model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
-        strategy = h100_strategy(row)
-        measured = h100_measured(row, model, strategy, h100)
-        run = Run(row["id"], model, int(row["gpus"]), strategy, "iter_s", measured)
-        framework = NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3
-        out.append(TodayRun("dgx-h100", run, precision_class(strategy.dtype.value), "dense", framework))
     clusters = {}
-    for row in _read(directory, GPU):
-        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
-        strategy = _strategy(row)
-        run = Run(row["id"], model, int(row["gpus"]), strategy, "iter_s", float(row["step_s"]))
-        cluster = clusters.setdefault(row["cluster"], load_cluster(row["cluster"], efficiency=PHYSICAL))
-        if not_expressible(estimate(model, cluster, run.devices, strategy)):
-            continue                   # as `comet-dse validate`: not compared (answers/validation.py)
-        out.append(TodayRun(row["cluster"], run, precision_class(strategy.dtype.value), kind_of(model.moe),
-                            row["family_framework"]))
-    return out
+
+    def physical(name: str):
+        if name not in clusters:
+            clusters[name] = load_cluster(name, efficiency=PHYSICAL)
+        return clusters[name]
+
+    runs = h100_runs(directory, physical("dgx-h100")) + gpu_runs(directory)
+    kept = {(c.dataset, c.label) for c in comparisons_of(runs, physical)}
+    return [r for r in runs if (r.dataset, r.label) in kept]
+
+
+def family_key(run, accelerator: str) -> tuple:
+    """(accelerator, precision class, kind of model) of a PublishedRun on ``accelerator``."""
+    return accelerator, precision_class(run.strategy.dtype.value), kind_of(run.model.moe)
 
 
 def families_of(runs: list) -> dict:
-    """(accelerator, precision, kind) -> (cluster preset, [TodayRun]); one preset per family."""
+    """(accelerator, precision, kind) -> (cluster preset, [PublishedRun]); one preset per family."""
     from comet_dse.presets.catalog import load_cluster
 
     names = {r.cluster: load_cluster(r.cluster, efficiency=PHYSICAL).accelerator.name for r in runs}
     out = {}
     for r in runs:
-        key = (names[r.cluster], r.precision, r.kind)
+        key = family_key(r, names[r.cluster])
         preset, members = out.setdefault(key, (r.cluster, []))
         if preset != r.cluster:
             raise ValueError(f"family {key} spans presets {preset} and {r.cluster}")
@@ -96,25 +76,27 @@ def families_of(runs: list) -> dict:
     return out
 
 
-def fit_family(preset: str, members: list, progress: bool = False) -> dict:
+def fit_family(preset: str, members: list, progress: bool = False, cross_validated: bool = True) -> dict:
     """One family's entry of the efficiency file: the fitted value, its 1-sigma, and the step-time errors at
-    the physical reading, at the fit and cross-validated."""
+    the physical reading, at the fit and (``cross_validated``) cross-validated, with whether it applies."""
     from comet_dse.presets.catalog import load_cluster
 
     cluster = load_cluster(preset, efficiency=PHYSICAL)
-    runs = [m.run for m in members]
+    runs = [Run(m.label, m.model, m.devices, m.strategy, "iter_s", m.measured) for m in members]
     result = fit(runs, cluster, [PARAMETER])
-    value = round(float(result.values[0]), DECIMALS)
+    accelerator, precision, kind = family_key(members[0], cluster.accelerator.name)
+    entry = {"accelerator": accelerator, "preset": preset, "precision": precision, "kind": kind,
+             "efficiency": round(float(result.values[0]), DECIMALS), "runs": len(runs)}
+    if not cross_validated:
+        return entry
     held = cross_validate(runs, cluster, [PARAMETER], result, progress=progress)
-    return {
-        "accelerator": cluster.accelerator.name, "preset": preset, "precision": members[0].precision,
-        "kind": members[0].kind, "efficiency": value,
+    return entry | {
         "sigma": round(float(result.sigma[0]), DECIMALS) if np.isfinite(result.sigma[0]) else None,
-        "physical": round(cluster.accelerator.physical_sustained("bf16"), DECIMALS), "runs": len(runs),
+        "physical": round(cluster.accelerator.physical_sustained("bf16"), DECIMALS),
         "frameworks": "; ".join(sorted({m.framework for m in members})),
         "error_physical": _stats(result.before), "error_fitted": _stats(result.after),
         "cross_validation": cross_validation(len(runs))[1], "error_cross_validated": _stats(held),
-        "run_ids": [m.run.label for m in members],
+        "run_ids": [m.label for m in members],
     } | _applies(result.before, held)
 
 
@@ -131,16 +113,10 @@ def _applies(physical, held) -> dict:
 
 def refit_values(directory: Path) -> list:
     """Each family's fitted efficiency on the runs in ``directory``, without the cross-validation (what a
-    test compares with the shipped file): [{accelerator, precision, kind, efficiency, runs}]."""
-    from comet_dse.presets.catalog import load_cluster
-
-    out = []
-    for (accelerator, precision, kind), (preset, members) in sorted(families_of(today_runs(directory)).items()):
-        if len(members) >= MIN_RUNS:
-            result = fit([m.run for m in members], load_cluster(preset, efficiency=PHYSICAL), [PARAMETER])
-            out.append({"accelerator": accelerator, "precision": precision, "kind": kind, "runs": len(members),
-                        "efficiency": round(float(result.values[0]), DECIMALS)})
-    return out
+    test compares with the shipped file): [{accelerator, preset, precision, kind, efficiency, runs}]."""
+    return [fit_family(preset, members, cross_validated=False)
+            for preset, members in (v for _, v in sorted(families_of(today_runs(directory)).items()))
+            if len(members) >= MIN_RUNS]
 
 
 def _stats(errors) -> dict:

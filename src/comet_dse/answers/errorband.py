@@ -22,14 +22,10 @@ from functools import lru_cache
 from importlib import resources
 
 from comet_dse.base.stats import error_stats
+from comet_dse.hardware.efficiency import kind_of, precision_class
 
 BANDS_FILE = "error_bands.csv"
 COLUMNS = ("hardware", "precision", "kind", "runs", "low", "high", "mean_abs_error", "frameworks")
-
-
-def precision_class(dtype: str) -> str:
-    """'16-bit' for fp16 and bf16 (the model costs them alike, but for fp16's loss scaling), else the dtype."""
-    return "16-bit" if dtype in ("fp16", "bf16") else dtype
 
 
 def bands_of(comparisons: list) -> list:
@@ -69,11 +65,6 @@ def packaged_bands() -> tuple:
     return tuple({"hardware": r["hardware"], "precision": r["precision"], "kind": r["kind"], "runs": int(r["runs"]),
                   "low": float(r["low"]), "high": float(r["high"]),
                   "mean_abs_error": float(r["mean_abs_error"]), "frameworks": r["frameworks"]} for r in rows)
-
-
-def kind_of(moe: bool) -> str:
-    """The model family of an estimate: "MoE" for a mixture-of-experts model, else "dense"."""
-    return "MoE" if moe else "dense"
 
 
 def _nearest(bands, accelerator: str, precision: str, kind: str):

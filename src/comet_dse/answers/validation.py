@@ -32,6 +32,7 @@ from comet_dse.base.errors import InputError
 from comet_dse.base.stats import error_stats
 from comet_dse.cost.flops import step_time_of_mfu
 from comet_dse.cost.memory import footprint_bytes
+from comet_dse.hardware.efficiency import kind_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 from comet_dse.strategy.choices import GradAccumulation, Placement, Recompute
@@ -306,28 +307,90 @@ def h100_strategy(row: dict) -> Strategy:
     )
 
 
-def h100_comparisons(cluster: Cluster, directory: Path, skipped: list | None = None) -> list:
-    """h100_public.csv: MLPerf GPT-3 175B step times and Llama 3 405B MFU on DGX H100.
+@dataclass(frozen=True)
+class PublishedRun:
+    """A whole run of today's GPUs as its source states it (h100_public.csv or gpu_public.csv): what ran, on
+    which preset, and its measured step time [s]. ``validate`` compares these, the training efficiency is fitted
+    on them (answers/efficiency_fit.py) and benchmarks/validation_ladder.py re-predicts them."""
 
-    An MFU row is compared as a step time: the measured MFU converted with the
-    FLOP count of the convention such reports use (cost.step.model_flops with
-    causal=False: every score counted, as Megatron-LM and PaLM count them) /
-    (GPUs x bf16 peak x MFU) (docs/validation.md). Rows the model cannot run as written are left out and
-    appended to ``skipped`` (``not_expressible``).
-    """
+    dataset: str
+    label: str
+    cluster: str          # the preset it ran on
+    model: Transformer
+    devices: int
+    strategy: Strategy
+    measured: float
+    framework: str
+
+
+def h100_runs(directory: Path, cluster: Cluster) -> list:
+    """h100_public.csv's runs: MLPerf GPT-3 175B step times and Llama 3 405B MFU on DGX H100. An MFU row
+    stands for the step time its MFU gives at ``cluster``'s peak (``h100_measured``)."""
     out = []
     for row in _read(directory, H100):
         model = (_gpt if row["model_style"] == "gpt" else _llama)(row, row["id"])
         strategy = h100_strategy(row)
-        result = estimate(model, cluster, int(row["gpus"]), strategy)
+        out.append(PublishedRun(H100, row["id"], "dgx-h100", model, int(row["gpus"]), strategy,
+                                h100_measured(row, model, strategy, cluster),
+                                NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3))
+    return out
+
+
+def gpu_runs(directory: Path | None = None) -> list:
+    """gpu_public.csv's runs: published step times of NVIDIA's and others' runs on H100, H200, B200 and GB200
+    (dense and MoE, bf16 and fp8), each with its cluster preset, its model preset at the run's sequence length
+    and the knob columns its source and its framework's recipe state (the ``assumed`` column names what came
+    from a recipe default); ``step_s`` is the measured step time (docs/validation.md)."""
+    from comet_dse.presets.catalog import load_model
+
+    path = gpu_file(directory or validation_dir())
+    out = []
+    for row in _read(path.parent, path.name):
+        measured = float(row["step_s"])
+        if not measured > 0:
+            raise InputError("gpu_public.csv step_s", f"must be a positive number of seconds, got {row['step_s']!r}")
+        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
+        out.append(PublishedRun(GPU, row["id"], row["cluster"], model, int(row["gpus"]), _strategy(row), measured,
+                                row["family_framework"]))
+    return out
+
+
+def h100_comparisons(cluster: Cluster, directory: Path, skipped: list | None = None) -> list:
+    """h100_public.csv predicted with ``cluster`` (an MFU row compared as a step time: the measured MFU
+    converted with the FLOP count of the convention such reports use, cost.step.model_flops with causal=False,
+    every score counted as Megatron-LM and PaLM count them, / (GPUs x bf16 peak x MFU); docs/validation.md).
+    Rows the model cannot run as written are appended to ``skipped`` (``comparisons_of``)."""
+    return comparisons_of(h100_runs(directory, cluster), lambda name: cluster, skipped)
+
+
+def gpu_comparisons(directory: Path | None = None, skipped: list | None = None) -> list:
+    """gpu_public.csv, each run predicted with its cluster preset as shipped (``comparisons_of``)."""
+    from comet_dse.presets.catalog import load_cluster
+
+    clusters = {}
+
+    def cluster_of(name: str) -> Cluster:
+        if name not in clusters:
+            clusters[name] = load_cluster(name)
+        return clusters[name]
+
+    return comparisons_of(gpu_runs(directory), cluster_of, skipped)
+
+
+def comparisons_of(runs: list, cluster_of, skipped: list | None = None) -> list:
+    """The Comparison of each PublishedRun predicted on ``cluster_of(its preset)``; a run the model cannot run
+    as written (``not_expressible``) is left out and appended to ``skipped`` as (dataset, id, why)."""
+    out = []
+    for run in runs:
+        cluster = cluster_of(run.cluster)
+        result = estimate(run.model, cluster, run.devices, run.strategy)
         why = not_expressible(result)
         if why:
             if skipped is not None:
-                skipped.append((H100, row["id"], why))
+                skipped.append((run.dataset, run.label, why))
             continue
-        measured = h100_measured(row, model, strategy, cluster)
-        out.append(_compared(H100, row["id"], result, measured, cluster,
-                             NEMO_MLPERF if row["id"].startswith("mlperf") else LLAMA3, strategy.dtype.value))
+        out.append(_compared(run.dataset, run.label, result, run.measured, cluster, run.framework,
+                             run.strategy.dtype.value, kind_of(run.model.moe)))
     return out
 
 
@@ -360,42 +423,9 @@ def not_expressible(result) -> str | None:
     return broken[0] if broken else None
 
 
-def model_kind(model: Transformer) -> str:
-    """"MoE" for a mixture-of-experts model, else "dense" (the model family of an error band)."""
-    return "MoE" if model.moe else "dense"
-
-
 def gpu_file(directory: Path) -> Path:
     """gpu_public.csv in ``directory``, or the packaged copy when that folder has none."""
     return packaged_or(directory, GPU)
-
-
-def gpu_comparisons(directory: Path | None = None, skipped: list | None = None) -> list:
-    """gpu_public.csv: published step times of NVIDIA's and others' runs on H100, H200, B200 and GB200 (dense
-    and MoE, bf16 and fp8), each predicted with its cluster preset as shipped, its model preset at the run's
-    sequence length and the knob columns its source and its framework's recipe state (the ``assumed`` column
-    names what came from a recipe default). ``step_s`` is the measured step time (docs/validation.md). Rows the
-    model cannot run as written are left out and appended to ``skipped`` as (dataset, id, why)."""
-    from comet_dse.presets.catalog import load_cluster, load_model
-
-    path = gpu_file(directory or validation_dir())
-    out = []
-    for row in _read(path.parent, path.name):
-        cluster = load_cluster(row["cluster"])
-        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
-        strategy = _strategy(row)
-        result = estimate(model, cluster, int(row["gpus"]), strategy)
-        why = not_expressible(result)
-        if why:
-            if skipped is not None:
-                skipped.append((GPU, row["id"], why))
-            continue
-        measured = float(row["step_s"])
-        if not measured > 0:
-            raise InputError("gpu_public.csv step_s", f"must be a positive number of seconds, got {row['step_s']!r}")
-        out.append(_compared(GPU, row["id"], result, measured, cluster, row["family_framework"],
-                             strategy.dtype.value, model_kind(model)))
-    return out
 
 
 def recall(comparisons: list) -> dict:
