@@ -164,9 +164,10 @@ def differences(shipped: tuple, refit: list, tolerance: float = 5e-4) -> list:
     return out
 
 
-def _shipped_or_none(shipped_table) -> tuple:
+def _shipped_or_none() -> tuple:
     """The shipped families, or () when the shipped file is missing or refused (its message printed)."""
     from comet_dse.base.errors import InputError
+    from comet_dse.hardware.efficiency import shipped_table
 
     try:
         return shipped_table()
@@ -193,7 +194,7 @@ def _cell(s: dict) -> str:
 def main(argv=None) -> int:
     from comet_dse.base import written
     from comet_dse.base.errors import InputError
-    from comet_dse.hardware.efficiency import shipped_path, shipped_table
+    from comet_dse.hardware.efficiency import shipped_path
 
     parser = argparse.ArgumentParser(prog="python -m comet_dse.answers.efficiency_fit",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
             raise InputError("--data", f"{directory} has no {', '.join(missing)}")
         data = fitted_table(directory, (target or shipped_path()).parent, progress=True)
         print(table_markdown(data["families"]))
-        diff = differences(_shipped_or_none(shipped_table), data["families"])
+        diff = differences(_shipped_or_none(), data["families"])
         print("\n".join(diff) if diff else "the shipped efficiency matches this refit")
         text = HEADER + yaml.safe_dump(data, sort_keys=False)
         if args.write:
