@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses as dc
-import statistics
 from pathlib import Path
 
 from comet_dse.answers.estimate import estimate
 from comet_dse.answers.validation import gpu_runs, h100_runs, validation_dir
+from comet_dse.base.stats import error_cell
+from comet_dse.base.text import markdown_table, render_table
 from comet_dse.hardware.efficiency import PHYSICAL, kind_of, precision_class
 from comet_dse.presets.catalog import load_cluster
 from comet_dse.strategy.declared import Strategy
@@ -73,21 +74,10 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
     result = ladder(args.data or validation_dir())
-    families = sorted(next(iter(result.values())))
-    if args.markdown:
-        print("| accelerator | precision | kind | runs | " + " | ".join(RUNGS) + " |")
-        print("| --- | --- | --- | --- | " + " | ".join("---" for _ in RUNGS) + " |")
-    for family in families:
-        cells = []
-        for name in RUNGS:
-            errors = result[name][family]
-            mean_abs = statistics.fmean(abs(e) for e in errors) * 100
-            cells.append(f"{mean_abs:.1f} % ({statistics.fmean(errors) * 100:+.1f})")
-        runs = len(result[RUNGS[0]][family])
-        if args.markdown:
-            print(f"| {family} | {runs} | " + " | ".join(cells) + " |")
-        else:
-            print(f"{family:55s} {runs:4d}  " + "  ".join(f"{c:>18s}" for c in cells))
+    headers = ["accelerator", "precision", "kind", "runs", *RUNGS]
+    rows = [[*family.split(" | "), len(result[RUNGS[0]][family]), *(error_cell(result[name][family]) for name in RUNGS)]
+            for family in sorted(next(iter(result.values())))]
+    print(markdown_table(headers, rows) if args.markdown else render_table(headers, rows, left=(0, 1, 2)))
     if not args.markdown:
         print("\ncells: mean |error| (mean signed error), rungs: " + ", ".join(RUNGS))
 

@@ -115,7 +115,8 @@ def validation_table() -> list:
               "narayanan2021_table1.csv": "Narayanan et al. 2021, Table 1",
               "moe_layer_perf.csv": "Megatron-LM's MoE layer benchmark",
               "h100_public.csv": "MLPerf v3.x GPT-3 175B and Llama 3 405B on H100",
-              "gpu_public.csv": "gpu_public: "}
+              "gpu_public.csv": "gpu_public: ",
+              "fsdp_public.csv": "fsdp_public: "}
     summary = printed_json(("validate",))["summary"]
     assert set(summary) == set(labels), "a dataset was added or removed: add it to docs/accuracy.md's table"
     lines = (ROOT / "docs" / "accuracy.md").read_text(encoding="utf-8").splitlines()
@@ -125,15 +126,17 @@ def validation_table() -> list:
         s = summary[csv]
         figures.append(f"| {row.split('|')[1].strip()} | {s['rows']} | {pct(s['mean_abs_error'])} | "
                        f"{pct(s['max_abs_error'])} |")
-    return figures + [f"| gpu_public: {summary['gpu_public.csv']['rows']} runs on"]
+    return figures + [f"| gpu_public: {summary['gpu_public.csv']['rows']} runs on",
+                      f"| fsdp_public: {summary['fsdp_public.csv']['rows']} PyTorch FSDP runs"]
 
 
 def validation_memory_and_fit() -> list:
     data = printed_json(("validate",))
     memory = data["memory"]["summary"]
     gpu = [r for r in data["rows"] if r["dataset"] == "gpu_public.csv"]
-    others = data["feasibility_recall"]["runs"] - len(gpu)
-    others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in gpu)
+    fsdp = [r for r in data["rows"] if r["dataset"] == "fsdp_public.csv"]
+    others = data["feasibility_recall"]["runs"] - len(gpu) - len(fsdp)
+    others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in gpu) - sum(r["fits"] for r in fsdp)
     assert others_fit == others, "docs/accuracy.md says every paper and MLPerf v3 run is judged to fit"
     by_measure = {}
     for row in data["memory"]["rows"]:
@@ -146,6 +149,7 @@ def validation_memory_and_fit() -> list:
             f"cached blocks): mean {pct(sum(reserved) / len(reserved))}, max {pct(max(reserved))}",
             f"The {others} runs of the papers and MLPerf v3 are all judged to fit",
             f"of gpu_public's {len(gpu)}, {sum(r['fits'] for r in gpu)} (most of the others",
+            f"of fsdp_public's {len(fsdp)}, {sum(r['fits'] for r in fsdp)}.",
             f"Peak memory per device against {memory['rows']} measured runs (`memory.csv`): "
             f"mean error {pct(memory['mean_abs_error'])}, max {pct(memory['max_abs_error'])}."]
 
@@ -458,7 +462,7 @@ def validation_families_shipped() -> list:
     """Round 3's "As shipped" table: each family's runs, mean |error| and range (validate --json's error bands)."""
     figures = []
     for band in printed_json(("validate",))["error_bands"]:
-        if band["hardware"] == "NVIDIA A100 SXM4 80GB":
+        if band["hardware"].startswith("NVIDIA A100"):
             continue
         spread = f"{100 * band['low']:.1f} .. {100 * band['high']:+.1f} %" if band["runs"] > 1 else ""
         figures.append(f"| {SHORT[band['hardware']]}, {band['precision']}, {band['kind']} | {band['runs']} | "
@@ -546,7 +550,41 @@ def validation_short_steps() -> list:
     return figures
 
 
+def _fsdp_ladder_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fsdp_ladder", ROOT / "benchmarks" / "fsdp_ladder.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def printed_by(function, *args) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        function(*args)
+    return out.getvalue()
+
+
+def validation_fsdp_ladder() -> list:
+    """Round 5's tables: benchmarks/fsdp_ladder.py --markdown and --by-sequence, line by line."""
+    from comet_dse.answers.validation import validation_dir
+    from comet_dse.base.stats import error_cell
+
+    script = _fsdp_ladder_script()
+    directory = validation_dir()
+    ladder = script.ladder(directory)
+    lines = []
+    columns = [(reading, rung) for reading in script.READINGS for rung in script.RUNGS]
+    for family in sorted(ladder[columns[0]]):
+        cells = [error_cell(ladder[column][family]) for column in columns]
+        lines.append(f"| {family} | {len(ladder[columns[0]][family])} | " + " | ".join(cells) + " |")
+    by_sequence = printed_by(script.print_by_sequence, script.by_sequence(directory)).splitlines()[2:]
+    return lines + by_sequence
+
+
 VALIDATION_DOC = [Check("docs/hardware.md", "the training efficiency shipped", hardware_efficiency_table),
+                  Check("docs/validation.md", "Round 5 FSDP runs", validation_fsdp_ladder),
                   Check("docs/validation.md", "Round 4 short steps", validation_short_steps),
                   Check("docs/validation.md", "Results and the papers' runs", validation_results),
                   Check("docs/validation.md", "Round 4 MoE layers", validation_moe_layers),

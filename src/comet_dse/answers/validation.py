@@ -46,7 +46,8 @@ H100 = "h100_public.csv"
 GPU = "gpu_public.csv"
 MEMORY = "memory.csv"
 MOE_LAYER = "moe_layer_perf.csv"
-STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU)   # what `validate` compares as times, in order
+FSDP = "fsdp_public.csv"
+STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU, FSDP)   # what `validate` compares as times, in order
 
 
 @dataclass(frozen=True)
@@ -309,9 +310,10 @@ def h100_strategy(row: dict) -> Strategy:
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """A whole run of today's GPUs as its source states it (h100_public.csv or gpu_public.csv): what ran, on
-    which preset, and its measured step time [s]. ``validate`` compares these, the training efficiency is fitted
-    on them (answers/efficiency_fit.py) and benchmarks/validation_ladder.py re-predicts them."""
+    """A whole run of today's GPUs as its source states it (h100_public.csv, gpu_public.csv or fsdp_public.csv):
+    what ran, on which preset, and its measured step time [s]. ``validate`` compares these, the training
+    efficiency is fitted on the first two (answers/efficiency_fit.py), benchmarks/validation_ladder.py
+    re-predicts them and benchmarks/fsdp_ladder.py the third."""
 
     dataset: str
     label: str
@@ -336,23 +338,36 @@ def h100_runs(directory: Path, cluster: Cluster) -> list:
     return out
 
 
-def gpu_runs(directory: Path | None = None) -> list:
-    """gpu_public.csv's runs: published step times of NVIDIA's and others' runs on H100, H200, B200 and GB200
-    (dense and MoE, bf16 and fp8), each with its cluster preset, its model preset at the run's sequence length
-    and the knob columns its source and its framework's recipe state (the ``assumed`` column names what came
-    from a recipe default); ``step_s`` is the measured step time (docs/validation.md)."""
-    from comet_dse.presets.catalog import load_model
-
-    path = gpu_file(directory or validation_dir())
+def gpu_runs(directory: Path | None = None, name: str = GPU) -> list:
+    """gpu_public.csv's runs (or those of ``name``, a file of the same columns: fsdp_public.csv): published step
+    times of NVIDIA's and others' runs on H100, H200, B200 and GB200 (dense and MoE, bf16 and fp8), each with its
+    cluster preset, its model (a preset, or a model YAML in ``models/`` beside the file) at the run's sequence
+    length and the knob columns its source and its framework's recipe state (the ``assumed`` column names what
+    came from a recipe default); ``step_s`` is the measured step time (docs/validation.md)."""
+    path = packaged_or(directory or validation_dir(), name)
     out = []
     for row in _read(path.parent, path.name):
         measured = float(row["step_s"])
         if not measured > 0:
-            raise InputError("gpu_public.csv step_s", f"must be a positive number of seconds, got {row['step_s']!r}")
-        model = load_model(row["model"]).with_seq_len(int(row["seq_len"]))
-        out.append(PublishedRun(GPU, row["id"], row["cluster"], model, int(row["gpus"]), _strategy(row), measured,
+            raise InputError(f"{name} step_s", f"must be a positive number of seconds, got {row['step_s']!r}")
+        model = _model_named(row["model"], path.parent, f"{name} model").with_seq_len(int(row["seq_len"]))
+        out.append(PublishedRun(name, row["id"], row["cluster"], model, int(row["gpus"]), _strategy(row), measured,
                                 row["family_framework"]))
     return out
+
+
+def _model_named(name: str, folder: Path, what: str) -> Transformer:
+    """A model preset, or (a name ending in .yaml) the model YAML of that name in ``models/`` beside a data file,
+    or in the packaged copy's ``models/`` when that folder has none."""
+    from comet_dse.base.loading import read_yaml
+    from comet_dse.presets.catalog import load_model, model_from
+
+    if not name.endswith(".yaml"):
+        return load_model(name)
+    path = folder / "models" / name
+    if not path.is_file() and "/" not in name and "\\" not in name:
+        path = Path(str(resources.files("comet_dse").joinpath("data", "validation", "models", name)))
+    return model_from(dict(read_yaml(path, what)), what)
 
 
 def h100_comparisons(cluster: Cluster, directory: Path, skipped: list | None = None) -> list:
@@ -363,18 +378,19 @@ def h100_comparisons(cluster: Cluster, directory: Path, skipped: list | None = N
     return comparisons_of(h100_runs(directory, cluster), lambda name: cluster, skipped)
 
 
-def gpu_comparisons(directory: Path | None = None, skipped: list | None = None) -> list:
-    """gpu_public.csv, each run predicted with its cluster preset as shipped (``comparisons_of``)."""
+def gpu_comparisons(directory: Path | None = None, skipped: list | None = None, name: str = GPU) -> list:
+    """gpu_public.csv (or ``name``: fsdp_public.csv), each run predicted with its cluster preset as shipped
+    (``comparisons_of``)."""
     from comet_dse.presets.catalog import load_cluster
 
     clusters = {}
 
-    def cluster_of(name: str) -> Cluster:
-        if name not in clusters:
-            clusters[name] = load_cluster(name)
-        return clusters[name]
+    def cluster_of(preset: str) -> Cluster:
+        if preset not in clusters:
+            clusters[preset] = load_cluster(preset)
+        return clusters[preset]
 
-    return comparisons_of(gpu_runs(directory), cluster_of, skipped)
+    return comparisons_of(gpu_runs(directory, name), cluster_of, skipped)
 
 
 def comparisons_of(runs: list, cluster_of, skipped: list | None = None) -> list:
@@ -423,11 +439,6 @@ def not_expressible(result) -> str | None:
     return broken[0] if broken else None
 
 
-def gpu_file(directory: Path) -> Path:
-    """gpu_public.csv in ``directory``, or the packaged copy when that folder has none."""
-    return packaged_or(directory, GPU)
-
-
 def recall(comparisons: list) -> dict:
     """Feasibility recall over the whole runs (Table 4's per-layer times are not runs): {runs, judged_to_fit,
     missed: [labels of runs the model says do not fit]}. Every run here ran, so every one should fit."""
@@ -446,7 +457,8 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     h100 = h100 or load_cluster("dgx-h100")
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory) + moe_layer_comparisons(h100, directory)
-            + h100_comparisons(h100, directory, skipped) + gpu_comparisons(directory, skipped))
+            + h100_comparisons(h100, directory, skipped) + gpu_comparisons(directory, skipped)
+            + gpu_comparisons(directory, skipped, FSDP))
 
 
 @dataclass(frozen=True)

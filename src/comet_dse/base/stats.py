@@ -18,3 +18,11 @@ def error_stats(errors) -> dict:
     n = len(errors)
     return {"mean_abs_error": sum(abs(e) for e in errors) / n, "max_abs_error": max(abs(e) for e in errors),
             "mean_error": sum(errors) / n, "low": min(errors), "high": max(errors)}
+
+
+def error_cell(errors) -> str:
+    """Signed relative errors (fractions) as a validation table's cell: mean |error| and, in brackets, the mean
+    signed error, both in per cent: "10.0 % (-8.9)"."""
+    errors = list(errors)
+    mean_abs = sum(abs(e) for e in errors) / len(errors)
+    return f"{mean_abs * 100:.1f} % ({sum(errors) / len(errors) * 100:+.1f})"

@@ -39,3 +39,9 @@ def render_table(headers: list, rows: list, left: tuple = (0,)) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     return printable("\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]))
+
+
+def markdown_table(headers: list, rows: list) -> str:
+    """A Markdown table: a header row, a separator of ``---`` cells and one row per list of cells."""
+    lines = [headers, ["---"] * len(headers)] + [[str(c) for c in r] for r in rows]
+    return printable("\n".join("| " + " | ".join(cells) + " |" for cells in lines))

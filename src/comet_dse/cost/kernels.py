@@ -27,7 +27,9 @@ class Device:
     at in fp8 training: attention, LM head); attn_fwd, attn_bwd: long-sequence fraction of peak16 the fused
     attention kernel sustains in forward and backward; sustained, sustained16: the fraction of those
     benchmark rates the tensor units hold for minutes at the power limit (the step's dtype, 16-bit);
-    comm_share: the share of the compute units a communication kernel holds while it runs.
+    comm_share: the share of the compute units a communication kernel holds while it runs;
+    head_dim_kernels: fused attention runs kernels built per head dim (an accelerator with published fused
+    kernel rates: FlashAttention, cuDNN), so its tiles span the head dim (``attention_tile_efficiency``).
     """
 
     peak: object
@@ -49,6 +51,7 @@ class Device:
     sustained: object = 1.0
     sustained16: object = 1.0
     comm_share: object = 0.0
+    head_dim_kernels: bool = False
 
     def sixteen_bit(self) -> "Device":
         """The same device with the 16-bit peak as its matrix rate (GEMMs that fp8 training leaves in bf16)."""
@@ -164,12 +167,32 @@ def matmul_rate(batch, m, n, k, dev: Device, bytes_per_el=TILE_K_BYTES_OF):
 
 
 ATTENTION_BLOCK = 128   # query and key block of FlashAttention-2/3 and cuDNN for head dim <= 128 (Dao 2023; Shah et al. 2024)
+HEAD_DIM_STEP = 32      # fused attention kernels are built per head dim in steps of 32 (FlashAttention-2's hdim32 .. hdim256)
+
+
+def attention_tile_efficiency(batch, s_q, d, dev: Device):
+    """Useful share of a fused attention kernel's output tiles: ``quantisation_efficiency`` over the query rows,
+    with the tile's other side the head dim itself rounded up to the kernel's step of 32 (a kernel is compiled
+    for each head dim, so a 64-wide head fills a 64-wide tile, not half of the device's 128-wide GEMM tile):
+        padding = d / (ceil(d / 32) * 32)
+    Head dims that are multiples of the GEMM tile (128: every kernel benchmark the presets' rates come from)
+    get the GEMM tile's terms unchanged, and so does every head on a device without such kernels
+    (``Device.head_dim_kernels`` False: fused attention there is costed as GEMMs, whose tiles a narrow head pads,
+    as a TPU's 128 x 128 matrix unit does). A dimensionless fraction in (0, 1]. Source: the flash-attention
+    repository builds FlashAttention-2's kernels per head dim, 32 to 256 in steps of 32 (csrc/flash_attn/src,
+    flash_fwd_hdim32 .. flash_fwd_hdim256); docs/model.md, "Flash attention"."""
+    whole_tiles = np.mod(d, dev.tile_n) == 0
+    if not dev.head_dim_kernels or np.all(whole_tiles):
+        return quantisation_efficiency(batch, s_q, d, dev)
+    padding = d / (np.ceil(d / HEAD_DIM_STEP) * HEAD_DIM_STEP)
+    one_tile_per_block = quantisation_efficiency(batch, s_q, dev.tile_n, dev) * padding
+    return np.where(whole_tiles, quantisation_efficiency(batch, s_q, d, dev), one_tile_per_block)
 
 
 def attention_rate(batch, s_q, s_k, d, efficiency, dev: Device, causal: bool = True):
     """FLOP/s of a fused (flash) attention kernel over batch x (s_q queries, s_k keys) at head dim d.
 
-        rate = peak16 * efficiency * sustained16 * quantisation_efficiency(batch, s_q, d) * loop * mask
+        rate = peak16 * efficiency * sustained16 * attention_tile_efficiency(batch, s_q, d) * loop * mask
         loop = k / (k + c)      k = key blocks a query block visits (n, or (n + 1)/2 when causal),
                                 n = ceil(s_k / 128), c = the device's non-overlapped iterations per tile
         mask = n / (n + 1)      causal only: the diagonal blocks are computed whole and half used
@@ -184,7 +207,7 @@ def attention_rate(batch, s_q, s_k, d, efficiency, dev: Device, causal: bool = T
     visits = (n + 1.0) / 2.0 if causal else n
     loop = visits / (visits + dev.pipeline_overhead)
     mask = n / (n + 1.0) if causal else 1.0
-    return dev.peak16 * efficiency * dev.sustained16 * quantisation_efficiency(batch, s_q, d, dev) * loop * mask
+    return dev.peak16 * efficiency * dev.sustained16 * attention_tile_efficiency(batch, s_q, d, dev) * loop * mask
 
 
 def gemm_time(batch, m, n, k, bytes_per_el, dev: Device) -> KernelTime:

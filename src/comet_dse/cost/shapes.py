@@ -94,7 +94,7 @@ def device_of(cluster: Cluster, st: StrategyArrays, moe=None) -> Device:
         hbm_bw=acc.hbm.achievable_bandwidth, vector=acc.vector_flops, overhead=acc.kernel_overhead,
         peak16=sixteen, attn_fwd=attn_fwd, attn_bwd=attn_bwd,
         sustained=sustained, sustained16=sustained16,
-        comm_share=acc.comm_units / acc.compute_units,
+        comm_share=acc.comm_units / acc.compute_units, head_dim_kernels=bool(acc.attention_efficiency),
     )
 
 

@@ -100,6 +100,10 @@ class AttentionKernel(Choice):
     """cuDNN fused flash attention, as Transformer Engine runs it (NeMo, Megatron-Core)."""
     FA4 = "fa4"
     """FlashAttention-4 (the flash-attention repository's CuTe DSL kernels for sm_100); Blackwell only."""
+    TRITON = "triton"
+    """FlashAttention in Triton (the flash-attention repository's flash_attn_triton.py, FlashAttention-1's
+    algorithm, which llm-foundry's MPT runs as attn_impl triton); Dao 2023 (arXiv:2307.08691) Sec. 4.1 measures
+    FlashAttention-2 1.3-1.5x faster in the forward pass and about 2x faster in the backward pass on an A100."""
 
 
 class GradPrecision(Choice):

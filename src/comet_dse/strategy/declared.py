@@ -112,7 +112,7 @@ class Strategy:
                                  cluster_default_text="on where the accelerator lists a fused-attention rate, "
                                                       "else off")
     attention_kernel: AttentionKernel = knob(
-        AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3, cudnn or fa4 "
+        AttentionKernel.FA2, "which fused attention kernel runs with flash attention: fa2, fa3, cudnn, fa4 or triton "
         "(its rates from the accelerator's attention_efficiency)", microbatch=True,
         applies=lambda s: s.flash_attention, label=lambda v: f"{v.value} kernel", short="kernel",
         cluster_default=lambda accs: _listed_kernel(accs),
