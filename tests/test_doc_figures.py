@@ -116,7 +116,8 @@ def validation_table() -> list:
               "moe_layer_perf.csv": "Megatron-LM's MoE layer benchmark",
               "h100_public.csv": "MLPerf v3.x GPT-3 175B and Llama 3 405B on H100",
               "gpu_public.csv": "gpu_public: ",
-              "fsdp_public.csv": "fsdp_public: "}
+              "fsdp_public.csv": "fsdp_public: ",
+              "recsys_public.csv": "recsys_public: "}
     summary = printed_json(("validate",))["summary"]
     assert set(summary) == set(labels), "a dataset was added or removed: add it to docs/accuracy.md's table"
     lines = (ROOT / "docs" / "accuracy.md").read_text(encoding="utf-8").splitlines()
@@ -135,8 +136,10 @@ def validation_memory_and_fit() -> list:
     memory = data["memory"]["summary"]
     gpu = [r for r in data["rows"] if r["dataset"] == "gpu_public.csv"]
     fsdp = [r for r in data["rows"] if r["dataset"] == "fsdp_public.csv"]
-    others = data["feasibility_recall"]["runs"] - len(gpu) - len(fsdp)
-    others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in gpu) - sum(r["fits"] for r in fsdp)
+    recsys = [r for r in data["rows"] if r["dataset"] == "recsys_public.csv"]
+    apart = gpu + fsdp + recsys
+    others = data["feasibility_recall"]["runs"] - len(apart)
+    others_fit = data["feasibility_recall"]["judged_to_fit"] - sum(r["fits"] for r in apart)
     assert others_fit == others, "docs/accuracy.md says every paper and MLPerf v3 run is judged to fit"
     by_measure = {}
     for row in data["memory"]["rows"]:
@@ -149,7 +152,8 @@ def validation_memory_and_fit() -> list:
             f"cached blocks): mean {pct(sum(reserved) / len(reserved))}, max {pct(max(reserved))}",
             f"The {others} runs of the papers and MLPerf v3 are all judged to fit",
             f"of gpu_public's {len(gpu)}, {sum(r['fits'] for r in gpu)} (most of the others",
-            f"of fsdp_public's {len(fsdp)}, {sum(r['fits'] for r in fsdp)}.",
+            f"of fsdp_public's {len(fsdp)}, {sum(r['fits'] for r in fsdp)}; of recsys_public's {len(recsys)}, "
+            f"{sum(r['fits'] for r in recsys)}.",
             f"Peak memory per device against {memory['rows']} measured runs (`memory.csv`): "
             f"mean error {pct(memory['mean_abs_error'])}, max {pct(memory['max_abs_error'])}."]
 
@@ -462,7 +466,7 @@ def validation_families_shipped() -> list:
     """Round 3's "As shipped" table: each family's runs, mean |error| and range (validate --json's error bands)."""
     figures = []
     for band in printed_json(("validate",))["error_bands"]:
-        if band["hardware"].startswith("NVIDIA A100"):
+        if band["hardware"].startswith("NVIDIA A100") or band["kind"] == "recommendation":
             continue
         spread = f"{100 * band['low']:.1f} .. {100 * band['high']:+.1f} %" if band["runs"] > 1 else ""
         figures.append(f"| {SHORT[band['hardware']]}, {band['precision']}, {band['kind']} | {band['runs']} | "
@@ -583,7 +587,16 @@ def validation_fsdp_ladder() -> list:
     return lines + by_sequence
 
 
+def validation_recsys() -> list:
+    """The recommendation models' table: each MLPerf DLRM-DCNv2 run, measured and predicted, and the mean."""
+    rows = [r for r in printed_json(("validate",))["rows"] if r["dataset"] == "recsys_public.csv"]
+    figures = [f"| {r['label']} | {r['hardware'].removeprefix('NVIDIA ')} | {r['measured_s'] * 1e3:.3f} ms | "
+               f"{r['predicted_s'] * 1e3:.3f} ms | {100 * r['error']:+.1f} % |" for r in rows]
+    return figures + [f"Mean |error| {pct(sum(abs(r['error']) for r in rows) / len(rows))}."]
+
+
 VALIDATION_DOC = [Check("docs/hardware.md", "the training efficiency shipped", hardware_efficiency_table),
+                  Check("docs/validation.md", "Recommendation models", validation_recsys),
                   Check("docs/validation.md", "Round 5 FSDP runs", validation_fsdp_ladder),
                   Check("docs/validation.md", "Round 4 short steps", validation_short_steps),
                   Check("docs/validation.md", "Results and the papers' runs", validation_results),

@@ -32,15 +32,17 @@ from comet_dse.presets import catalog as presets
 from comet_dse.strategy.declared import KNOB, Strategy, coerced
 from comet_dse.strategy.knob import GIVEN
 from comet_dse.whole_run.economics import token_budget, usd_amount
+from comet_dse.workload.families import FAMILIES, transformer_only
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
 
 
 def load_model(ref, seq_len: int | None = None) -> Transformer:
-    """A model: a preset name (``"megatron-1t"``), a model YAML file, a Hugging Face ``config.json``, or a
-    ``Transformer`` (returned as is); ``seq_len`` overrides its sequence length."""
-    model = ref if isinstance(ref, Transformer) else presets.load_model(str(ref))
+    """A model: a preset name (``"megatron-1t"``, ``"dlrm-dcnv2"``), a model YAML file, a Hugging Face
+    ``config.json``, or a model spec of a workload family (``Transformer``, ``Recommendation``: returned as is);
+    ``seq_len`` overrides a transformer's sequence length."""
+    model = ref if isinstance(ref, tuple(f.model_type for f in FAMILIES)) else presets.load_model(str(ref))
     if seq_len is None:
         return model
     return model.with_seq_len(BOUNDS["seq_len"].check_integer("seq_len", seq_len))
@@ -103,8 +105,8 @@ def with_band(result: Estimate, cluster: Cluster, model: Transformer) -> Estimat
     from comet_dse.whole_run.economics import with_ranges
 
     dtype = result.inputs.get("strategy", {}).get("dtype", "bf16")
-    band = band_of_cluster(cluster, dtype, bool(model.moe))
-    efficiency = efficiency_summary(cluster.accelerator, cluster.efficiency_setting, dtype, model.moe)
+    band = band_of_cluster(cluster, dtype, bool(model.moe), kind=model.kind)
+    efficiency = efficiency_summary(cluster.accelerator, cluster.efficiency_setting, dtype, model.moe, model.kind)
     return replace(result, error_band=band, training=with_ranges(result.training, band), efficiency=efficiency)
 
 
@@ -230,6 +232,7 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
     ``capacity`` at which the searched split fits (``comet-dse whatif``; answers/whatif.py), with search's defaults.
     Every scaled resource keeps the training efficiency of the measured family (``physical``: as load_cluster)."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion, physical)
+    transformer_only(model, "whatif")
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     return whatif_with_band(_whatif(model, cluster, devices, global_batch, space, resources, factors, capacity,
                                     token_budget(tokens)), cluster, model)
@@ -269,6 +272,7 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
                 if days is not None else None)
     budget = BOUNDS["budget_usd"].check("budget", usd_amount(budget)) if budget is not None else None
     model = load_model(model, seq_len)
+    transformer_only(model, "plan")
     tokens = token_budget(tokens)
     global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
     names = _several(clusters, "clusters", (str, Path, Cluster)) if clusters else presets.preset_names("clusters")

@@ -13,7 +13,7 @@ import pytest
 
 from comet_dse.answers.estimate import estimate
 from comet_dse.answers.validation import (
-    FSDP, GPU, H100, TABLE1, TABLE5, _llama, _read, all_comparisons, h100_strategy, recall, validation_dir,
+    FSDP, GPU, H100, RECSYS, TABLE1, TABLE5, _llama, _read, all_comparisons, h100_strategy, recall, validation_dir,
 )
 from comet_dse.cost.memory import inflight_layer_microbatches, reserved_bytes
 from comet_dse.presets.catalog import load_cluster
@@ -34,19 +34,21 @@ def test_every_published_run_is_judged_to_fit(comparisons):
     that number."""
     old = recall([c for c in comparisons if c.dataset in (TABLE5, TABLE1, H100)])
     assert old["runs"] == 28 and old["missed"] == [] and old["judged_to_fit"] == 28
-    assert {c.dataset for c in comparisons if c.fits is not None} == {TABLE5, TABLE1, H100, GPU, FSDP}
+    assert {c.dataset for c in comparisons if c.fits is not None} == {TABLE5, TABLE1, H100, GPU, FSDP, RECSYS}
     gpu = recall([c for c in comparisons if c.dataset == GPU])
     assert gpu["runs"] == 148
     assert gpu["judged_to_fit"] >= 123
     fsdp = recall([c for c in comparisons if c.dataset == FSDP])       # llm-foundry's FSDP runs: none offloads
     assert fsdp["runs"] == 216 and fsdp["missed"] == []
+    recsys = recall([c for c in comparisons if c.dataset == RECSYS])    # MLPerf DLRM-DCNv2: tables in HBM
+    assert recsys["runs"] == 7 and recsys["missed"] == []
 
 
 def test_every_verdict_counts_the_reserve(comparisons):
     """Each run's memory holds the preset's reserve, and the tightest (Llama 3 405B, 8,192 GPUs) is within
     1 GiB of the 80 GiB: without the reserve the verdict would say nothing about what a real run keeps."""
     for c in comparisons:
-        if c.fits is None or c.dataset in (GPU, FSDP):
+        if c.fits is None or c.dataset in (GPU, FSDP, RECSYS):
             continue
         assert c.memory_bytes <= c.capacity_bytes, c.label
         assert c.memory_bytes > (1.8 if c.dataset != H100 else 1.96) * GiB, c.label

@@ -32,6 +32,7 @@ import numpy as np
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
+from comet_dse.workload.families import transformer_only
 from comet_dse.base.fingerprint import fingerprint
 from comet_dse.base.loading import read_text_file
 from comet_dse.base.written import sha256_hex
@@ -230,6 +231,7 @@ def _run(row: dict, label: str, folder: Path, load_model) -> Run:
         ref = row["model"]
         local = folder / ref
         model = load_model(str(local) if local.suffix in (".json", ".yaml", ".yml") else ref)
+        transformer_only(model, "calibrate")
         if row.get("seq_len"):
             model = model.with_seq_len(_integer(row["seq_len"], "seq_len", "seq_len"))
     else:

@@ -98,28 +98,29 @@ def band_for(accelerator: str, dtype: str, bands=None, kind: str = "dense") -> d
             "low": None, "high": None, "mean_abs_error": None, "frameworks": "", "text": text, "nearest": nearest}
 
 
-def band_of_cluster(cluster, dtype: str, moe: bool = False) -> dict:
+def band_of_cluster(cluster, dtype: str, moe: bool = False, kind: str | None = None) -> dict:
     """The error band of an estimate on ``cluster`` in ``dtype`` of a dense (``moe`` False) or mixture-of-experts
-    model: for a calibrated cluster (``comet-dse calibrate``: its ``calibration`` block) the fit's own
+    model, or of the ``kind`` of model given (a model spec's ``kind``: "recommendation"): for a calibrated cluster (``comet-dse calibrate``: its ``calibration`` block) the fit's own
     cross-validated error on the runs it was fitted to (not validated, saying why, when the file no longer
     matches its calibration: hardware/load.py calibration_mismatch), for a preset the validation's
     (``band_for``)."""
+    kind = kind or kind_of(moe)
     cal = cluster.calibration
     if not cal:
-        return band_for(cluster.accelerator.name, dtype, kind=kind_of(moe))
+        return band_for(cluster.accelerator.name, dtype, kind=kind)
     if cal.get("stale"):
         return {"validated": False, "hardware": cluster.accelerator.name, "precision": precision_class(dtype),
-                "kind": kind_of(moe), "nearest": None, "runs": 0, "low": None, "high": None, "mean_abs_error": None,
+                "kind": kind, "nearest": None, "runs": 0, "low": None, "high": None, "mean_abs_error": None,
                 "frameworks": "", "text": f"not validated: the calibration no longer matches this cluster "
                                           f"({cal['stale']}); refit it with comet-dse calibrate"}
     held = cal.get("error_cross_validated") or cal.get("error_in_sample") or {}
-    kind = "cross-validated" if cal.get("error_cross_validated") else "in-sample"
+    held_as = "cross-validated" if cal.get("error_cross_validated") else "in-sample"
     mean, worst = held.get("mean_abs_error"), held.get("max_abs_error")
-    text = (f"calibrated to {cal.get('runs')} runs ({cal.get('runs_file')}): {kind} mean |error| "
+    text = (f"calibrated to {cal.get('runs')} runs ({cal.get('runs_file')}): {held_as} mean |error| "
             f"{mean * 100:.1f} %, max {worst * 100:.1f} %" if mean is not None and worst is not None
             else f"calibrated to {cal.get('runs')} runs ({cal.get('runs_file')}); no error recorded")
     return {"validated": mean is not None, "hardware": cluster.accelerator.name,
-            "precision": precision_class(dtype), "kind": kind_of(moe), "nearest": None, "runs": cal.get("runs", 0),
+            "precision": precision_class(dtype), "kind": kind, "nearest": None, "runs": cal.get("runs", 0),
             "low": -worst if worst is not None else None, "high": worst, "mean_abs_error": mean,
             "frameworks": f"calibrated to {cal.get('runs_file')}", "text": text}
 

@@ -32,7 +32,6 @@ from comet_dse.base.errors import InputError
 from comet_dse.base.stats import error_stats
 from comet_dse.cost.flops import step_time_of_mfu
 from comet_dse.cost.memory import footprint_bytes
-from comet_dse.hardware.efficiency import kind_of
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import MLP, Attention, MLPKind, Norm, PositionEmbedding, Transformer
 from comet_dse.strategy.choices import GradAccumulation, Placement, Recompute
@@ -47,7 +46,8 @@ GPU = "gpu_public.csv"
 MEMORY = "memory.csv"
 MOE_LAYER = "moe_layer_perf.csv"
 FSDP = "fsdp_public.csv"
-STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU, FSDP)   # what `validate` compares as times, in order
+RECSYS = "recsys_public.csv"
+STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU, FSDP, RECSYS)   # `validate`'s step times, in order
 
 
 @dataclass(frozen=True)
@@ -406,7 +406,7 @@ def comparisons_of(runs: list, cluster_of, skipped: list | None = None) -> list:
                 skipped.append((run.dataset, run.label, why))
             continue
         out.append(_compared(run.dataset, run.label, result, run.measured, cluster, run.framework,
-                             run.strategy.dtype.value, kind_of(run.model.moe)))
+                             run.strategy.dtype.value, run.model.kind))
     return out
 
 
@@ -458,7 +458,7 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory) + moe_layer_comparisons(h100, directory)
             + h100_comparisons(h100, directory, skipped) + gpu_comparisons(directory, skipped)
-            + gpu_comparisons(directory, skipped, FSDP))
+            + gpu_comparisons(directory, skipped, FSDP) + gpu_comparisons(directory, skipped, RECSYS))
 
 
 @dataclass(frozen=True)

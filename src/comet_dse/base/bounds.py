@@ -73,6 +73,9 @@ BOUNDS = {
     "integer": Bound(1, 10**9, "any count in a model or study file (layers, hidden, heads, ffn, vocab, experts, "
                                "micro-batch, interleave, ...): 1e9 is far past any real model, and products of "
                                "counts stay exact in float64"),
+    "table_rows": Bound(1, 10**12, "rows of one embedding table of a recommendation model: production tables "
+                        "reach billions of rows (Mudigere et al. 2022, arXiv:2104.05158); 1e12 rows of a few hundred "
+                        "bytes keep byte counts exact in float64"),
     "seq_len": Bound(1, 10**9, "tokens per sequence: a count like any other; a long sequence is a result "
                                "(memory does not fit), not an error"),
     "global_batch": Bound(1, 10**9, "sequences per step: a search enumerates the divisors of the batch per "

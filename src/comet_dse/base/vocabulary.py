@@ -39,6 +39,10 @@ TIME_PARTS = (
          "K and V passed between context-parallel ranks, as far as attention does not hide it"),
     Part("ep_communication", "expert all-to-all (exposed)", "#937860",
          "tokens sent to their experts and back (MoE), as far as not overlapped"),
+    Part("embedding_communication", "embedding exchange (exposed)", "#A6761D",
+         "a recommendation model's row indices sent to the devices that hold their rows, its pooled embeddings "
+         "sent to the devices that own each sample and their gradients sent back (all-to-all, or reduce-scatter "
+         "and all-gather row-wise), as far as not overlapped"),
     Part("pp_communication", "pipeline send/recv (exposed)", "#DA8BC3",
          "activations and their gradients sent between pipeline stages, as far as not overlapped"),
     Part("pipeline_bubble", "pipeline bubble (idle)", "#C7C7C7",

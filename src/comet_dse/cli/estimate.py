@@ -10,7 +10,8 @@ from comet_dse.cli.options import (
 )
 
 # Broken rules that make a command-line estimate an input error rather than a result.
-SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel"}
+SPLIT_RULES = {"ep_experts": "ep", "cp_seq": "cp", "attention_kernel": "attention-kernel", "rec_degrees": "tp",
+               "column_split": "embedding-sharding"}
 
 
 def add_parser(sub) -> None:
@@ -27,6 +28,7 @@ def run(args) -> int:
     from comet_dse.answers.estimate import estimate
     from comet_dse.cli.render import attention_note, render_estimate
     from comet_dse.strategy.declared import runs_fused_attention, with_listed_kernel
+    from comet_dse.workload.families import family_of
 
     model, cluster = load_inputs(args)
     cluster.dim_sizes(args.devices)
@@ -47,5 +49,5 @@ def run(args) -> int:
             print(note)
         exp = cluster.accelerator.expansion
         print(render_estimate(result, cluster.accelerator.state_capacity, exp.capacity if exp else None,
-                              model.tied_embeddings))
+                              model.tied_embeddings, family_of(model)))
     return 0

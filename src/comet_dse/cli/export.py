@@ -22,10 +22,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from comet_dse.workload.families import transformer_only
+
     from comet_dse.export.folder import MAX_NODES, export
 
     inputs = [Path(ref) for ref in (args.model, args.cluster) if Path(ref).suffix.lower() in (".yaml", ".yml", ".json")]
     model, cluster = load_inputs(args)
+    transformer_only(model, "comet-dse export")
     cluster.dim_sizes(args.devices)
     strategy = strategy_from(args, args.devices)
     folder = export(model, cluster, args.devices, strategy, args.output, inputs=inputs,

@@ -14,8 +14,8 @@ from comet_dse.base.vocabulary import (
     ERROR_BAND_LABEL, FRONTS, breakdown_labels, legend_line, memory_label, resource, training_label,
 )
 from comet_dse.strategy.choices import Choice
-from comet_dse.strategy.declared import KNOBS
-from comet_dse.strategy.knob import DERIVED, GIVEN
+from comet_dse.strategy.declared import KNOB, KNOBS
+from comet_dse.strategy.knob import GIVEN
 from comet_dse.strategy.text import compact_text, knob_lines, legend
 
 
@@ -52,16 +52,31 @@ def _strategy_lines(strategy: dict, microbatches: float, layers_per_stage: int) 
     return [f"  {' '.join(g) if i == 0 else ', '.join(g)}" for i, g in enumerate(groups) if g]
 
 
+def _family_lines(strategy: dict, family) -> list:
+    """The strategy of a family other than the transformer: the knobs its tables show, the samples each of
+    the dp devices takes, and dtype."""
+    shown = [KNOB[n].label(KNOB[n].kind(strategy[n])) if n != "dp" else f"dp={strategy[n]}"
+             for n in family.table_knobs if n in strategy]
+    per_device = strategy["global_batch"] / strategy["dp"]
+    return ["  " + ", ".join(shown + [f"global batch {strategy['global_batch']:,} ({per_device:,.0f} per device)",
+                                      strategy["dtype"]])]
+
+
 def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: float | None,
-                    tied_embeddings: bool | None = None) -> str:
+                    tied_embeddings: bool | None = None, family=None) -> str:
     """A readable breakdown of one iteration: time by part, memory by part and tier, fit, throughput.
     ``tied_embeddings``: whether the model ties them, which says what the data-parallel part holds
-    (vocabulary.dp_communication_label); None: the general label."""
+    (vocabulary.dp_communication_label); None: the general label. ``family``: the model's workload family
+    (its unit, and for a recommendation model its strategy lines; default the transformer)."""
+    from comet_dse.workload.families import DEFAULT
+
+    family = family or DEFAULT
     inputs = est.inputs
     st = inputs.get("strategy", {})
     lines = [
         f"{inputs.get('model')} on {inputs.get('devices')} x {inputs.get('cluster')}",
-        *_strategy_lines(st, est.microbatches, est.layers_per_stage),
+        *(_strategy_lines(st, est.microbatches, est.layers_per_stage) if family is DEFAULT
+          else _family_lines(st, family)),
         "",
     ]
     if not est.runnable:
@@ -71,7 +86,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         f"Step time        {format_time(est.step_time_s)}",
         *([f"{ERROR_BAND_LABEL:17s}{est.error_band['text']}"] if est.error_band else []),
         *([f"{'Efficiency':17s}{est.efficiency['text']}"] if est.efficiency else []),
-        f"Throughput       {est.tokens_per_second:,.0f} tokens/s",
+        f"Throughput       {est.tokens_per_second:,.0f} {family.unit}/s",
         f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
         "",
         *training_lines(est.training),
@@ -79,8 +94,9 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     ]
     total = max(est.step_time_s, 1e-30)
     labels = breakdown_labels(st, tied_embeddings)
-    width = max(32, *(len(labels.get(k, k)) for k in est.breakdown_s))
-    for key, value in est.breakdown_s.items():
+    parts = {k: v for k, v in est.breakdown_s.items() if k in family.time_parts}
+    width = max(32, *(len(labels.get(k, k)) for k in parts))
+    for key, value in parts.items():
         lines.append(f"  {labels.get(key, key):{width}s} {format_time(value):>11s} {value / total * 100:5.1f}%  "
                      f"{_bar(value / total)}")
     lines.append("  by phase (critical stage, bubble excluded): " + ", ".join(
@@ -229,11 +245,14 @@ def attention_note(accelerator, fused: bool) -> str | None:
 
 
 def render_search(model: str, cluster: str, devices: int, global_batch: int, result, seconds: float, top: int,
-                  basis: str = "rent", notes: tuple = ()) -> str:
+                  basis: str = "rent", notes: tuple = (), family=None) -> str:
     """Counts, infeasible reasons and the top-k table of an exhaustive search; the cost column on the cluster's
-    cost ``basis``, named in its header; each of ``notes`` on a line of its own under the counts."""
-    from comet_dse.design_space.table import RULES, RULE_TEXT
+    cost ``basis``, named in its header; each of ``notes`` on a line of its own under the counts; ``family``:
+    the model's workload family (its rules, the knobs its tables show and its unit; default the transformer)."""
+    from comet_dse.workload.families import DEFAULT
 
+    family = family or DEFAULT
+    RULES, RULE_TEXT = family.rules, family.rule_text
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "
              f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible", *notes]
@@ -245,7 +264,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
     if not result.feasible:
         lines.append("No strategy is feasible.")
         return printable("\n".join(lines))
-    shown = _search_columns(cols)
+    shown = _search_columns(cols, family.table_knobs)
     budget = "time_to_train_s" in cols
     rows = []
     for rank, i in enumerate(result.ranked[:top], start=1):
@@ -256,7 +275,7 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
                         _or_unknown(cols["energy_j"][i], format_energy),
                         _or_unknown(cols["training_cost_usd"][i], format_usd)] if budget else []))
     lines += ["", f"Fastest {min(top, result.feasible)}"]
-    headers = (["rank"] + [k.short for k in shown] + ["step time", "tokens/s", "MFU", "memory/device"]
+    headers = (["rank"] + [k.short for k in shown] + ["step time", f"{family.unit}/s", "MFU", "memory/device"]
                + [training_label("time_to_train_s"), training_label("energy_j"), _cost_header(basis)] * budget)
     left = tuple(i + 1 for i, k in enumerate(shown) if issubclass(k.kind, Choice) or k.kind is bool)
     lines.append(render_table(headers, rows, left=left))
@@ -264,11 +283,10 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
     return printable("\n".join(lines))
 
 
-def _search_columns(cols: dict) -> list:
-    """Knobs shown in a search table: the degrees, recompute, sp and zero, and every other knob that varies."""
-    always = {"recompute", "sequence_parallel", "zero"}
-    return [k for k in KNOBS if k.search != GIVEN and
-            (k.search == DERIVED or k.name in always or len(np.unique(cols[k.name])) > 1)]
+def _search_columns(cols: dict, always: tuple) -> list:
+    """Knobs shown in a search table: the family's ``always`` (its ``table_knobs``), and every other knob that
+    varies."""
+    return [k for k in KNOBS if k.search != GIVEN and (k.name in always or len(np.unique(cols[k.name])) > 1)]
 
 
 def _cell(knob, value) -> str:

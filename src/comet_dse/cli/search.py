@@ -28,6 +28,7 @@ def run(args) -> int:
     from comet_dse.design_space.output import to_arrow, write_atomically
     from comet_dse.design_space.search import search, strategy_at
     from comet_dse.strategy.declared import runs_fused_attention
+    from comet_dse.workload.families import family_of
 
     model, cluster = load_inputs(args)
     load_lazy_imports()
@@ -54,15 +55,16 @@ def run(args) -> int:
         return 0
     from comet_dse.whole_run.economics import cost_basis
 
+    family = family_of(model)
     print(render_search(model.name, cluster.name, args.devices, args.global_batch, result, elapsed, args.top,
-                        cost_basis(cluster), notes=(note,) if note else ()))
+                        cost_basis(cluster), notes=(note,) if note else (), family=family))
     if len(per_dtype) > 1:
         print(render_best_by(result, per_dtype, "precision"))
     if best:
         exp = cluster.accelerator.expansion
         print("\nThe fastest strategy in detail\n")
         print(render_estimate(best, cluster.accelerator.state_capacity, exp.capacity if exp else None,
-                              model.tied_embeddings))
+                              model.tied_embeddings, family))
     if args.output:
         print(f"\nWrote {result.evaluated:,} rows to {args.output}")
     return 0

@@ -55,6 +55,8 @@ def _factors(text: str) -> tuple:
 
 
 def run(args) -> int:
+    from comet_dse.workload.families import transformer_only
+
     """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
     from comet_dse.answers.whatif import whatif
 
@@ -65,6 +67,7 @@ def run(args) -> int:
     from comet_dse.api import whatif_with_band
 
     model, cluster = load_inputs(args)
+    transformer_only(model, "comet-dse whatif")
     space = space_from(args, cluster)
     result = whatif_with_band(whatif(model, cluster, args.devices, args.global_batch, space,
                                      args.resources, args.scale, None if args.no_fit else args.capacity,

@@ -67,7 +67,7 @@ def fp8_of(shape: LayerShape):
     return np.where(np.asarray(shape.gemm_e) < 2, 1.0, 0.0)
 
 
-def device_of(cluster: Cluster, st: StrategyArrays, moe=None) -> Device:
+def device_of(cluster: Cluster, st: StrategyArrays, moe=None, kind: str | None = None) -> Device:
     """Cost-model view of the accelerator for the dtypes and attention kernels of ``st``, for a dense
     (``moe`` falsy) or mixture-of-experts model: its tensor rates carry the training efficiency of that
     family where the cluster has one (hardware/efficiency.py), else the physical tensor_sustained.
@@ -81,7 +81,7 @@ def device_of(cluster: Cluster, st: StrategyArrays, moe=None) -> Device:
     bf16 = peaks.get("bf16", peaks.get("fp16", np.nan))
     sixteen = st.dtype_table({"bf16": bf16, "fp16": peaks.get("fp16", bf16), "fp8": bf16})
     attn_fwd, attn_bwd = attention_efficiencies(cluster, st)
-    kind = kind_of(moe)
+    kind = kind or kind_of(moe)
     sustained = st.dtype_table({d: acc.sustained(d, kind) for d in peaks})
     # 16-bit kernels of a step (attention): the physical 16-bit fraction, or the step's family's efficiency
     sustained16 = sustained if acc.training_efficiency else acc.sustained("bf16" if "bf16" in peaks else "fp16")

@@ -137,6 +137,7 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         "tp_communication": m * stage["tp"],
         "cp_communication": m * stage["cp"],
         "ep_communication": m * stage["ep"],
+        "embedding_communication": np.zeros_like(optimizer),     # a recommendation model's (cost/recommendation.py)
         "pp_communication": m * p2p,
         "pipeline_bubble": bubble,
         "dp_communication": dp_exposed,

@@ -10,6 +10,7 @@ from comet_dse.design_space.table import economic_columns, evaluate_columns, rea
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.declared import KNOBS, Strategy
+from comet_dse.workload.families import family_of
 
 
 @dataclass
@@ -42,7 +43,8 @@ def search(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     feasible = np.flatnonzero(cols["feasible"])
     ranked = feasible[np.argsort(cols["step_time_s"][feasible], kind="stable")]
     infeasible = cols["infeasible_mask"][~cols["feasible"]]
-    return SearchResult(columns=cols, ranked=ranked, infeasible_by_rule=reason_counts(infeasible))
+    return SearchResult(columns=cols, ranked=ranked,
+                        infeasible_by_rule=reason_counts(infeasible, family_of(model).rules))
 
 
 def strategy_at(columns: dict, row: int) -> Strategy:

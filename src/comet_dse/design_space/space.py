@@ -205,6 +205,19 @@ def _keep(st: StrategyArrays, chosen: list, space: SearchSpace) -> np.ndarray:
     return keep
 
 
+def for_family(space: SearchSpace, family) -> SearchSpace:
+    """``space`` with every knob the family's kernel does not read (``WorkloadFamily.reads``; not derived, not
+    given) held at its default: a recommendation model's search does not multiply its points by recomputation
+    or ZeRO stages, which change nothing of its cost."""
+    if not family.reads:
+        return space
+    values = dict(space.values)
+    for k in KNOBS:
+        if k.search not in (DERIVED, GIVEN) and k.name not in family.reads:
+            values[k.name] = (k.default,)
+    return dataclasses.replace(space, values=values)
+
+
 def enumerate_strategies(model: Transformer, devices: int, global_batch: int, space: SearchSpace,
                          limit: int | None = MAX_STRATEGIES) -> StrategyArrays:
     """Every strategy of ``space`` for ``model`` on ``devices`` devices, as arrays.
@@ -220,6 +233,7 @@ def enumerate_strategies(model: Transformer, devices: int, global_batch: int, sp
     counts its points first (--max-points), passes None.
     """
     family = family_of(model)
+    space = for_family(space, family)
     chosen, codes = _inner_codes(space)
     n_inner = len(next(iter(codes.values()))) if codes else 1
     try:
@@ -239,6 +253,7 @@ def count_strategies(model: Transformer, devices: int, global_batch: int, space:
     """len(enumerate_strategies(...)), computed a block of rows at a time so that memory stays bounded;
     stops early (with a count above ``limit``) once the count exceeds ``limit``."""
     family = family_of(model)
+    space = for_family(space, family)
     outer = family.degree_rows(model, devices, global_batch, space)
     chosen, codes = _inner_codes(space)
     n_inner = len(next(iter(codes.values()))) if codes else 1

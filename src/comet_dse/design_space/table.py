@@ -71,7 +71,8 @@ def economic_columns(cluster, devices: int, cols: dict, tokens: float | None, pa
     return out
 
 
-def reason_counts(masks: np.ndarray) -> dict:
-    """Rule code -> number of points that break it (a point may break several)."""
-    return {code: int(np.count_nonzero(masks & (1 << i))) for i, code in enumerate(RULES)
+def reason_counts(masks: np.ndarray, rules: tuple = RULES) -> dict:
+    """Rule code -> number of points that break it (a point may break several); ``rules``: the codes of the
+    table's workload family, in bit order (default the transformer's)."""
+    return {code: int(np.count_nonzero(masks & (1 << i))) for i, code in enumerate(rules)
             if np.any(masks & (1 << i))}

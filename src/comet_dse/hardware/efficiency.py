@@ -206,15 +206,17 @@ def efficiency_of(setting, accelerator: str) -> dict:
     return resolve(read_table(path), accelerator, str(path))
 
 
-def efficiency_summary(accelerator, setting: str, dtype: str, moe) -> dict:
+def efficiency_summary(accelerator, setting: str, dtype: str, moe, kind: str | None = None) -> dict:
     """What tensor rate an estimate on ``accelerator`` (spec.Accelerator) in ``dtype`` of a dense or MoE model
-    runs at, for output: {value, status (measured / assumed / physical), physical, family, text, ...}."""
+    (or of the ``kind`` given: "recommendation") runs at, for output: {value, status (measured / assumed /
+    physical), physical, family, text, ...}."""
     physical = accelerator.physical_sustained(dtype)
-    applied = accelerator.training_efficiency.get((precision_class(dtype), kind_of(moe)))
+    kind = kind or kind_of(moe)
+    applied = accelerator.training_efficiency.get((precision_class(dtype), kind))
     if applied is not None:
         return applied.to_dict(physical)
     why = ("--physical or the cluster file's `training_efficiency: physical`" if setting == PHYSICAL else
-           f"no public {precision_class(dtype)} runs of {accelerator.name} in the efficiency file")
+           f"no public {precision_class(dtype)} {kind} runs of {accelerator.name} in the efficiency file")
     return {"value": physical, "status": PHYSICAL, "physical": physical, "source": setting, "family": None,
             "cross_validation": None, "error_cross_validated": None, "error_physical": None,
             "text": f"{physical:.3f} of the benchmark tensor rate: the physical reading ({why})"}

@@ -430,6 +430,11 @@ class Transformer:
         moe = self.moe_layers * self.moe_layer_params(active=True) if self.moe else 0
         return self.dense_layers * self.layer_params() + moe + self.embedding_params() + self.head_params()
 
+    @property
+    def kind(self) -> str:
+        """Its kind of model for error bands and training efficiencies: "MoE" or "dense"."""
+        return "MoE" if self.moe else "dense"
+
     def with_seq_len(self, seq_len: int) -> "Transformer":
         """Copy with another sequence length (--seq-len)."""
         from dataclasses import replace

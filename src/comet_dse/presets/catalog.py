@@ -30,6 +30,11 @@ def preset_names(kind: str) -> list:
     return sorted(p.name[:-5] for p in _preset_dir(kind).iterdir() if p.name.endswith(".yaml"))
 
 
+def transformer_presets() -> list:
+    """Sorted names of the built-in model presets of the transformer family (the explorer lists only these)."""
+    return [n for n in preset_names("models") if preset_data("models", n).get("family", DEFAULT.name) == DEFAULT.name]
+
+
 def preset_data(kind: str, name: str) -> dict:
     path = _preset_dir(kind).joinpath(f"{name}.yaml")
     if name not in preset_names(kind):            # never a path: "../x" or "/tmp/x" is not a preset

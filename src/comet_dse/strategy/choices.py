@@ -189,6 +189,28 @@ class ModelParallel(Choice):
     TP group), no pipeline (pp = 1); with a model that allows it (``column_split``), a head's columns too."""
 
 
+class EmbeddingSharding(Choice):
+    """How a recommendation model's embedding tables are laid out over the devices (TorchRec's sharding types;
+    docs/model.md, "Recommendation models"). The dense part is data-parallel on every device in each."""
+
+    TABLE_WISE = "table-wise"
+    """Each table whole on one device, the tables spread to balance the lookups; pooled embeddings reach the
+    devices that own each sample by an all-to-all, their gradients come back by another."""
+    ROW_WISE = "row-wise"
+    """Each table's rows split evenly over every device; each device pools its rows' share of every sample,
+    and a reduce-scatter sums the partial pools (an all-gather returns their gradients)."""
+    COLUMN_WISE = "column-wise"
+    """Each table's embedding dimension split evenly over every device (dim divisible by the devices); an
+    all-to-all as table-wise, balanced by construction."""
+    DATA_PARALLEL = "data-parallel"
+    """Every table whole on every device; no exchange in forward, the tables' whole gradients all-reduced in
+    backward (for small tables only)."""
+    PLANNED = "planned"
+    """As a planner lays tables out (TorchRec's, HugeCTR's): small tables replicated (data-parallel), the hottest
+    tables split by rows over several devices, the rest whole on one device each, balanced by traffic
+    (cost/recommendation.py: planned_items)."""
+
+
 class Zero(int, Enum):
     """ZeRO stage over the data-parallel group (Rajbhandari et al. 2020); ordered, code = stage."""
 

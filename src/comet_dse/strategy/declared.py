@@ -26,8 +26,9 @@ import numpy as np
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
 from comet_dse.strategy.choices import (
-    AttentionKernel, CpAlgorithm, CrossEntropy, Dtype, GradAccumulation, GradBuffer, GradPrecision, GradSync,
-    ModelParallel, MoeDispatcher, PipelineEngine, PipelineSplit, Placement, Recompute, Zero,
+    AttentionKernel, CpAlgorithm, CrossEntropy, Dtype, EmbeddingSharding, GradAccumulation, GradBuffer,
+    GradPrecision, GradSync, ModelParallel, MoeDispatcher, PipelineEngine, PipelineSplit, Placement, Recompute,
+    Zero,
 )
 from comet_dse.strategy.knob import ALWAYS, CHANGED, DERIVED, GIVEN, Knob, knob
 
@@ -188,6 +189,17 @@ class Strategy:
         "10 B per logit), fp32-cast (PyTorch's cross_entropy on fp32-cast logits, as torchtitan: 12 B per logit) or "
         "loss-parallel (the same under PyTorch's loss_parallel with TP, as torchtitan: 16 B per logit)", microbatch=True,
         label=lambda v: f"{v.value} cross entropy", short="xent")
+    embedding_sharding: EmbeddingSharding = knob(
+        EmbeddingSharding.TABLE_WISE, "how a recommendation model's embedding tables are laid out over the "
+        "devices: table-wise, row-wise, column-wise, data-parallel (TorchRec's sharding types) or planned (small "
+        "tables replicated, the hottest split by rows, the rest whole, balanced, as planners mix them); a search "
+        "tries every one the model allows", search=DERIVED, label=lambda v: f"{v.value} embeddings", line=2,
+        short="emb")
+    embedding_overlap: bool = knob(
+        False, "recommendation models: pipeline each batch's index and embedding exchanges behind the previous "
+        "batch's dense passes and lookups (TorchRec's TrainPipelineSparseDist, HugeCTR's inter-iteration overlap); "
+        "off, each hides only behind the bottom MLP", label=lambda v: "embedding exchange pipelined" if v else
+        "embedding exchange not pipelined", short="embo")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
         "pooling); off exposes it all", label=lambda v: "expansion traffic overlapped" if v else

@@ -16,7 +16,7 @@ from comet_dse.base.units import (
     or_unknown,
 )
 from comet_dse.base.vocabulary import BANDWIDTH_CONVENTION, training_label
-from comet_dse.presets.catalog import preset_names
+from comet_dse.presets.catalog import preset_names, transformer_presets
 from comet_dse.strategy.text import legend
 from comet_dse.web import figures
 from comet_dse.web.view import STRATEGY_CONTROLS, TOP, TOPOLOGIES, Controls, compute, controls_for
@@ -79,7 +79,7 @@ def _labelled(text: str, control) -> list:
 
 
 def _layout():
-    models, clusters = preset_names("models"), preset_names("clusters")
+    models, clusters = transformer_presets(), preset_names("clusters")
     controls = html.Div(className="controls", children=[
         html.H3("Workload"),
         *_labelled("Model (preset)", dcc.Dropdown(models, DEFAULT.model, id="model", clearable=False)),

@@ -118,7 +118,11 @@ class View:
 
 @functools.lru_cache(maxsize=16)
 def _model(ref: str):
-    return load_model(ref)
+    from comet_dse.workload.families import transformer_only
+
+    model = load_model(ref)
+    transformer_only(model, "the explorer")
+    return model
 
 
 @functools.lru_cache(maxsize=16)

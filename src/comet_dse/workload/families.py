@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from comet_dse.base.errors import InputError
 from comet_dse.workload.family import WorkloadFamily
+from comet_dse.workload.recommendation import RECOMMENDATION
 from comet_dse.workload.transformer import TRANSFORMER
 
-FAMILIES = (TRANSFORMER,)       # a new family is one more entry (docs/architecture.md, "The workload seam")
+FAMILIES = (TRANSFORMER, RECOMMENDATION)   # a new family is one more entry (docs/architecture.md, "The workload seam")
 DEFAULT = TRANSFORMER           # a model file without a family: key
 
 
@@ -23,3 +24,10 @@ def family_named(name, where: str = "model.family") -> WorkloadFamily:
         if name == family.name:
             return family
     raise InputError(where, f"must be one of {', '.join(f.name for f in FAMILIES)}, got {name!r}")
+
+
+def transformer_only(model, what: str) -> None:
+    """InputError naming the model when ``what`` (a command or API function) does not take its family yet."""
+    if not isinstance(model, TRANSFORMER.model_type):
+        raise InputError("model", f"{model.name} is a {family_of(model).name} model; {what} takes transformers "
+                         "only so far (estimate and search take every family)")

@@ -36,6 +36,13 @@ class WorkloadFamily:
       TooManyRows past ``max_rows`` and InputError where no row exists. The search space is read through
       ``given(name)``, ``mp``, ``max_tp``, ``max_micro_batch`` and ``max_interleave`` (design_space/space.py).
     degree_columns: the knob names of those rows.
+    unit: what one of its throughput's units is ("tokens" for a transformer, "samples" for a recommendation
+      model); StepArrays.tokens_per_second counts them.
+    table_knobs: the knobs a search table always shows for it (others only where they vary).
+    time_parts: the parts of a step's time (base/vocabulary.py TIME_PARTS keys) its kernel can make non-zero,
+      which text output lists (its StepArrays.breakdown holds every part, zero for the others).
+    reads: the knobs its kernel reads beyond ``degree_columns`` and the global batch; a search holds every
+      other knob at its default for it (empty: it reads them all).
     """
 
     name: str
@@ -47,6 +54,10 @@ class WorkloadFamily:
     rule_text: dict
     degree_rows: Callable
     degree_columns: tuple
+    unit: str = "tokens"
+    table_knobs: tuple = ()
+    time_parts: tuple = ()
+    reads: tuple = ()
 
     def __post_init__(self) -> None:
         if set(self.rule_text) != set(self.rules):

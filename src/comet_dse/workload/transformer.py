@@ -8,12 +8,14 @@ knob takes its declared values (design_space/space.py).
 from __future__ import annotations
 
 from comet_dse.base.bounds import BOUNDS
+from comet_dse.base.vocabulary import TIME_PARTS
 from comet_dse.base.divisors import divisors
 from comet_dse.base.errors import InputError
 from comet_dse.cost.feasibility import RULES, RULE_TEXT, violations
 from comet_dse.cost.step import evaluate
 from comet_dse.model.load import transformer_from
 from comet_dse.model.spec import Transformer
+from comet_dse.strategy.choices import EmbeddingSharding
 from comet_dse.workload.family import TooManyRows, WorkloadFamily
 
 MIN_CP_TOKENS = 4096   # default CP degrees keep at least this many tokens per device
@@ -75,12 +77,14 @@ def _interleaves(layers: int, pp: int, space) -> list:
     return sorted(found) or [1]
 
 
-DEGREES = ("tp", "pp", "dp", "micro_batch", "interleave", "cp", "ep")   # the columns of the outer rows
+DEGREES = ("tp", "pp", "dp", "micro_batch", "interleave", "cp", "ep", "embedding_sharding")   # the outer rows' columns
+TABLE_WISE = EmbeddingSharding.TABLE_WISE.code      # a transformer has no embedding tables to shard: the default
 
 
 def degree_rows(model: Transformer, devices: int, global_batch: int, space,
                 max_rows: int | None = None) -> list:
-    """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep) rows, in enumeration order.
+    """The DERIVED degrees: (tp, pp, dp, micro_batch, interleave, cp, ep, embedding_sharding) rows, in
+    enumeration order (embedding_sharding, a recommendation model's, at its default).
 
     ``space``: the search's SearchSpace (design_space/space.py), read through ``given(knob)``, ``mp``,
     ``max_tp``, ``max_micro_batch`` and ``max_interleave``. The device count and the global batch are checked
@@ -93,7 +97,7 @@ def degree_rows(model: Transformer, devices: int, global_batch: int, space,
         for ep in _expert_degrees(model, dp, space):
             for mb in _micro_batches(global_batch, dp, space):
                 for v in _interleaves(model.layers, pp, space):
-                    outer.append((tp, pp, dp, mb, v, cp, ep))
+                    outer.append((tp, pp, dp, mb, v, cp, ep, TABLE_WISE))
                     if max_rows is not None and len(outer) > max_rows:
                         raise TooManyRows()
     if not outer and space.mp is not None:
@@ -110,4 +114,6 @@ def degree_rows(model: Transformer, devices: int, global_batch: int, space,
 
 TRANSFORMER = WorkloadFamily(
     name="transformer", model_type=Transformer, load=transformer_from, evaluate=evaluate, violations=violations,
-    rules=RULES, rule_text=RULE_TEXT, degree_rows=degree_rows, degree_columns=DEGREES)
+    rules=RULES, rule_text=RULE_TEXT, degree_rows=degree_rows, degree_columns=DEGREES,
+    table_knobs=("tp", "cp", "ep", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero"),
+    time_parts=tuple(p.key for p in TIME_PARTS if p.key != "embedding_communication"))

@@ -1,0 +1,351 @@
+"""One training step of a recommendation model (DLRM, DLRM-DCNv2) on a batch of design points: the embedding
+lookups and their sharding, the exchange of pooled embeddings, the dense MLPs and interaction, the dense
+gradient all-reduce, memory per device over HBM and an expansion tier, and the validity rules
+(docs/model.md, "Recommendation models").
+
+Notation: N devices (every one data-parallel for the dense part, dp = N), B samples per step (the global batch),
+b = B / N per device; table t has R_t rows of d elements of e_t bytes, looked up L_t times per sample. SI units.
+What is not costed yet, and said so in docs/model.md: a cache of hot rows (every lookup goes to the tier its
+row lives in, rows spilled uniformly), the de-duplication of repeated rows in backward (every lookup updates
+its row), host memory as a tier, and a hierarchical all-to-all that gathers a node's traffic before it
+crosses the network. Pipelining a batch's exchanges behind the previous batch's work is a knob
+(embedding_overlap), off by default: then each exchange hides only behind the bottom MLP.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from comet_dse.cost.collectives import (
+    all_gather_time, all_reduce_time, all_to_all_time, reduce_scatter_time, spans,
+)
+from comet_dse.cost.kernels import elementwise_time, gemm_time, memory_pass_time, roofline
+from comet_dse.cost.memory import place, reserved_bytes
+from comet_dse.cost.shapes import device_of, network_dims
+from comet_dse.cost.step import StepArrays
+from comet_dse.hardware.spec import Cluster
+from comet_dse.model.recommendation import Interaction, Recommendation, STATE_BYTES_PER_ROW
+from comet_dse.strategy.arrays import StrategyArrays
+from comet_dse.strategy.choices import EmbeddingSharding
+
+SECTOR = 32.0          # bytes: GPU global memory moves in 32-byte sectors (CUDA C++ Best Practices Guide,
+                       # "Coalesced Access to Global Memory"); a random row costs its bytes rounded up to them
+ACTIVATION_BYTES = 2.0  # pooled embeddings, their gradients and the dense activations: 16-bit (mixed precision)
+INDEX_BYTES = 8.0       # one lookup's row index as the sparse input carries it (int64: TorchRec's KeyedJaggedTensor)
+GRADIENT_BYTES = 4.0    # fp32 weight gradients (dense, and the rows' gradients before the fused update)
+DENSE_BYTES = 4.0       # fp32 dense weights
+RELU_PASSES = (2.0, 3.0)  # element-wise passes per MLP layer output: forward (bias + ReLU: read, write);
+                          # backward (read the output and its gradient, write the input gradient)
+DENSE_STATE_BYTES = 8.0   # dense optimizer state per parameter: Adam's two fp32 moments (the upper bound)
+OPTIMIZER_PASS_BYTES = 16.0  # dense update per parameter: read weight and gradient, read and write the state
+                             # (row-wise Adagrad's one accumulator or Adam's two, 4 B each, the upper one taken)
+SHARDINGS = tuple(EmbeddingSharding)
+
+RULES = ("rec_degrees", "batch", "column_split", "dtype", "memory")
+RULE_TEXT = {
+    "rec_degrees": "a recommendation model runs its dense part data-parallel on every device: tp, pp, cp, ep "
+                   "and interleave 1, dp the device count (each device takes global batch / devices samples; "
+                   "micro_batch is not read)",
+    "batch": "the devices do not divide the global batch",
+    "column_split": "column-wise sharding needs the devices to divide the embedding dim",
+    "dtype": "the device has no peak rate for this dtype",
+    "memory": "does not fit in device memory",
+}
+
+
+def sector_bytes(nbytes):
+    """Bytes a random access of ``nbytes`` moves: rounded up to whole 32-byte sectors [B]."""
+    return np.ceil(np.asarray(nbytes, dtype=float) / SECTOR) * SECTOR
+
+
+KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params")
+
+
+def table_share(model: Recommendation, t, dim: float, rows: float, hit: float) -> np.ndarray:
+    """One device's share of table ``t`` when it holds ``rows`` of its rows and ``dim`` of its columns and serves
+    the fraction ``hit`` of its lookups (KEYS order; per global sample, or bytes held):
+      lookup = hit L_t sector(dim e_t); update = hit L_t (2 sector(dim e_t) + 2 sector(state)) + dim x 4 B
+      (the fused backward reads and writes each row and its optimizer state, and reads the pooled gradient);
+      send = dim x 2 B (its pooled or partially pooled vector of each sample); index = hit L_t x 8 B;
+      table_bytes = rows x dim e_t; state_bytes = rows x (per-row + dim x per-element optimizer state)."""
+    per_row, per_element = STATE_BYTES_PER_ROW[model.embedding_optimizer]
+    row = dim * t.bytes_per_element
+    state = per_row + per_element * dim
+    lookups = hit * t.pooling
+    return np.array([lookups * sector_bytes(row),
+                     lookups * (2.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))
+                     + dim * GRADIENT_BYTES,
+                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0], dtype=float)
+
+
+def busiest(items: list, devices: int) -> np.ndarray:
+    """Place ``items`` (table shares, KEYS arrays) on ``devices`` devices, largest lookup-and-update traffic first,
+    each on the device with the least traffic so far (greedy longest-processing-time balancing, as TorchRec's
+    and HugeCTR's planners balance by cost); the busiest device's sum."""
+    load = [np.zeros(len(KEYS)) for _ in range(devices)]
+    for item in sorted(items, key=lambda x: -(x[0] + x[1])):
+        low = min(range(devices), key=lambda k: load[k][0] + load[k][1])
+        load[low] = load[low] + item
+    return max(load, key=lambda x: x[0] + x[1])
+
+
+DP_TABLE_BYTES = 8e6   # B: a table whose weights and optimizer state fit in 8 MB is replicated by the planned
+                       # sharding (NVIDIA's MLPerf DLRM-DCNv2 configs: DP_SHARDING_THRESHOLD=0.008 GB,
+                       # training_results_v4.0 .../dlrm_dcnv2/implementations/merlin_hugectr/config_DGXH100_1x8x6912.sh)
+
+
+def planned_items(model: Recommendation, devices: int) -> tuple:
+    """The planned sharding's (items placed on one device each, replicated tables): tables of at most
+    DP_TABLE_BYTES replicated (data-parallel); every other table whole on one device, except that a table with
+    more lookup-and-update traffic than one device's even share of the rest is split by rows over
+    k = min(N, ceil(its traffic / even share)) devices, each holding 1/k of its rows and serving 1/k of its
+    lookups (the hottest tables split over several GPUs, as the submissions' planner does: sharding/planner.py)."""
+    small, large = [], []
+    for t in model.tables:
+        whole = table_share(model, t, t.dim, t.rows, 1.0)
+        (small if whole[4] + whole[5] <= DP_TABLE_BYTES else large).append((t, whole))
+    even = sum(w[0] + w[1] for _, w in large) / devices if large else 0.0
+    items = []
+    for t, whole in large:
+        k = min(devices, max(1, int(np.ceil((whole[0] + whole[1]) / even)))) if even > 0 else 1
+        items += [table_share(model, t, t.dim, t.rows / k, 1.0 / k)] * k
+    return items, [t for t, _ in small]
+
+
+@lru_cache(maxsize=64)
+def sharded(model: Recommendation, devices: int) -> dict:
+    """Per sharding (EmbeddingSharding code) the busiest device's share (``table_share``'s KEYS, per global
+    sample or bytes held; ``dp_params``: elements of the tables it holds replicated, whose gradients are
+    all-reduced):
+      table-wise: every table whole on one device (``busiest``)
+      row-wise: 1/N of every table's rows and lookups
+      column-wise: 1/N of every table's columns for every lookup (each device needs every index)
+      data-parallel: every table, looked up for the device's own b = B/N samples, no exchange
+      planned: ``planned_items`` placed by ``busiest``, plus every replicated table for its own samples"""
+    n = float(devices)
+    tables = model.tables
+    out = {EmbeddingSharding.TABLE_WISE.code: busiest([table_share(model, t, t.dim, t.rows, 1.0) for t in tables],
+                                                      devices)}
+    rows = sum(table_share(model, t, t.dim, t.rows / n, 1.0 / n) for t in tables)
+    rows[2] = sum(t.dim for t in tables) * ACTIVATION_BYTES          # a partial pool of every table per sample
+    out[EmbeddingSharding.ROW_WISE.code] = rows
+    columns = sum(table_share(model, t, t.dim / n, t.rows, 1.0) for t in tables)
+    out[EmbeddingSharding.COLUMN_WISE.code] = columns
+    replicated = sum(table_share(model, t, t.dim, t.rows, 1.0 / n) for t in tables)
+    replicated[2] = replicated[3] = 0.0
+    replicated[6] = model.embedding_params()
+    out[EmbeddingSharding.DATA_PARALLEL.code] = replicated
+    items, small = planned_items(model, devices)
+    plan = busiest(items, devices) if items else np.zeros(len(KEYS))
+    for t in small:
+        local = table_share(model, t, t.dim, t.rows, 1.0 / n)
+        local[2] = local[3] = 0.0
+        local[6] = t.rows * t.dim
+        plan = plan + local
+    out[EmbeddingSharding.PLANNED.code] = plan
+    return {code: dict(zip(KEYS, values)) for code, values in out.items()}
+
+
+def _per_point(st: StrategyArrays, table: dict, key: str):
+    """``table[code][key]`` for each point's sharding."""
+    return st.select(st.embedding_sharding, [table[s.code][key] for s in SHARDINGS])
+
+
+def mlp_passes(shapes: list, b, dev) -> tuple:
+    """(forward, backward) seconds of MLP layers ``shapes`` [(inputs, outputs)] for ``b`` samples on one device,
+    each split as (math, memory): forward the GEMM [b, in] x [in, out]; backward the input and weight gradients,
+    two GEMMs of the same FLOPs; their bias and ReLU passes (RELU_PASSES)."""
+    e = ACTIVATION_BYTES
+    math_f = mem_f = math_b = mem_b = 0.0
+    for n_in, n_out in shapes:
+        fwd = gemm_time(1.0, b, n_out, n_in, e, dev)
+        bwd = gemm_time(1.0, b, n_in, n_out, e, dev) + gemm_time(1.0, n_in, n_out, b, e, dev)
+        relu_f = elementwise_time(b * n_out, RELU_PASSES[0] * e, 2.0, dev)
+        relu_b = elementwise_time(b * n_out, RELU_PASSES[1] * e, 1.0, dev)
+        math_f, mem_f = math_f + fwd.math, mem_f + fwd.memory + relu_f.total
+        math_b, mem_b = math_b + bwd.math, mem_b + bwd.memory + relu_b.total
+    return (math_f, mem_f), (math_b, mem_b)
+
+
+def interaction_passes(model: Recommendation, b, dev) -> tuple:
+    """(forward, backward) seconds of the interaction for ``b`` samples, each (math, memory): dot, the products
+    of [F, d] x [d, F] per sample as one fused kernel at the matrix rate or the bandwidth of its bytes (backward
+    twice); DCN-v2, per cross layer two GEMMs [b, n] x [n, r] and
+    [b, r] x [r, n] with n = F d and an element-wise pass over [b, n] reading x0, x_l and the product and writing
+    x_{l+1} (backward twice). Sources: Naumov et al. 2019 (arXiv:1906.00091) Sec. 2.2; Wang et al. 2021
+    (arXiv:2008.13535) Sec. 3."""
+    e = ACTIVATION_BYTES
+    f, d = model.features, model.dim
+    if model.interaction is Interaction.DOT:
+        # F x F products of d-long vectors per sample: too small for the GEMM tiles; one fused kernel per pass
+        # (HugeCTR's, FBGEMM's) at the matrix rate, or at the bandwidth that reads the F vectors and writes the
+        # products, whichever bounds it
+        rate = dev.peak * dev.matmul_eff * dev.sustained
+        fwd = roofline(2.0 * b * f * f * d, rate, b * (f * d + f * f) * e, dev.hbm_bw, dev.overhead)
+        return (fwd.math, fwd.memory), (2.0 * fwd.math, 2.0 * fwd.memory)
+    n, r = f * d, model.cross_rank
+    layer = gemm_time(1.0, b, r, n, e, dev) + gemm_time(1.0, b, n, r, e, dev)
+    cross = elementwise_time(b * n, 4.0 * e, 3.0, dev).total
+    k = float(model.cross_layers)
+    return (k * layer.math, k * (layer.memory + cross)), (2.0 * k * layer.math, 2.0 * k * (layer.memory + cross))
+
+
+def dense_passes(model: Recommendation, b, dev) -> tuple:
+    """(bottom MLP, whole dense part) each as ((forward math, memory), (backward math, memory)) [s]: the
+    bottom MLP alone is what an exchange of pooled embeddings can run beside."""
+    shapes = model.mlp_shapes()
+    bottom = mlp_passes(shapes[:len(model.bottom_mlp)], b, dev)
+    top = mlp_passes(shapes[len(model.bottom_mlp):], b, dev)
+    mid = interaction_passes(model, b, dev)
+    whole = tuple(tuple(x + y + z for x, y, z in zip(pb, pt, pm)) for pb, pt, pm in zip(bottom, top, mid))
+    return bottom, whole
+
+
+def dense_flops(model: Recommendation) -> float:
+    """Model FLOPs of one sample's forward pass: 2 x in x out per MLP layer, the interaction (dot: 2 F^2 d;
+    DCN-v2: 4 n r per cross layer). A training step is 3x the forward (backward: input and weight gradients)."""
+    f, d = model.features, model.dim
+    mlp = sum(2.0 * i * o for i, o in model.mlp_shapes())
+    if model.interaction is Interaction.DOT:
+        return mlp + 2.0 * f * f * d
+    return mlp + model.cross_layers * 4.0 * f * d * model.cross_rank
+
+
+def evaluate(model: Recommendation, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
+    """Step time, breakdown and memory of every point of ``st`` for a recommendation model.
+
+        lookups   = B x lookup(sharding) / HBM bandwidth (the spilled share at the tier's bandwidth)
+        updates   = B x update(sharding) / HBM bandwidth (likewise)
+        inputs    = all-to-all of B x index (the row indices to the devices that hold their rows), exposed
+        exchange  = forward: all-to-all of B x send (table- and column-wise), reduce-scatter of B x sum d x 2 B
+                    (row-wise), none (data-parallel); backward the same volume back (an all-gather row-wise;
+                    data-parallel: the tables' whole fp32 gradients all-reduced)
+        dense     = dense_passes for b = B / N samples; its fp32 gradients all-reduced over the N devices,
+                    hidden behind the embedding updates and the bottom MLP's backward when dp_overlap is on
+        exposed exchange = each direction's exchange minus the bottom MLP's pass it runs beside; with
+                    embedding_overlap the whole exchange minus the dense passes and embedding kernels
+    The parts and their names: base/vocabulary.py (``embedding_communication`` for the exchange)."""
+    acc = cluster.accelerator
+    dev = device_of(cluster, st, kind=model.kind)
+    n = float(devices)
+    big_b = st.global_batch
+    b = big_b / n
+    table = sharded(model, devices)
+    lookup, update, send, index = (_per_point(st, table, k) for k in ("lookup", "update", "send", "index"))
+    table_bytes, state_bytes = _per_point(st, table, "table_bytes"), _per_point(st, table, "state_bytes")
+
+    dense = model.dense_params()
+    bottom, whole = dense_passes(model, b, dev)
+    (math_f, mem_f), (math_b, mem_b) = whole
+    bottom_fwd, bottom_bwd = sum(bottom[0]), sum(bottom[1])
+
+    # memory by part, before placement: the busiest device's tables and their state; fp32 dense weights,
+    # gradients and optimizer state (data-parallel tables: their whole fp32 gradients too); the dense
+    # activations of its b samples and the pooled vectors it sends (their gradients come back in place)
+    data_parallel = st.uses(EmbeddingSharding.DATA_PARALLEL)
+    memory = {
+        "weights": table_bytes + dense * DENSE_BYTES,
+        "gradients": (dense + _per_point(st, table, "dp_params")) * GRADIENT_BYTES,
+        "optimizer": state_bytes + dense * DENSE_STATE_BYTES,
+        "activations": b * activation_elements(model) * ACTIVATION_BYTES + big_b * send,
+        "buffers": np.zeros_like(big_b),
+    }
+    footprint = memory["weights"] + memory["gradients"] + memory["optimizer"] + memory["activations"]
+    memory["reserved"] = reserved_bytes(footprint, cluster.reserved_memory, cluster.fragmentation,
+                                        cluster.workspace_memory)
+    total = footprint + memory["reserved"]
+    exp_cap = acc.expansion.capacity if acc.expansion else 0.0
+    placed = place(memory, acc.state_capacity, exp_cap, total)
+    weights = np.maximum(memory["weights"], 1.0)
+    spilled = np.clip(placed.spilled_weights / weights, 0.0, 1.0) if acc.expansion else 0.0
+    tier_bw = acc.expansion.bandwidth if acc.expansion else np.inf
+
+    hbm_lookup = big_b * lookup / dev.hbm_bw + dev.overhead
+    hbm_update = big_b * update / dev.hbm_bw + dev.overhead
+    tier_extra = spilled * big_b * (lookup + update) * (1.0 / tier_bw - 1.0 / dev.hbm_bw)
+
+    dims = network_dims(cluster, devices)
+    group = spans(dims, 1.0, n)
+    exchange_bytes = big_b * send
+    row_wise = st.uses(EmbeddingSharding.ROW_WISE)
+    a2a = all_to_all_time(exchange_bytes, dims, group)
+    pooled = big_b * sum(t.dim for t in model.tables) * ACTIVATION_BYTES
+    exchange_f = np.where(row_wise, reduce_scatter_time(pooled, dims, group), np.where(data_parallel, 0.0, a2a))
+    exchange_b = np.where(row_wise, all_gather_time(pooled, dims, group), np.where(data_parallel, 0.0, a2a))
+    # the row indices reach their shards first (an all-to-all each device receives B x index bytes of): exposed
+    inputs = np.where(data_parallel, 0.0, all_to_all_time(big_b * index, dims, group))
+    alone = inputs + np.maximum(exchange_f - bottom_fwd, 0.0) + np.maximum(exchange_b - bottom_bwd, 0.0)
+    # pipelined: the next batch's exchanges run beside this batch's dense passes and embedding kernels
+    beside = math_f + mem_f + math_b + mem_b + hbm_lookup + hbm_update
+    exposed_exchange = np.where(st.embedding_overlap,
+                                np.maximum(inputs + exchange_f + exchange_b - beside, 0.0), alone)
+
+    dense_reduce = all_reduce_time(dense * GRADIENT_BYTES, dims, group) if devices > 1 else 0.0
+    window = hbm_update + bottom_bwd
+    dense_exposed = np.where(st.dp_overlap, np.maximum(dense_reduce - window, 0.0), dense_reduce)
+    dp_params = _per_point(st, table, "dp_params")
+    table_reduce = np.where(dp_params > 0, all_reduce_time(dp_params * GRADIENT_BYTES, dims, group), 0.0) \
+        if devices > 1 else np.zeros_like(big_b)
+    optimizer = memory_pass_time(dense * OPTIMIZER_PASS_BYTES, dev).total
+
+    breakdown = {
+        "compute": math_f + math_b,
+        "memory": mem_f + mem_b + hbm_lookup + hbm_update,
+        "tp_communication": np.zeros_like(big_b), "cp_communication": np.zeros_like(big_b),
+        "ep_communication": np.zeros_like(big_b),
+        "embedding_communication": exposed_exchange,
+        "pp_communication": np.zeros_like(big_b), "pipeline_bubble": np.zeros_like(big_b),
+        "dp_communication": dense_exposed + table_reduce,
+        "optimizer": optimizer + np.zeros_like(big_b),
+        "offload": tier_extra + np.zeros_like(big_b),
+        "overhead": cluster.step_overhead + cluster.microbatch_overhead + np.zeros_like(big_b),
+    }
+    step_time = sum(breakdown.values())
+    flops = dense_flops(model) * 3.0 * big_b
+    capacity = n * st.dtype_table(acc.peak_flops) * step_time
+    return StepArrays(
+        breakdown=breakdown,
+        phases={"forward": math_f + mem_f + hbm_lookup, "backward": math_b + mem_b + hbm_update,
+                "recompute": np.zeros_like(big_b)},
+        memory=memory, memory_total=total, hbm_bytes=placed.hbm, expansion_bytes=placed.expansion,
+        step_time=step_time, model_flops=flops, hardware_flops=flops, tokens_per_second=big_b / step_time,
+        mfu=flops / capacity, hfu=flops / capacity, fits=placed.fits, microbatches=np.ones_like(big_b),
+        stage_layers=np.zeros_like(big_b), last_stage_memory=total,
+    )
+
+
+def activation_elements(model: Recommendation) -> float:
+    """Elements per sample kept for backward by the dense part: each MLP layer's input and output, the F
+    feature vectors and the interaction's output (with DCN-v2 each cross layer's input and its low-rank
+    product)."""
+    kept = sum(i + o for i, o in model.mlp_shapes()) + model.features * model.dim + model.interaction_width
+    if model.interaction is Interaction.DCN:
+        kept += model.cross_layers * (2 * model.features * model.dim + model.cross_rank)
+    return float(kept)
+
+
+def violations(model: Recommendation, cluster: Cluster, devices: int, st: StrategyArrays, step) -> list:
+    """[(code, mask, reason(i) -> str)] for every rule of ``RULES``; mask is True where the point breaks it."""
+    n = float(devices)
+    degrees = (st.tp != 1) | (st.pp != 1) | (st.cp != 1) | (st.ep != 1) | (st.interleave != 1) | (st.dp != n)
+    batch = np.mod(st.global_batch, n) != 0
+    column = st.uses(EmbeddingSharding.COLUMN_WISE) & (np.mod(model.dim, n) != 0)
+    dtype = ~np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
+    memory = ~np.asarray(step.fits, dtype=bool)
+    capacity = cluster.accelerator.state_capacity
+
+    def memory_reason(i):
+        return (f"needs {step.memory_total[i] / 2**30:,.1f} GiB per device (embedding tables "
+                f"{step.memory['weights'][i] / 2**30:,.1f} GiB), the device holds {capacity / 2**30:,.1f} GiB"
+                + (" plus its expansion tier" if cluster.accelerator.expansion else ""))
+
+    return [
+        ("rec_degrees", degrees, lambda i: f"{RULE_TEXT['rec_degrees']} (tp={st.tp[i]:g}, pp={st.pp[i]:g}, "
+                                           f"cp={st.cp[i]:g}, ep={st.ep[i]:g}, dp={st.dp[i]:g})"),
+        ("batch", batch, lambda i: f"{devices} devices do not divide the global batch {st.global_batch[i]:g}"),
+        ("column_split", column, lambda i: f"column-wise sharding splits the embedding dim {model.dim} over "
+                                           f"{devices} devices, which do not divide it"),
+        ("dtype", dtype, lambda i: RULE_TEXT["dtype"]),
+        ("memory", memory, memory_reason),
+    ]

@@ -1,0 +1,150 @@
+"""Recommendation models (DLRM, DLRM-DCNv2) on the workload seam: model files, the cost kernel's terms, the
+search over embedding shardings, and the commands that do not take them yet (docs/model.md, "Recommendation
+models")."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import comet_dse
+from comet_dse.base.errors import InputError
+from comet_dse.cost.recommendation import SECTOR, planned_items, sector_bytes, sharded
+from comet_dse.model.recommendation import EmbeddingTable, Recommendation, recommendation_from
+from comet_dse.presets.catalog import load_model
+from comet_dse.strategy.choices import EmbeddingSharding
+from comet_dse.workload.families import family_of
+
+from tests.cli_run import one_line_error, run
+
+TABLES = [{"rows": 1_000_000, "dim": 64, "pooling": 4}, {"rows": 1000, "dim": 64, "pooling": 1, "count": 3}]
+BASE = {"name": "toy", "dense_features": 13, "bottom_mlp": [256, 64], "top_mlp": [256, 1], "tables": TABLES}
+
+
+def toy(**changes) -> Recommendation:
+    return recommendation_from({**BASE, **changes})
+
+
+def test_a_model_file_reads_its_tables_mlps_and_interaction():
+    model = toy()
+    assert len(model.tables) == 4 and model.features == 5 and model.dim == 64
+    assert model.interaction_width == 64 + 5 * 4 // 2
+    dense = (13 * 256 + 256) + (256 * 64 + 64) + (74 * 256 + 256) + (256 + 1)
+    assert model.dense_params() == dense
+    assert model.total_params() == dense + 1_003_000 * 64
+    assert family_of(model).name == "recommendation" and model.kind == "recommendation"
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"tables": [{"rows": 10, "dim": 8, "pooling": 0}]}, "pooling"),
+    ({"tables": [{"rows": -5, "dim": 8}]}, "rows"),
+    ({"tables": [{"rows": 10, "dim": 64}, {"rows": 10, "dim": 32}]}, "tables"),
+    ({"interaction": "attention"}, "interaction"),
+    ({"bottom_mlp": [256, 32]}, "bottom_mlp"),
+    ({"top_mlp": [256, 2]}, "top_mlp"),
+    ({"tables": []}, "tables"),
+    ({"interaction": "dcn", "cross_layers": 0}, "cross_layers"),
+    ({"tables": [{"rows": 10, "dim": 64, "element": "fp64"}]}, "element"),
+])
+def test_bad_model_files_are_one_line_naming_the_field(change, field):
+    with pytest.raises(InputError) as err:
+        toy(**change)
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_random_row_moves_whole_sectors():
+    assert sector_bytes(512) == 512 and sector_bytes(8) == SECTOR and sector_bytes(40) == 2 * SECTOR
+
+
+def test_table_wise_balances_lookups_and_the_shardings_split_what_they_say():
+    model = toy()
+    share = sharded(model, 4)
+    whole = sum(t.table_bytes for t in model.tables)
+    assert share[EmbeddingSharding.ROW_WISE.code]["table_bytes"] == pytest.approx(whole / 4)
+    assert share[EmbeddingSharding.COLUMN_WISE.code]["table_bytes"] == pytest.approx(whole / 4)
+    assert share[EmbeddingSharding.DATA_PARALLEL.code]["table_bytes"] == whole
+    assert share[EmbeddingSharding.TABLE_WISE.code]["table_bytes"] == model.tables[0].table_bytes
+    # the lookups of one global sample: L x sector(d e) over the devices that do them
+    per_sample = sum(t.pooling * sector_bytes(t.row_bytes) for t in model.tables)
+    assert share[EmbeddingSharding.ROW_WISE.code]["lookup"] == pytest.approx(per_sample / 4)
+    assert share[EmbeddingSharding.DATA_PARALLEL.code]["send"] == 0.0
+
+
+def test_more_hbm_bandwidth_speeds_the_lookups_and_nothing_else():
+    model = toy()
+    base = comet_dse.estimate(model, "dgx-h100", 8, global_batch=8192)
+    faster = comet_dse.estimate(model, "dgx-h100", 8, global_batch=8192, overrides={"hbm_bandwidth": "x2"})
+    assert faster.breakdown_s["memory"] < base.breakdown_s["memory"]
+    assert faster.breakdown_s["compute"] == pytest.approx(base.breakdown_s["compute"], rel=0.2)
+    assert faster.step_time_s < base.step_time_s
+
+
+def test_data_parallel_tables_all_reduce_their_whole_gradients():
+    """Data-parallel sharding exchanges no pooled embeddings, but all-reduces every table's fp32 gradient: on a
+    model with a large table that is the slowest layout, and it holds every table on every device."""
+    model = toy()
+    dp = comet_dse.estimate(model, "dgx-h100", 8, global_batch=8192, embedding_sharding="data-parallel")
+    rows = comet_dse.estimate(model, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise")
+    assert dp.breakdown_s["embedding_communication"] == 0.0
+    assert dp.breakdown_s["dp_communication"] > rows.breakdown_s["dp_communication"]
+    assert dp.memory_bytes["weights"] > 7 * rows.memory_bytes["weights"]
+
+
+def test_tables_larger_than_memory_do_not_fit_and_an_expansion_tier_holds_them_at_its_bandwidth():
+    big = toy(tables=[{"rows": 3_000_000_000, "dim": 64, "pooling": 2}])
+    est = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise")
+    assert not est.feasible and est.broken_rules == ["memory"] and "GiB" in est.reasons[0]
+    tiered = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise",
+                                expansion="2 TiB@64 GB/s")
+    assert tiered.feasible and tiered.breakdown_s["offload"] > 0
+    slower = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise",
+                                expansion="2 TiB@32 GB/s")
+    assert slower.breakdown_s["offload"] > tiered.breakdown_s["offload"]
+
+
+def test_the_band_is_the_recommendation_familys_and_the_gemms_run_at_the_physical_reading():
+    est = comet_dse.estimate(toy(), "dgx-h100", 8, global_batch=8192)
+    assert est.error_band["kind"] == "recommendation" and "recommendation" in est.error_band["text"]
+    assert est.error_band["frameworks"] == "HugeCTR (MLPerf)"          # the MLPerf runs, not the transformers'
+    other = comet_dse.estimate(toy(), "mi300x", 8, global_batch=8192)
+    assert other.error_band["validated"] is False
+    assert est.efficiency["status"] == "physical"
+    assert est.tokens_per_second == pytest.approx(8192 / est.step_time_s)
+    assert math.isclose(sum(est.breakdown_s.values()), est.step_time_s, rel_tol=1e-9)
+
+
+def test_a_search_tries_each_sharding_the_model_allows_and_no_transformer_knob():
+    result = comet_dse.search(toy(), "dgx-h100", 8, 8192)
+    shardings = {row["embedding_sharding"] for row in result.rows()}
+    assert shardings == {s.value for s in EmbeddingSharding}
+    assert len(result.rows()) == 5          # recomputation, ZeRO, flash attention ... are not multiplied in
+    on_24 = comet_dse.search(toy(), "dgx-h100", 24, 24 * 512)
+    assert {row["embedding_sharding"] for row in on_24.rows()} == {"table-wise", "row-wise", "data-parallel",
+                                                                    "planned"}
+
+
+def test_the_commands_that_do_not_take_recommendation_models_say_so(tmp_path, capsys):
+    path = tmp_path / "toy.yaml"
+    path.write_text("family: recommendation\n" + "\n".join(
+        f"{k}: {v}" for k, v in BASE.items() if k != "tables")
+        + "\ntables:\n" + "\n".join(f"  - {t}" for t in TABLES).replace("'", "") + "\n", encoding="utf-8")
+    assert isinstance(load_model(str(path)), Recommendation)
+    for argv in (["whatif", "--model", path, "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64"],
+                 ["plan", "--model", path, "--tokens", "1e9", "--global-batch", "64", "--days", "1"],
+                 ["export", "--model", path, "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
+                  "--out", tmp_path / "trace"]):
+        one_line_error(run(capsys, *argv), "model:", "takes transformers only")
+    assert not (tmp_path / "trace").exists()
+    code, out, err = run(capsys, "estimate", "--model", path, "--cluster", "dgx-h100", "--devices", "8",
+                         "--global-batch", "8192")
+    assert code == 0 and "samples/s" in out and "embedding exchange" in out and "pipeline bubble" not in out
+    one_line_error(run(capsys, "estimate", "--model", path, "--cluster", "dgx-h100", "--devices", "8",
+                       "--global-batch", "8192", "--tp", "2"), "tp:")
+
+
+def test_the_transformer_knows_nothing_of_embedding_tables():
+    """The new knob stays at its default for a transformer, and its search tables do not show it."""
+    result = comet_dse.search("llama3-8b", "dgx-h100", 8, 64)
+    assert {row["embedding_sharding"] for row in result.rows()} == {"table-wise"}
+    assert np.all(result.result.columns["time_embedding_communication_s"] == 0.0)
