@@ -46,7 +46,7 @@ def test_a_model_file_may_name_its_family(tmp_path):
 def test_an_unknown_family_is_one_line_naming_the_field(tmp_path, capsys):
     path = tmp_path / "recsys.yaml"
     path.write_text(yaml.safe_dump({"family": "recsys", **preset_data("models", "llama3-8b")}), encoding="utf-8")
-    with pytest.raises(InputError, match="must be one of transformer, got 'recsys'"):
+    with pytest.raises(InputError, match="must be one of transformer, recommendation, got 'recsys'"):
         load_model(str(path))
     one_line_error(run(capsys, "estimate", "--model", str(path), "--cluster", "dgx-h100", "--devices", "8",
                        "--global-batch", "8"), "model.family", "transformer", "recsys")
