@@ -148,3 +148,16 @@ def test_the_transformer_knows_nothing_of_embedding_tables():
     result = comet_dse.search("llama3-8b", "dgx-h100", 8, 64)
     assert {row["embedding_sharding"] for row in result.rows()} == {"table-wise"}
     assert np.all(result.result.columns["time_embedding_communication_s"] == 0.0)
+
+
+def test_a_hierarchical_exchange_spreads_a_nodes_traffic_over_its_interfaces():
+    """Across nodes, the busiest device's pooled vectors leave through every interface of its node: slower
+    networks gain most, one node gains nothing (there is no outer dimension to cross)."""
+    model = load_model("dlrm-dcnv2")
+    args = dict(global_batch=135168, embedding_sharding="planned", dtype="fp16")
+    flat = comet_dse.estimate(model, "dgx-h100", 64, **args)
+    hier = comet_dse.estimate(model, "dgx-h100", 64, embedding_hierarchical=True, **args)
+    assert hier.breakdown_s["embedding_communication"] < 0.8 * flat.breakdown_s["embedding_communication"]
+    one = [comet_dse.estimate(model, "dgx-h100", 8, global_batch=55296, embedding_hierarchical=h,
+                              embedding_sharding="planned") for h in (False, True)]
+    assert one[0].step_time_s == pytest.approx(one[1].step_time_s)

@@ -7,9 +7,9 @@ Notation: N devices (every one data-parallel for the dense part, dp = N), B samp
 b = B / N per device; table t has R_t rows of d elements of e_t bytes, looked up L_t times per sample. SI units.
 What is not costed yet, and said so in docs/model.md: a cache of hot rows (every lookup goes to the tier its
 row lives in, rows spilled uniformly), the de-duplication of repeated rows in backward (every lookup updates
-its row), host memory as a tier, and a hierarchical all-to-all that gathers a node's traffic before it
-crosses the network. Pipelining a batch's exchanges behind the previous batch's work is a knob
-(embedding_overlap), off by default: then each exchange hides only behind the bottom MLP.
+its row), host memory as a tier, and placing tables per node. Pipelining a batch's exchanges behind the
+previous batch's work (embedding_overlap) and sending them hierarchically (embedding_hierarchical) are knobs,
+off by default.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from comet_dse.cost.collectives import (
-    all_gather_time, all_reduce_time, all_to_all_time, reduce_scatter_time, spans,
+    all_gather_time, all_reduce_time, all_to_all_time, outermost, reduce_scatter_time, spans,
 )
 from comet_dse.cost.kernels import elementwise_time, gemm_time, memory_pass_time, roofline
 from comet_dse.cost.memory import place, reserved_bytes
@@ -59,7 +59,7 @@ def sector_bytes(nbytes):
     return np.ceil(np.asarray(nbytes, dtype=float) / SECTOR) * SECTOR
 
 
-KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params")
+KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params", "send_mean", "index_mean")
 
 
 def table_share(model: Recommendation, t, dim: float, rows: float, hit: float) -> np.ndarray:
@@ -76,18 +76,22 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float) -
     return np.array([lookups * sector_bytes(row),
                      lookups * (2.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))
                      + dim * GRADIENT_BYTES,
-                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0], dtype=float)
+                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0],
+                    dtype=float)
 
 
 def busiest(items: list, devices: int) -> np.ndarray:
     """Place ``items`` (table shares, KEYS arrays) on ``devices`` devices, largest lookup-and-update traffic first,
     each on the device with the least traffic so far (greedy longest-processing-time balancing, as TorchRec's
-    and HugeCTR's planners balance by cost); the busiest device's sum."""
+    and HugeCTR's planners balance by cost); the busiest device's sum, with the mean send and index bytes over
+    all devices (what a hierarchical exchange spreads over a node)."""
     load = [np.zeros(len(KEYS)) for _ in range(devices)]
     for item in sorted(items, key=lambda x: -(x[0] + x[1])):
         low = min(range(devices), key=lambda k: load[k][0] + load[k][1])
         load[low] = load[low] + item
-    return max(load, key=lambda x: x[0] + x[1])
+    top = max(load, key=lambda x: x[0] + x[1]).copy()
+    top[7], top[8] = sum(x[2] for x in load) / devices, sum(x[3] for x in load) / devices
+    return top
 
 
 DP_TABLE_BYTES = 8e6   # B: a table whose weights and optimizer state fit in 8 MB is replicated by the planned
@@ -129,12 +133,15 @@ def sharded(model: Recommendation, devices: int) -> dict:
                                                       devices)}
     rows = sum(table_share(model, t, t.dim, t.rows / n, 1.0 / n) for t in tables)
     rows[2] = sum(t.dim for t in tables) * ACTIVATION_BYTES          # a partial pool of every table per sample
-    out[EmbeddingSharding.ROW_WISE.code] = rows
     columns = sum(table_share(model, t, t.dim / n, t.rows, 1.0) for t in tables)
+    for balanced in (rows, columns):                                  # every device alike
+        balanced[7], balanced[8] = balanced[2], balanced[3]
+    out[EmbeddingSharding.ROW_WISE.code] = rows
     out[EmbeddingSharding.COLUMN_WISE.code] = columns
     replicated = sum(table_share(model, t, t.dim, t.rows, 1.0 / n) for t in tables)
     replicated[2] = replicated[3] = 0.0
     replicated[6] = model.embedding_params()
+    replicated[7] = replicated[8] = 0.0
     out[EmbeddingSharding.DATA_PARALLEL.code] = replicated
     items, small = planned_items(model, devices)
     plan = busiest(items, devices) if items else np.zeros(len(KEYS))
@@ -150,6 +157,20 @@ def sharded(model: Recommendation, devices: int) -> dict:
 def _per_point(st: StrategyArrays, table: dict, key: str):
     """``table[code][key]`` for each point's sharding."""
     return st.select(st.embedding_sharding, [table[s.code][key] for s in SHARDINGS])
+
+
+def hierarchical_scale(st: StrategyArrays, group: list, n: float, busiest_bytes, mean_bytes):
+    """How much of the busiest device's exchange crosses the outermost network dimension, as a share of it
+    (collectives.all_to_all_time's ``outer_scale``): 1 for a flat exchange; hierarchical (embedding_hierarchical),
+    a node first gathers what its k = N / n_outer devices send to each other node and sends it through all k of
+    its interfaces, so each carries (S_busiest + (k - 1) S_mean) / k:
+        scale = (1 + (k - 1) S_mean / S_busiest) / k"""
+    flags = outermost(group)
+    n_outer = np.select(flags, group, 1.0) if any(np.any(f) for f in flags) else np.ones_like(st.tp)
+    k = n / n_outer
+    ratio = np.where(busiest_bytes > 0, mean_bytes / np.maximum(busiest_bytes, 1e-30), 1.0)
+    spread = (1.0 + (k - 1.0) * ratio) / k
+    return np.where(st.embedding_hierarchical, spread, 1.0)
 
 
 def mlp_passes(shapes: list, b, dev) -> tuple:
@@ -233,6 +254,7 @@ def evaluate(model: Recommendation, cluster: Cluster, devices: int, st: Strategy
     b = big_b / n
     table = sharded(model, devices)
     lookup, update, send, index = (_per_point(st, table, k) for k in ("lookup", "update", "send", "index"))
+    send_mean, index_mean = _per_point(st, table, "send_mean"), _per_point(st, table, "index_mean")
     table_bytes, state_bytes = _per_point(st, table, "table_bytes"), _per_point(st, table, "state_bytes")
 
     dense = model.dense_params()
@@ -267,14 +289,14 @@ def evaluate(model: Recommendation, cluster: Cluster, devices: int, st: Strategy
 
     dims = network_dims(cluster, devices)
     group = spans(dims, 1.0, n)
-    exchange_bytes = big_b * send
     row_wise = st.uses(EmbeddingSharding.ROW_WISE)
-    a2a = all_to_all_time(exchange_bytes, dims, group)
+    a2a = all_to_all_time(big_b * send, dims, group, hierarchical_scale(st, group, n, send, send_mean))
     pooled = big_b * sum(t.dim for t in model.tables) * ACTIVATION_BYTES
     exchange_f = np.where(row_wise, reduce_scatter_time(pooled, dims, group), np.where(data_parallel, 0.0, a2a))
     exchange_b = np.where(row_wise, all_gather_time(pooled, dims, group), np.where(data_parallel, 0.0, a2a))
     # the row indices reach their shards first (an all-to-all each device receives B x index bytes of): exposed
-    inputs = np.where(data_parallel, 0.0, all_to_all_time(big_b * index, dims, group))
+    inputs = np.where(data_parallel, 0.0, all_to_all_time(big_b * index, dims, group,
+                                                          hierarchical_scale(st, group, n, index, index_mean)))
     alone = inputs + np.maximum(exchange_f - bottom_fwd, 0.0) + np.maximum(exchange_b - bottom_bwd, 0.0)
     # pipelined: the next batch's exchanges run beside this batch's dense passes and embedding kernels
     beside = math_f + mem_f + math_b + mem_b + hbm_lookup + hbm_update

@@ -200,6 +200,11 @@ class Strategy:
         "batch's dense passes and lookups (TorchRec's TrainPipelineSparseDist, HugeCTR's inter-iteration overlap); "
         "off, each hides only behind the bottom MLP", label=lambda v: "embedding exchange pipelined" if v else
         "embedding exchange not pipelined", short="embo")
+    embedding_hierarchical: bool = knob(
+        False, "recommendation models: the exchanges cross the network hierarchically: a node gathers its devices' "
+        "traffic for each other node over its scale-up links and sends it through all its network interfaces "
+        "(HugeCTR's Hierarchical communication); off, each device's bytes leave through its own interface",
+        label=lambda v: "hierarchical embedding exchange" if v else "flat embedding exchange", short="embh")
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
         "pooling); off exposes it all", label=lambda v: "expansion traffic overlapped" if v else

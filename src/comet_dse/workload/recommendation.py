@@ -51,4 +51,4 @@ RECOMMENDATION = WorkloadFamily(
     unit="samples", table_knobs=("dp", "embedding_sharding"),
     time_parts=("compute", "memory", "embedding_communication", "dp_communication", "optimizer", "offload",
                 "overhead"),
-    reads=("dtype", "dp_overlap", "embedding_overlap"))
+    reads=("dtype", "dp_overlap", "embedding_overlap", "embedding_hierarchical"))
