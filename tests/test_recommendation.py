@@ -130,8 +130,7 @@ def test_the_commands_that_do_not_take_recommendation_models_say_so(tmp_path, ca
         f"{k}: {v}" for k, v in BASE.items() if k != "tables")
         + "\ntables:\n" + "\n".join(f"  - {t}" for t in TABLES).replace("'", "") + "\n", encoding="utf-8")
     assert isinstance(load_model(str(path)), Recommendation)
-    for argv in (["whatif", "--model", path, "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64"],
-                 ["plan", "--model", path, "--tokens", "1e9", "--global-batch", "64", "--days", "1"],
+    for argv in (["plan", "--model", path, "--tokens", "1e9", "--global-batch", "64", "--days", "1"],
                  ["export", "--model", path, "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
                   "--out", tmp_path / "trace"]):
         one_line_error(run(capsys, *argv), "model:", "takes transformers only")
@@ -161,3 +160,21 @@ def test_a_hierarchical_exchange_spreads_a_nodes_traffic_over_its_interfaces():
     one = [comet_dse.estimate(model, "dgx-h100", 8, global_batch=55296, embedding_hierarchical=h,
                               embedding_sharding="planned") for h in (False, True)]
     assert one[0].step_time_s == pytest.approx(one[1].step_time_s)
+
+
+def test_whatif_takes_a_recommendation_model_and_says_what_hbm_bandwidth_buys():
+    """Lookups and updates are bound by HBM bandwidth: doubling it speeds the step up by far more than doubling
+    the network of one node (only the embedding exchange needs it); the family's samples are what the
+    throughput counts."""
+    result = comet_dse.whatif("dlrm-dcnv2", "dgx-h100", 8, 55296, resources=["hbm_bandwidth", "network_bandwidth"])
+    assert result.unit == "samples" and result.baseline.step_time_s is not None
+    assert result.speedup("hbm_bandwidth", 2.0) > 1.2 > result.speedup("network_bandwidth", 2.0) >= 1.0
+
+
+def test_an_expansion_tier_pays_more_the_faster_it_is():
+    """Tables four times HBM on an expansion tier: the step gets faster with the tier's bandwidth."""
+    big = toy(tables=[{"rows": 6_000_000_000, "dim": 64, "pooling": 4}])
+    result = comet_dse.whatif(big, "dgx-h100", 8, 65536, resources=["expansion_bandwidth"], factors=(2.0, 4.0),
+                              expansion="2 TiB@64 GB/s")
+    assert result.baseline.step_time_s is not None
+    assert 1.0 < result.speedup("expansion_bandwidth", 2.0) < result.speedup("expansion_bandwidth", 4.0)

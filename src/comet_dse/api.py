@@ -232,7 +232,6 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
     ``capacity`` at which the searched split fits (``comet-dse whatif``; answers/whatif.py), with search's defaults.
     Every scaled resource keeps the training efficiency of the measured family (``physical``: as load_cluster)."""
     model, cluster = load_model(model, seq_len), load_cluster(cluster, overrides, expansion, physical)
-    transformer_only(model, "whatif")
     space = _space(knobs, mp, max_micro_batch, max_interleave, cluster, devices, tp_across_nodes)
     return whatif_with_band(_whatif(model, cluster, devices, global_batch, space, resources, factors, capacity,
                                     token_budget(tokens)), cluster, model)
@@ -249,7 +248,7 @@ def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> Wh
     base = result.baseline
     if not base.training or not base.strategy:
         return result
-    band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"), bool(model.moe))
+    band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"), bool(model.moe), kind=model.kind)
     return replace(result, baseline=replace(base, training=with_ranges(base.training, band)))
 
 

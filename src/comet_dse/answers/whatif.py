@@ -29,6 +29,7 @@ from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.text import compact_text
 from comet_dse.whole_run import economics
+from comet_dse.workload.families import family_of
 
 MEMORY_BIT = 1 << RULES.index("memory")
 BISECTION_STEPS = 40          # halvings of the capacity interval: to well under 1 MiB of 4 TiB
@@ -119,6 +120,7 @@ class WhatIf(Tabular):
     cells: list = field(default_factory=list)
     fit: CapacityFit | None = None
     tokens: float | None = None            # the token budget of the training figures, if one was given
+    unit: str = "tokens"                   # what the throughput counts (the model's workload family's unit)
 
     def rows(self) -> list:
         """One dict per cell (the table form: ``to_arrow()``, ``to_pandas()``)."""
@@ -162,11 +164,13 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
-    baseline = best_in(cols, cluster, devices, tokens, model.total_params())
-    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r), baseline, r, f, tokens)
+    rules = family_of(model).rules
+    baseline = best_in(cols, cluster, devices, tokens, model.total_params(), rules)
+    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r, rules), baseline, r, f, tokens)
              for r in resources for f in factors]
     fit = smallest_capacity(model, cluster, devices, global_batch, space, capacity, st) if capacity else None
-    return WhatIf(model.name, cluster.name, devices, global_batch, factors, baseline, cells, fit, tokens)
+    return WhatIf(model.name, cluster.name, devices, global_batch, factors, baseline, cells, fit, tokens,
+                  family_of(model).unit)
 
 
 def check_factors(factors) -> tuple:
@@ -199,13 +203,13 @@ def check_resources(cluster: Cluster, names) -> tuple:
     return names
 
 
-def candidates(st, cols: dict, resource: str):
+def candidates(st, cols: dict, resource: str, rules: tuple = RULES):
     """The strategies of ``st`` (evaluated into ``cols``) that can be the best once ``resource`` changes:
     those that break no rule but memory when it is a capacity or the reserve (memory may then fit), else
     those that fit (no rule but memory depends on a resource's size, and memory only on the capacities and
-    the reserve)."""
+    the reserve); ``rules``: the model's workload family's rule codes (default the transformer's)."""
     if resource.endswith("capacity") or resource in ("reserved_memory", "workspace_memory", "fragmentation"):
-        return st.take(np.flatnonzero((cols["infeasible_mask"] & ~MEMORY_BIT) == 0))
+        return st.take(np.flatnonzero((cols["infeasible_mask"] & ~(1 << rules.index("memory"))) == 0))
     return st.take(np.flatnonzero(cols["feasible"]))
 
 
@@ -214,17 +218,18 @@ def best_of(model: Transformer, cluster: Cluster, devices: int, st, tokens: floa
     ``candidates`` of a resource when none can fit) is such an answer, not an evaluation of nothing."""
     if not len(st):
         return Best(None, None, None, None, 0, 0, "no strategy fits: none can, whatever this resource is")
-    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens, model.total_params())
+    return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens, model.total_params(),
+                   family_of(model).rules)
 
 
 def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = None,
-            tokens: float | None = None, parameters: float = math.nan) -> Best:
+            tokens: float | None = None, parameters: float = math.nan, rules: tuple = RULES) -> Best:
     """The fastest feasible row of evaluated columns, or why there is none; with a ``cluster``, its
     ``devices``, a token budget and the model's ``parameters`` (what a checkpoint holds) also its time to
     train, energy and cost (None where unknown) and the whole training figure (``training``)."""
     ok = np.flatnonzero(cols["feasible"])
     if not len(ok):
-        counts = reason_counts(cols["infeasible_mask"])
+        counts = reason_counts(cols["infeasible_mask"], rules)
         note = "no strategy fits; broken rules: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
         return Best(None, None, None, None, len(cols["feasible"]), 0, note)
     row = int(ok[np.argmin(cols["step_time_s"][ok])])
@@ -368,9 +373,10 @@ def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global
     constraint = describe_space(space)
     current = resource_value(cluster, resource)
     cols = evaluate_columns(model, cluster, devices, st)
-    candidates_ = candidates(st, cols, resource)
+    rules = family_of(model).rules
+    candidates_ = candidates(st, cols, resource, rules)
     if not len(candidates_):
-        counts = reason_counts(cols["infeasible_mask"])
+        counts = reason_counts(cols["infeasible_mask"], rules)
         return CapacityFit(resource, constraint, current, None, False, None,
                            "no strategy is valid even with unlimited memory; broken rules: "
                            + ", ".join(f"{k} {v:,}" for k, v in counts.items()))

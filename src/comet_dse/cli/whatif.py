@@ -55,8 +55,6 @@ def _factors(text: str) -> tuple:
 
 
 def run(args) -> int:
-    from comet_dse.workload.families import transformer_only
-
     """``comet-dse whatif``: print the table (or JSON) and draw the figure when asked."""
     from comet_dse.answers.whatif import whatif
 
@@ -67,7 +65,6 @@ def run(args) -> int:
     from comet_dse.api import whatif_with_band
 
     model, cluster = load_inputs(args)
-    transformer_only(model, "comet-dse whatif")
     space = space_from(args, cluster)
     result = whatif_with_band(whatif(model, cluster, args.devices, args.global_batch, space,
                                      args.resources, args.scale, None if args.no_fit else args.capacity,
@@ -96,7 +93,7 @@ def _band(cluster, result: WhatIf, model) -> dict | None:
     from comet_dse.answers.errorband import band_of_cluster
 
     strategy = result.baseline.strategy
-    return band_of_cluster(cluster, strategy.get("dtype", "bf16"), bool(model.moe)) if strategy else None
+    return band_of_cluster(cluster, strategy.get("dtype", "bf16"), bool(model.moe), kind=model.kind) if strategy else None
 
 
 def render(result: WhatIf) -> str:
@@ -106,7 +103,7 @@ def render(result: WhatIf) -> str:
     lines = [f"What if: {result.model} on {result.devices:,} x {result.cluster}, global batch {result.global_batch:,} "
              f"({b.evaluated:,} strategies per variant)"]
     if b.step_time_s is not None:
-        lines.append(f"As it is: {format_time(b.step_time_s)} per step, {b.tokens_per_second:,.0f} tokens/s, "
+        lines.append(f"As it is: {format_time(b.step_time_s)} per step, {b.tokens_per_second:,.0f} {result.unit}/s, "
                      f"with {b.strategy_text}")
         if b.training:
             from comet_dse.cli.render import training_lines
