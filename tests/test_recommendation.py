@@ -178,3 +178,31 @@ def test_an_expansion_tier_pays_more_the_faster_it_is():
                               expansion="2 TiB@64 GB/s")
     assert result.baseline.step_time_s is not None
     assert 1.0 < result.speedup("expansion_bandwidth", 2.0) < result.speedup("expansion_bandwidth", 4.0)
+
+
+def test_grouping_the_points_changes_no_bit():
+    """evaluate computes each distinct combination of the knobs it reads once (cost/distinct.py); the result must
+    equal computing every point."""
+    import importlib.util
+    from pathlib import Path
+
+    from comet_dse.cost.distinct import ungrouped
+    from comet_dse.cost.recommendation import evaluate
+    from comet_dse.presets.catalog import load_cluster
+    from comet_dse.strategy.arrays import StrategyArrays
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_recommendation", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_recommendation.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    distinct = bench.distinct_points()
+    st = StrategyArrays({k: np.tile(getattr(distinct, k), 8) for k in distinct.__dict__})   # 1/8 distinct: grouped
+    model, cluster = load_model("dlrm-dcnv2"), load_cluster("dgx-h100")
+    grouped = evaluate(model, cluster, bench.DEVICES, st)
+    with ungrouped():
+        each = evaluate(model, cluster, bench.DEVICES, st)
+    assert np.array_equal(grouped.step_time, each.step_time)
+    for key in each.breakdown:
+        assert np.array_equal(np.broadcast_to(grouped.breakdown[key], each.step_time.shape),
+                              np.broadcast_to(each.breakdown[key], each.step_time.shape)), key
+    assert np.array_equal(grouped.memory_total, each.memory_total)
