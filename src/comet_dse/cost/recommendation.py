@@ -64,10 +64,11 @@ def sector_bytes(nbytes):
 KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params", "send_mean", "index_mean")
 
 
-def table_share(model: Recommendation, t, dim: float, rows: float, hit: float) -> np.ndarray:
-    """One device's share of table ``t`` when it holds ``rows`` of its rows and ``dim`` of its columns and serves
-    the fraction ``hit`` of its lookups (KEYS order; per global sample, or bytes held):
-      lookup = hit L_t sector(dim e_t); update = hit L_t (2 sector(dim e_t) + 2 sector(state)) + dim x 4 B
+def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, samples: float = 1.0) -> np.ndarray:
+    """One device's share of table ``t`` when it holds ``rows`` of its rows and ``dim`` of its columns, serves
+    the fraction ``hit`` of its lookups and pools for the fraction ``samples`` of the samples (all of them
+    unless the table is replicated: 1/N) (KEYS order; per global sample, or bytes held):
+      lookup = hit L_t sector(dim e_t); update = hit L_t (2 sector(dim e_t) + 2 sector(state)) + samples dim x 4 B
       (the fused backward reads and writes each row and its optimizer state, and reads the pooled gradient);
       send = dim x 2 B (its pooled or partially pooled vector of each sample); index = hit L_t x 8 B;
       table_bytes = rows x dim e_t; state_bytes = rows x (per-row + dim x per-element optimizer state)."""
@@ -77,7 +78,7 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float) -
     lookups = hit * t.pooling
     return np.array([lookups * sector_bytes(row),
                      lookups * (2.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))
-                     + dim * GRADIENT_BYTES,
+                     + samples * dim * GRADIENT_BYTES,
                      dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0],
                     dtype=float)
 
@@ -140,7 +141,7 @@ def sharded(model: Recommendation, devices: int) -> dict:
         balanced[7], balanced[8] = balanced[2], balanced[3]
     out[EmbeddingSharding.ROW_WISE.code] = rows
     out[EmbeddingSharding.COLUMN_WISE.code] = columns
-    replicated = sum(table_share(model, t, t.dim, t.rows, 1.0 / n) for t in tables)
+    replicated = sum(table_share(model, t, t.dim, t.rows, 1.0 / n, 1.0 / n) for t in tables)
     replicated[2] = replicated[3] = 0.0
     replicated[6] = model.embedding_params()
     replicated[7] = replicated[8] = 0.0
@@ -148,7 +149,7 @@ def sharded(model: Recommendation, devices: int) -> dict:
     items, small = planned_items(model, devices)
     plan = busiest(items, devices) if items else np.zeros(len(KEYS))
     for t in small:
-        local = table_share(model, t, t.dim, t.rows, 1.0 / n)
+        local = table_share(model, t, t.dim, t.rows, 1.0 / n, 1.0 / n)
         local[2] = local[3] = 0.0
         local[6] = t.rows * t.dim
         plan = plan + local
