@@ -203,6 +203,14 @@ def check_resources(cluster: Cluster, names) -> tuple:
     return names
 
 
+def family_knobs(rules: tuple) -> tuple | None:
+    """The knobs a strategy text shows for the family whose rules are ``rules`` (None: the transformer's, all)."""
+    from comet_dse.workload.families import FAMILIES
+
+    family = next((f for f in FAMILIES if f.rules == rules), None)
+    return (*family.table_knobs, *family.reads) if family is not None and family.reads else None
+
+
 def candidates(st, cols: dict, resource: str, rules: tuple = RULES):
     """The strategies of ``st`` (evaluated into ``cols``) that can be the best once ``resource`` changes:
     those that break no rule but memory when it is a capacity or the reserve (memory may then fit), else
@@ -242,8 +250,9 @@ def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = No
                                       float(cols["tokens_per_second"][row]), parts, tokens, parameters)
         figures = {k: _or_none(train[k]) for k in ("time_to_train_s", "energy_j", "training_cost_usd")}
         figures["training"] = train
+    only = family_knobs(rules)
     return Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), strategy,
-                compact_text(strategy), len(cols["feasible"]), len(ok), **figures)
+                compact_text(strategy, only), len(cols["feasible"]), len(ok), **figures)
 
 
 def _or_none(x: float) -> float | None:

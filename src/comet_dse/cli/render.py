@@ -252,15 +252,14 @@ def render_search(model: str, cluster: str, devices: int, global_batch: int, res
     from comet_dse.workload.families import DEFAULT
 
     family = family or DEFAULT
-    RULES, RULE_TEXT = family.rules, family.rule_text
     cols = result.columns
     lines = [f"{model} on {devices} x {cluster}, global batch {global_batch}: {result.evaluated:,} strategies "
              f"evaluated in {seconds:.2f} s, {result.feasible:,} feasible", *notes]
     if result.infeasible_by_rule:
         lines.append("Infeasible, by rule (a strategy can break several):")
-        for code in RULES:
+        for code in family.rules:
             if code in result.infeasible_by_rule:
-                lines.append(f"  {RULE_TEXT[code]:70s} {result.infeasible_by_rule[code]:>10,}")
+                lines.append(f"  {family.rule_text[code]:70s} {result.infeasible_by_rule[code]:>10,}")
     if not result.feasible:
         lines.append("No strategy is feasible.")
         return printable("\n".join(lines))

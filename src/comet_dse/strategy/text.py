@@ -27,20 +27,21 @@ def knob_lines(values: dict) -> list:
     return lines
 
 
-def compact_text(values: dict) -> str:
+def compact_text(values: dict, only: tuple | None = None) -> str:
     """One short line for a strategy in tables, e.g. 'tp8 pp64 dp8 mb1 v1 selective sp z1'.
 
     Degrees and the choices shown ALWAYS, then every other knob that differs
     from its default (a switch by its short name, 'no-' when turned off); the
-    global batch (one per search) is left out.
+    global batch (one per search) is left out. ``only``: the knobs a workload family's strategies vary
+    (a recommendation model's: dp, the embedding knobs and dtype); None: every knob.
     """
     st = Strategy(**{k: v for k, v in values.items() if k in KNOB})
     words = []
     for k in KNOBS:
         value = getattr(st, k.name)
-        if k.search == GIVEN or (k.applies is not None and not k.applies(st)):
+        if k.search == GIVEN or (k.applies is not None and not k.applies(st)) or (only and k.name not in only):
             continue
-        if value == k.default and (k.shown == CHANGED or k.kind is bool):
+        if value == k.default and (k.shown == CHANGED or k.kind is bool) and not (only and k.name in ("dp", "dtype")):
             continue
         if k.kind is bool:
             words.append(k.short if value else f"no-{k.short}")
