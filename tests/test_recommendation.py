@@ -118,10 +118,10 @@ def test_a_search_tries_each_sharding_the_model_allows_and_no_transformer_knob()
     result = comet_dse.search(toy(), "dgx-h100", 8, 8192)
     shardings = {row["embedding_sharding"] for row in result.rows()}
     assert shardings == {s.value for s in EmbeddingSharding}
-    assert len(result.rows()) == 5          # recomputation, ZeRO, flash attention ... are not multiplied in
+    assert len(result.rows()) == 6          # recomputation, ZeRO, flash attention ... are not multiplied in
     on_24 = comet_dse.search(toy(), "dgx-h100", 24, 24 * 512)
     assert {row["embedding_sharding"] for row in on_24.rows()} == {"table-wise", "row-wise", "data-parallel",
-                                                                    "planned"}
+                                                                    "planned", "table-row-wise"}
 
 
 def test_the_commands_that_do_not_take_recommendation_models_say_so(tmp_path, capsys):
@@ -206,3 +206,19 @@ def test_grouping_the_points_changes_no_bit():
         assert np.array_equal(np.broadcast_to(grouped.breakdown[key], each.step_time.shape),
                               np.broadcast_to(each.breakdown[key], each.step_time.shape)), key
     assert np.array_equal(grouped.memory_total, each.memory_total)
+
+
+def test_table_row_wise_keeps_partial_pools_inside_the_node():
+    """Across nodes, table-row-wise sums the partial pools over the scale-up links and sends only whole pools
+    over the network: less exchange than row-wise, whose reduce-scatter spans every device; on one node it is
+    row-wise (the node holds every table)."""
+    model = load_model("dlrm-dcnv2")
+    args = dict(global_batch=135168, dtype="fp16")
+    twrw = comet_dse.estimate(model, "dgx-h100", 64, embedding_sharding="table-row-wise", **args)
+    rows = comet_dse.estimate(model, "dgx-h100", 64, embedding_sharding="row-wise", **args)
+    assert twrw.breakdown_s["embedding_communication"] < rows.breakdown_s["embedding_communication"]
+    per_node = sharded(model, 64, 8)[EmbeddingSharding.TABLE_ROW_WISE.code]
+    assert per_node["pool"] > 0 and per_node["table_bytes"] < sum(t.table_bytes for t in model.tables) / 8
+    one = sharded(model, 8, 8)
+    assert one[EmbeddingSharding.TABLE_ROW_WISE.code]["lookup"] == pytest.approx(
+        one[EmbeddingSharding.ROW_WISE.code]["lookup"], rel=0.05)

@@ -61,7 +61,8 @@ def sector_bytes(nbytes):
     return np.ceil(np.asarray(nbytes, dtype=float) / SECTOR) * SECTOR
 
 
-KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params", "send_mean", "index_mean")
+KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params", "send_mean", "index_mean",
+        "pool")
 
 
 def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, samples: float = 1.0) -> np.ndarray:
@@ -79,7 +80,7 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, s
     return np.array([lookups * sector_bytes(row),
                      lookups * (2.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))
                      + samples * dim * GRADIENT_BYTES,
-                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0],
+                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0, 0.0],
                     dtype=float)
 
 
@@ -120,8 +121,36 @@ def planned_items(model: Recommendation, devices: int) -> tuple:
     return items, [t for t, _ in small]
 
 
+def replicated_share(model: Recommendation, tables, n: float) -> np.ndarray:
+    """What ``tables`` replicated on every one of ``n`` devices cost a device: their lookups and updates for its
+    own samples (1/n of each), no exchange, their elements' gradients all-reduced (``dp_params``)."""
+    out = np.zeros(len(KEYS))
+    for t in tables:
+        local = table_share(model, t, t.dim, t.rows, 1.0 / n, 1.0 / n)
+        local[2] = local[3] = 0.0
+        local[6] = t.rows * t.dim
+        out = out + local
+    return out
+
+
+def node_planned(model: Recommendation, devices: int, per_node: int) -> np.ndarray:
+    """The table-row-wise share of the busiest device: the planned placement (``planned_items``) over the
+    M = N / k nodes of k devices, the busiest node's tables split by rows over its k devices (1/k of their rows,
+    lookups and indices each; every device pools all B samples of them, ``pool``, reduce-scattered inside the
+    node; each then sends its B/k samples' pools across the network, ``send``), plus the replicated tables."""
+    nodes = max(devices // per_node, 1)
+    k = float(devices // nodes)
+    items, small = planned_items(model, nodes)
+    node = busiest(items, nodes) if items else np.zeros(len(KEYS))
+    share = node / k
+    share[9] = node[2]                      # partial pools of every sample, reduce-scattered inside the node
+    share[2], share[7] = node[2] / k, node[7] / k
+    share[6] = 0.0
+    return share + replicated_share(model, small, float(devices))
+
+
 @lru_cache(maxsize=64)
-def sharded(model: Recommendation, devices: int) -> dict:
+def sharded(model: Recommendation, devices: int, per_node: int = 0) -> dict:
     """Per sharding (EmbeddingSharding code) the busiest device's share (``table_share``'s KEYS, per global
     sample or bytes held; ``dp_params``: elements of the tables it holds replicated, whose gradients are
     all-reduced):
@@ -129,7 +158,8 @@ def sharded(model: Recommendation, devices: int) -> dict:
       row-wise: 1/N of every table's rows and lookups
       column-wise: 1/N of every table's columns for every lookup (each device needs every index)
       data-parallel: every table, looked up for the device's own b = B/N samples, no exchange
-      planned: ``planned_items`` placed by ``busiest``, plus every replicated table for its own samples"""
+      planned: ``planned_items`` placed by ``busiest``, plus every replicated table for its own samples
+      table-row-wise: ``node_planned`` over nodes of ``per_node`` devices (0: all devices one node)"""
     n = float(devices)
     tables = model.tables
     out = {EmbeddingSharding.TABLE_WISE.code: busiest([table_share(model, t, t.dim, t.rows, 1.0) for t in tables],
@@ -141,19 +171,11 @@ def sharded(model: Recommendation, devices: int) -> dict:
         balanced[7], balanced[8] = balanced[2], balanced[3]
     out[EmbeddingSharding.ROW_WISE.code] = rows
     out[EmbeddingSharding.COLUMN_WISE.code] = columns
-    replicated = sum(table_share(model, t, t.dim, t.rows, 1.0 / n, 1.0 / n) for t in tables)
-    replicated[2] = replicated[3] = 0.0
-    replicated[6] = model.embedding_params()
-    replicated[7] = replicated[8] = 0.0
-    out[EmbeddingSharding.DATA_PARALLEL.code] = replicated
+    out[EmbeddingSharding.DATA_PARALLEL.code] = replicated_share(model, tables, n)
     items, small = planned_items(model, devices)
     plan = busiest(items, devices) if items else np.zeros(len(KEYS))
-    for t in small:
-        local = table_share(model, t, t.dim, t.rows, 1.0 / n, 1.0 / n)
-        local[2] = local[3] = 0.0
-        local[6] = t.rows * t.dim
-        plan = plan + local
-    out[EmbeddingSharding.PLANNED.code] = plan
+    out[EmbeddingSharding.PLANNED.code] = plan + replicated_share(model, small, n)
+    out[EmbeddingSharding.TABLE_ROW_WISE.code] = node_planned(model, devices, per_node or devices)
     return {code: dict(zip(KEYS, values)) for code, values in out.items()}
 
 
@@ -293,7 +315,8 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
     n = float(devices)
     big_b = st.global_batch
     b = big_b / n
-    table = sharded(model, devices)
+    per_node = int(cluster.dim_sizes(devices)[0]) if len(cluster.network) > 1 else devices
+    table = sharded(model, devices, per_node)
     lookup, update, send, index = (_per_point(st, table, k) for k in ("lookup", "update", "send", "index"))
     send_mean, index_mean = _per_point(st, table, "send_mean"), _per_point(st, table, "index_mean")
     table_bytes, state_bytes = _per_point(st, table, "table_bytes"), _per_point(st, table, "state_bytes")
@@ -332,6 +355,10 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
     group = spans(dims, 1.0, n)
     row_wise = st.uses(EmbeddingSharding.ROW_WISE)
     a2a = all_to_all_time(big_b * send, dims, group, hierarchical_scale(st, group, n, send, send_mean))
+    # table-row-wise: partial pools reduce-scattered (forward) and all-gathered (backward) inside the node first
+    pool = _per_point(st, table, "pool")
+    node = spans(dims, 1.0, float(per_node))
+    a2a = a2a + np.where(pool > 0, reduce_scatter_time(big_b * pool, dims, node), 0.0)
     pooled = big_b * sum(t.dim for t in model.tables) * ACTIVATION_BYTES
     exchange_f = np.where(row_wise, reduce_scatter_time(pooled, dims, group), np.where(data_parallel, 0.0, a2a))
     exchange_b = np.where(row_wise, all_gather_time(pooled, dims, group), np.where(data_parallel, 0.0, a2a))

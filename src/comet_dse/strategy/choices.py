@@ -205,6 +205,10 @@ class EmbeddingSharding(Choice):
     DATA_PARALLEL = "data-parallel"
     """Every table whole on every device; no exchange in forward, the tables' whole gradients all-reduced in
     backward (for small tables only)."""
+    TABLE_ROW_WISE = "table-row-wise"
+    """The planned placement over nodes instead of devices, each node's share split by rows over its devices
+    (TorchRec's TABLE_ROW_WISE; HugeCTR's hier_auto plans per node): partial pools reduce-scattered inside the
+    node, only whole pools cross the network (cost/recommendation.py)."""
     PLANNED = "planned"
     """As a planner lays tables out (TorchRec's, HugeCTR's): small tables replicated (data-parallel), the hottest
     tables split by rows over several devices, the rest whole on one device each, balanced by traffic

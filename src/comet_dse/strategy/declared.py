@@ -191,9 +191,10 @@ class Strategy:
         label=lambda v: f"{v.value} cross entropy", short="xent")
     embedding_sharding: EmbeddingSharding = knob(
         EmbeddingSharding.TABLE_WISE, "how a recommendation model's embedding tables are laid out over the "
-        "devices: table-wise, row-wise, column-wise, data-parallel (TorchRec's sharding types) or planned (small "
-        "tables replicated, the hottest split by rows, the rest whole, balanced, as planners mix them); a search "
-        "tries every one the model allows", search=DERIVED, label=lambda v: f"{v.value} embeddings", line=2,
+        "devices: table-wise, row-wise, column-wise, data-parallel (TorchRec's sharding types), planned (small "
+        "tables replicated, the hottest split by rows, the rest whole, balanced, as planners mix them) or "
+        "table-row-wise (planned over nodes, each node's tables split by rows over its devices); a search tries "
+        "every one the model allows", search=DERIVED, label=lambda v: f"{v.value} embeddings", line=2,
         short="emb")
     embedding_overlap: bool = knob(
         False, "recommendation models: pipeline each batch's index and embedding exchanges behind the previous "
