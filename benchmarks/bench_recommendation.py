@@ -6,8 +6,8 @@ One batch of design points of the dlrm-dcnv2 preset on 64 DGX H100 GPUs: every e
 exchange pipelined or not, flat or hierarchical, fp16 and bf16, and global batches from 16,384 to 262,144,
 repeated to --points; evaluated through the family (evaluate and its validity rules) as a search evaluates a
 batch (design_space/table.py: evaluate_columns). Prints the best of --rounds rates (the machine is shared and
-noisy): of that batch, of its 200 distinct strategies each once, and of --points distinct strategies (the
-same knobs with every multiple of 64 samples per device as the batch).
+noisy): of that batch, of its distinct strategies each once (240: 6 shardings x 2 x 2 x 2 x 5 batches), and of
+about --points distinct strategies (the same knobs with every multiple of 64 samples per device as the batch).
 """
 from __future__ import annotations
 
