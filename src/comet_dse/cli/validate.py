@@ -206,7 +206,7 @@ def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
     runs = whole_runs(comparisons)
     colours = {}
     for hardware in dict.fromkeys(c.hardware for c in runs):
-        for kind, marker in (("dense", "o"), ("MoE", "^")):
+        for kind, marker in (("dense", "o"), ("MoE", "^"), ("recommendation", "s")):
             group = [c for c in runs if c.hardware == hardware and c.kind == kind]
             if group:
                 dots = left.scatter([c.measured for c in group], [c.predicted for c in group], s=20, marker=marker,
