@@ -222,3 +222,21 @@ def test_table_row_wise_keeps_partial_pools_inside_the_node():
     one = sharded(model, 8, 8)
     assert one[EmbeddingSharding.TABLE_ROW_WISE.code]["lookup"] == pytest.approx(
         one[EmbeddingSharding.ROW_WISE.code]["lookup"], rel=0.05)
+
+
+@pytest.mark.parametrize("table, needle", [("{rows: 10, dim: 64, pooling: 0}", "pooling"),
+                                           ("{rows: -10, dim: 64}", "rows"),
+                                           ("{rows: 10, dim: 64, pooling: 1, count: 0}", "count")])
+def test_a_bad_model_file_on_the_command_line_is_one_line(tmp_path, capsys, table, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text("family: recommendation\nname: bad\ndense_features: 13\nbottom_mlp: [64]\ntop_mlp: [64, 1]\n"
+                    f"tables:\n  - {table}\n", encoding="utf-8")
+    one_line_error(run(capsys, "estimate", "--model", path, "--cluster", "dgx-h100", "--devices", "8",
+                       "--global-batch", "8192"), "model.tables[0]", needle)
+    one_line_error(run(capsys, "search", "--model", path, "--cluster", "dgx-h100", "--devices", "8",
+                       "--global-batch", "8192"), needle)
+
+
+def test_a_sequence_length_for_a_recommendation_model_is_one_line(capsys):
+    one_line_error(run(capsys, "estimate", "--model", "dlrm-dcnv2", "--cluster", "dgx-h100", "--devices", "8",
+                       "--global-batch", "8192", "--seq-len", "2048"), "seq_len", "transformers only")
