@@ -69,8 +69,9 @@ def fp8_of(shape: LayerShape):
 
 def device_of(cluster: Cluster, st: StrategyArrays, moe=None, kind: str | None = None) -> Device:
     """Cost-model view of the accelerator for the dtypes and attention kernels of ``st``, for a dense
-    (``moe`` falsy) or mixture-of-experts model: its tensor rates carry the training efficiency of that
-    family where the cluster has one (hardware/efficiency.py), else the physical tensor_sustained.
+    (``moe`` falsy) or mixture-of-experts model, or the ``kind`` of model given ("recommendation"): its tensor
+    rates carry the training efficiency of that family where the cluster has one (hardware/efficiency.py),
+    else the physical tensor_sustained.
 
     A kernel the accelerator has no attention_efficiency for is NaN (the
     attention_kernel validity rule); an accelerator without any runs every
