@@ -240,3 +240,25 @@ def test_a_bad_model_file_on_the_command_line_is_one_line(tmp_path, capsys, tabl
 def test_a_sequence_length_for_a_recommendation_model_is_one_line(capsys):
     one_line_error(run(capsys, "estimate", "--model", "dlrm-dcnv2", "--cluster", "dgx-h100", "--devices", "8",
                        "--global-batch", "8192", "--seq-len", "2048"), "seq_len", "transformers only")
+
+
+def test_a_study_sweeps_a_recommendation_model_over_an_expansion_tier(tmp_path):
+    """The DLRM study of studies/comet: nothing fits without a tier; with one, the tier's bandwidth decides the
+    step (the spilled optimizer state's reads and writes run at it), its capacity beyond what fits does not; the
+    summary counts the infeasible points by the family's own rules."""
+    from pathlib import Path
+
+    study = Path(__file__).resolve().parents[1] / "studies" / "comet" / "rq6-dlrm-expansion.yaml"
+    result = comet_dse.sweep(study, output=tmp_path / "rq6.parquet")
+    rows = result.to_pandas()
+    capacity, bandwidth = "axis_expansion_capacity", "axis_expansion_bandwidth"
+    none = rows[rows[capacity] == 0]
+    assert len(none) and not none["feasible"].any()
+    fits = rows[(rows[capacity] > 0) & rows["feasible"]]
+    by_bw = fits.groupby(bandwidth)["step_time_s"].min().sort_index()
+    assert list(by_bw) == sorted(by_bw, reverse=True)                         # faster tier, faster step
+    top_bw = fits[fits[bandwidth] == fits[bandwidth].max()]
+    by_cap = top_bw.groupby(capacity)["step_time_s"].min()
+    assert by_cap.max() == pytest.approx(by_cap.min())
+    reasons = {code for v in result.variants for code in v.get("infeasible_by_rule", {})}
+    assert reasons <= {"rec_degrees", "batch", "column_split", "dtype", "memory"} and "memory" in reasons

@@ -62,7 +62,7 @@ def sector_bytes(nbytes):
 
 
 KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params", "send_mean", "index_mean",
-        "pool")
+        "pool", "state_io")
 
 
 def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, samples: float = 1.0) -> np.ndarray:
@@ -72,7 +72,8 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, s
       lookup = hit L_t sector(dim e_t); update = hit L_t (2 sector(dim e_t) + 2 sector(state)) + samples dim x 4 B
       (the fused backward reads and writes each row and its optimizer state, and reads the pooled gradient);
       send = dim x 2 B (its pooled or partially pooled vector of each sample); index = hit L_t x 8 B;
-      table_bytes = rows x dim e_t; state_bytes = rows x (per-row + dim x per-element optimizer state)."""
+      table_bytes = rows x dim e_t; state_bytes = rows x (per-row + dim x per-element optimizer state);
+      state_io = hit L_t 2 sector(state), the part of ``update`` that reads and writes optimizer state."""
     per_row, per_element = STATE_BYTES_PER_ROW[model.embedding_optimizer]
     row = dim * t.bytes_per_element
     state = per_row + per_element * dim
@@ -80,20 +81,23 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, s
     return np.array([lookups * sector_bytes(row),
                      lookups * (2.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))
                      + samples * dim * GRADIENT_BYTES,
-                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0, 0.0],
-                    dtype=float)
+                     dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0, 0.0,
+                     lookups * 2.0 * sector_bytes(state) if state else 0.0], dtype=float)
 
 
 def busiest(items: list, devices: int) -> np.ndarray:
     """Place ``items`` (table shares, KEYS arrays) on ``devices`` devices, largest lookup-and-update traffic first,
     each on the device with the least traffic so far (greedy longest-processing-time balancing, as TorchRec's
-    and HugeCTR's planners balance by cost); the busiest device's sum, with the mean send and index bytes over
-    all devices (what a hierarchical exchange spreads over a node)."""
+    and HugeCTR's planners balance by cost); the busiest device's sum, with the tables and optimizer state of the
+    device that holds the most of them (memory is decided by that device, time by the busiest) and the mean
+    send and index bytes over all devices (what a hierarchical exchange spreads over a node)."""
     load = [np.zeros(len(KEYS)) for _ in range(devices)]
     for item in sorted(items, key=lambda x: -(x[0] + x[1])):
         low = min(range(devices), key=lambda k: load[k][0] + load[k][1])
         load[low] = load[low] + item
     top = max(load, key=lambda x: x[0] + x[1]).copy()
+    fullest = max(load, key=lambda x: x[4] + x[5])
+    top[4], top[5] = fullest[4], fullest[5]
     top[7], top[8] = sum(x[2] for x in load) / devices, sum(x[3] for x in load) / devices
     return top
 
@@ -343,13 +347,18 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
     total = footprint + memory["reserved"]
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     placed = place(memory, acc.state_capacity, exp_cap, total)
-    weights = np.maximum(memory["weights"], 1.0)
+    # the spilled share of the rows and of their optimizer state (place spills the state first): their lookups
+    # and updates run at the tier's bandwidth
+    weights, state = np.maximum(memory["weights"], 1.0), np.maximum(memory["optimizer"], 1.0)
     spilled = np.clip(placed.spilled_weights / weights, 0.0, 1.0) if acc.expansion else 0.0
+    spilled_state = np.clip(placed.spilled_optimizer / state, 0.0, 1.0) if acc.expansion else 0.0
     tier_bw = acc.expansion.bandwidth if acc.expansion else np.inf
 
     hbm_lookup = big_b * lookup / dev.hbm_bw + dev.overhead
     hbm_update = big_b * update / dev.hbm_bw + dev.overhead
-    tier_extra = spilled * big_b * (lookup + update) * (1.0 / tier_bw - 1.0 / dev.hbm_bw)
+    state_io = _per_point(st, table, "state_io")
+    tier_extra = big_b * (spilled * (lookup + update - state_io) + spilled_state * state_io) \
+        * (1.0 / tier_bw - 1.0 / dev.hbm_bw)
 
     dims = network_dims(cluster, devices)
     group = spans(dims, 1.0, n)

@@ -55,12 +55,17 @@ from comet_dse.design_space.rank import chunk_summary, merge
 from comet_dse.design_space.space import enumerate_strategies
 from comet_dse.design_space.storage import Folder, is_url, parquet_options
 from comet_dse.design_space.study import Study
-from comet_dse.design_space.table import RULES, economic_columns, evaluate_columns
+from comet_dse.design_space.table import economic_columns, evaluate_columns
+from comet_dse.workload.families import family_of
 
 CHUNK_ROWS = 250_000
 PARENT_POLL_S = 0.5          # how often a worker checks that its parent still runs
 SCHEDULER_TIMEOUT_S = 5      # how long to try to reach a Dask scheduler
-STRUCTURAL = sum(1 << i for i, code in enumerate(RULES) if code not in ("memory", "step_time"))
+
+
+def structural(rules: tuple) -> int:
+    """The bits of a family's divisibility rules (every rule but memory and step time) in its result tables."""
+    return sum(1 << i for i, code in enumerate(rules) if code not in ("memory", "step_time"))
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ def plan(study: Study) -> tuple:
                     continue
                 st = enumerate_strategies(model, devices, variant.global_batch, study.space_for(variant), limit=None)
                 probe = evaluate_columns(model, variant.cluster, devices, st)
-                if not np.any((probe["infeasible_mask"] & STRUCTURAL) == 0):
+                if not np.any((probe["infeasible_mask"] & structural(family_of(model).rules)) == 0):
                     raise InputError("strategy", f"no valid strategy for {model.name} on {devices} devices with "
                                      f"global batch {variant.global_batch}: every point breaks a divisibility rule")
                 strategies[key] = st
@@ -188,7 +193,7 @@ def _task(job: Job) -> tuple:
     """
     c = job.chunk
     table = run_chunk(job.study, c, strategies_of(job))
-    summary = chunk_summary(table, job.top_k)
+    summary = chunk_summary(table, job.top_k, family_of(job.study.models[c.model_index]).rules)
     job.parts.write_bytes(f"part-{c.index:06d}.json", jsonout.dumps(summary).encode("utf-8"))
     job.parts.write_parquet(f"part-{c.index:06d}.parquet", table)
     return c.index, summary, table.num_rows

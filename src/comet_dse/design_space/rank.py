@@ -22,10 +22,11 @@ ROW_FIELDS = tuple(k.name for k in KNOBS) + (
     "training_cost_rent_usd", "training_cost_own_usd", "training_cost_usd")
 
 
-def chunk_summary(table: pa.Table, top_k: int) -> dict:
+def chunk_summary(table: pa.Table, top_k: int, rules: tuple | None = None) -> dict:
     """Counts and the top_k fastest feasible rows of one finished chunk, as plain JSON values (jsonout.plain:
     a cost or power the cluster does not give is None, not NaN), so that a summary read back from its
-    file equals the one a run keeps in memory."""
+    file equals the one a run keeps in memory; ``rules``: the rule codes of the chunk's model's workload family
+    (default the transformer's)."""
     feasible = table.column("feasible").to_numpy(zero_copy_only=False)
     times = table.column("step_time_s").to_numpy()
     masks = table.column("infeasible_mask").to_numpy()
@@ -37,7 +38,7 @@ def chunk_summary(table: pa.Table, top_k: int) -> dict:
         **first,
         "points": table.num_rows,
         "feasible": int(len(rows)),
-        "infeasible_by_rule": reason_counts(masks),
+        "infeasible_by_rule": reason_counts(masks, *(() if rules is None else (rules,))),
         "top": plain([{name: table.column(name)[int(i)].as_py() for name in names} for i in best]),
     }
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from comet_dse.base.bounds import BOUNDS, shown
 from comet_dse.base.errors import InputError
-from comet_dse.workload.families import transformer_only
 from comet_dse.base.loading import Fields, parse_yaml, read_text_file
 from comet_dse.base.text import printable
 from comet_dse.base.units import (
@@ -209,8 +208,6 @@ def load_study(path: Path, max_points: int | None = None, overrides: dict | None
     models = [str(m) for m in _as_list(f.raw("models"), "models")]
     seq_len = f.integer("seq_len", None, bound="seq_len")
     loaded = [load_model(m) for m in models]
-    for model in loaded:
-        transformer_only(model, "a study (sweep, report)")
     if seq_len:
         loaded = [m.with_seq_len(seq_len) for m in loaded]
     bases = _clusters(f)

@@ -547,7 +547,10 @@ def _expansion(section: Section, out: Path) -> None:
         cx, cy = counts.setdefault(label, ([], []))
         cx.append(gib)
         cy.append(int(np.count_nonzero((data["variant"] == v.index) & data["feasible"])))
-    caption = "Best step time with a CXL-like tier of each capacity and bandwidth, relative to no tier"
+    labels = section.study.variants[section.study.baseline].labels
+    baseline = ("no tier" if str(labels.get("expansion_capacity", "")).strip().startswith("0 ") else
+                "the baseline, " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in labels.items()))
+    caption = f"Best step time with a CXL-like tier of each capacity and bandwidth, relative to {baseline}"
     if len(modes) > 1:
         meanings = ", ".join(f"'{TIER_COSTINGS[m][0]}': {TIER_COSTINGS[m][1]}" for m in modes)
         caption += f"; {meanings} (docs/model.md)"

@@ -30,4 +30,4 @@ def transformer_only(model, what: str) -> None:
     """InputError naming the model when ``what`` (a command or API function) does not take its family yet."""
     if not isinstance(model, TRANSFORMER.model_type):
         raise InputError("model", f"{model.name} is a {family_of(model).name} model; {what} takes transformers "
-                         "only so far (estimate, search and whatif take every family)")
+                         "only so far (estimate, search, whatif and studies take every family)")
