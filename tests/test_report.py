@@ -25,7 +25,7 @@ def report(tmp_path_factory):
 def test_report_has_every_study_figure_and_table(report):
     html = report.read_text()
     studies = sorted(p.stem for p in STUDIES.glob("*.yaml") if p.name not in ("report.yaml", "declared_reading.yaml"))
-    assert len(studies) == 9 and "<h1>COMET case studies with comet-dse" in html    # title from report.yaml
+    assert len(studies) == 10 and "<h1>COMET case studies with comet-dse" in html   # title from report.yaml
     for name in studies:
         assert f"<h2>{name}:" in html
         assert (report.parent / "data" / f"{name}.parquet").exists()
@@ -34,7 +34,7 @@ def test_report_has_every_study_figure_and_table(report):
         assert {f"{setup}-{part}" for part in ("stacked", "feasibility", "bathtub", "clusters")} <= set(figures)
     assert {"rq2-balance-balance", "rq3-capacity-capacity", "rq4-network-network", "rq5-expansion-expansion",
             "paper-rq3-capacity-capacity", "paper-rq3-memory-first-fit",
-            "paper-rq5-expansion-expansion"} <= set(figures)
+            "paper-rq5-expansion-expansion", "rq6-dlrm-expansion-expansion"} <= set(figures)
     for stem in figures:
         assert (report.parent / "figures" / f"{stem}.svg").exists()
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', html)
