@@ -262,3 +262,12 @@ def test_a_study_sweeps_a_recommendation_model_over_an_expansion_tier(tmp_path):
     assert by_cap.max() == pytest.approx(by_cap.min())
     reasons = {code for v in result.variants for code in v.get("infeasible_by_rule", {})}
     assert reasons <= {"rec_degrees", "batch", "column_split", "dtype", "memory"} and "memory" in reasons
+
+
+def test_a_sample_budget_says_samples_and_small_device_hours_keep_their_digits(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "dlrm-dcnv2", "--cluster", "dgx-h100", "--devices", "8",
+                         "--global-batch", "55296", "--embedding-sharding", "planned", "--tokens", "3.2G")
+    assert code == 0, err
+    assert "Training on 3.2G samples" in out
+    hours = next(line for line in out.splitlines() if line.strip().startswith("device-hours")).split()[1]
+    assert 0.1 < float(hours) < 10

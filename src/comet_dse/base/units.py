@@ -221,8 +221,10 @@ def _significant(x: float) -> str:
 
 
 def format_hours(seconds: float) -> str:
-    """Seconds as whole hours, e.g. device-hours: 3.6e9 -> '1,000,000'."""
-    return f"{seconds / HOUR:,.0f}"
+    """Seconds as hours, e.g. device-hours: 3.6e9 -> '1,000,000'; whole hours from 100 up, three significant
+    digits below (a recommendation model trains in minutes: 1,728 s -> '0.48')."""
+    hours = seconds / HOUR
+    return f"{hours:,.0f}" if abs(hours) >= 100 or hours == 0 else f"{hours:.3g}"
 
 
 def is_known(value) -> bool:

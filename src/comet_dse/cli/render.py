@@ -89,7 +89,7 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
         f"Throughput       {est.tokens_per_second:,.0f} {family.unit}/s",
         f"MFU / HFU        {est.mfu * 100:.1f}% / {est.hfu * 100:.1f}%",
         "",
-        *training_lines(est.training),
+        *training_lines(est.training, family.unit),
         "Time per iteration (parts add up to the step time)",
     ]
     total = max(est.step_time_s, 1e-30)
@@ -105,17 +105,18 @@ def render_estimate(est: Estimate, hbm_capacity: float, expansion_capacity: floa
     return printable("\n".join(lines + _memory_lines(est, hbm_capacity, expansion_capacity) + _verdict(est)))
 
 
-def training_lines(training: dict | None) -> list:
+def training_lines(training: dict | None, unit: str = "tokens") -> list:
     """What training on the token budget takes (Estimate.training, whole_run/economics.py): time to train (with the time
     the steps take and the goodput: whole_run/goodput.py), device-hours, average power, energy and cost, renting and
     owning, each 'unknown' where a figure is missing and with its range under the error band where there is
-    one (economics.with_ranges); then what was assumed. Nothing without a budget."""
+    one (economics.with_ranges); then what was assumed. Nothing without a budget. ``unit``: what the budget
+    counts (the model's workload family's: tokens, or samples for a recommendation model)."""
     if not training:
         return []
     t, inputs = training, training
     rent, own = t["training_cost_rent_usd"], t["training_cost_own_usd"]
     draws = inputs["device_power_w"]
-    lines = [f"Training on {format_count(t['tokens'])} tokens (docs/economics.md)" + _band_note(t),
+    lines = [f"Training on {format_count(t['tokens'])} {unit} (docs/economics.md)" + _band_note(t),
              f"  {training_label('time_to_train_s'):24s} {_or_unknown(t['time_to_train_s'], format_duration)}"
              + _range(t, "time_to_train_s", format_duration),
              *goodput_lines(t),

@@ -108,7 +108,7 @@ def render(result: WhatIf) -> str:
         if b.training:
             from comet_dse.cli.render import training_lines
 
-            lines += ["", *training_lines(b.training)[:-1]]
+            lines += ["", *training_lines(b.training, result.unit)[:-1]]
     else:
         lines.append(f"As it is: {b.note}")
     if result.cells:
