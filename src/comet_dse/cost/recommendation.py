@@ -13,7 +13,6 @@ off by default.
 """
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from comet_dse.cost.collectives import (
     all_gather_time, all_reduce_time, all_to_all_time, outermost, reduce_scatter_time, spans,
 )
-from comet_dse.cost.distinct import distinct_rows
+from comet_dse.cost.distinct import once_per_distinct
 from comet_dse.cost.kernels import elementwise_time, gemm_time, memory_pass_time, roofline
 from comet_dse.cost.memory import place, reserved_bytes
 from comet_dse.cost.shapes import device_of, network_dims
@@ -241,21 +240,12 @@ def interaction_passes(model: Recommendation, b, dev) -> tuple:
     return (k * layer.math, k * (layer.memory + cross)), (2.0 * k * layer.math, 2.0 * k * (layer.memory + cross))
 
 
-def dense_per_distinct(model: Recommendation, b, dev, st: StrategyArrays) -> tuple:
-    """``dense_passes`` computed once per distinct (samples per device, dtype), the only fields they depend on,
-    and gathered back to every point (bit-identical; a search varies the shardings and switches far more)."""
-    rows = distinct_rows([np.asarray(b, dtype=float), st.dtype])
-    if rows is None:
-        return dense_passes(model, b, dev)
-    first, inverse = rows
-    fields = {f.name: (np.asarray(getattr(dev, f.name))[first] if np.ndim(getattr(dev, f.name)) else
-                       getattr(dev, f.name)) for f in dataclasses.fields(dev)}
-    bottom, whole = dense_passes(model, np.asarray(b)[first], type(dev)(**fields))
-
-    def back(passes):
-        return tuple(tuple(np.asarray(x)[inverse] if np.ndim(x) else x for x in part) for part in passes)
-
-    return back(bottom), back(whole)
+def dense_per_distinct(model: Recommendation, cluster: Cluster, n: float, st: StrategyArrays) -> tuple:
+    """``dense_passes`` for b = global batch / n samples per device, computed once per distinct (global batch,
+    dtype), the only fields they depend on (cost/distinct.py: once_per_distinct; a search varies the shardings
+    and switches far more)."""
+    return once_per_distinct(st, [st.global_batch, st.dtype], lambda sub: dense_passes(
+        model, sub.global_batch / n, device_of(cluster, sub, kind=model.kind)))
 
 
 def dense_passes(model: Recommendation, b, dev) -> tuple:
@@ -284,20 +274,10 @@ READ = ("global_batch", "embedding_sharding", "embedding_overlap", "embedding_hi
 
 def evaluate(model: Recommendation, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
     """``step_arrays`` of every point of ``st``, computed once per distinct combination of the knobs it reads
-    (READ; cost/distinct.py: distinct_rows) and gathered back to every point: bit-identical, and a search or a
-    what-if repeats few combinations many times."""
-    rows = distinct_rows([getattr(st, name) for name in READ])
-    if rows is None:
-        return step_arrays(model, cluster, devices, st)
-    first, inverse = rows
-    step = step_arrays(model, cluster, devices, st.take(first))
-
-    def back(value):
-        return np.asarray(value)[inverse] if np.ndim(value) else value
-
-    return StepArrays(**{f.name: ({k: back(v) for k, v in getattr(step, f.name).items()}
-                                  if isinstance(getattr(step, f.name), dict) else back(getattr(step, f.name)))
-                         for f in dataclasses.fields(step)})
+    (READ; cost/distinct.py: once_per_distinct): bit-identical, and a search or a what-if repeats few
+    combinations many times."""
+    return once_per_distinct(st, [getattr(st, name) for name in READ],
+                             lambda sub: step_arrays(model, cluster, devices, sub))
 
 
 def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
@@ -326,7 +306,7 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
     table_bytes, state_bytes = _per_point(st, table, "table_bytes"), _per_point(st, table, "state_bytes")
 
     dense = model.dense_params()
-    bottom, whole = dense_per_distinct(model, b, dev, st)
+    bottom, whole = dense_per_distinct(model, cluster, n, st)
     (math_f, mem_f), (math_b, mem_b) = whole
     bottom_fwd, bottom_bwd = sum(bottom[0]), sum(bottom[1])
 
