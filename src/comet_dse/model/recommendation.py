@@ -147,10 +147,6 @@ class Recommendation:
     def total_params(self) -> int:
         return self.embedding_params() + self.dense_params()
 
-    def active_params(self) -> int:
-        """Parameters one sample touches: the dense ones and one row per lookup."""
-        return self.dense_params() + int(sum(t.pooling * t.dim for t in self.tables))
-
     def with_seq_len(self, seq_len: int) -> "Recommendation":
         if seq_len in (None, 1):
             return self
