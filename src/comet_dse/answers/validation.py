@@ -356,9 +356,10 @@ def gpu_runs(directory: Path | None = None, name: str = GPU) -> list:
     return out
 
 
-def _model_named(name: str, folder: Path, what: str) -> Transformer:
+def _model_named(name: str, folder: Path, what: str, changes: str = "") -> Transformer:
     """A model preset, or (a name ending in .yaml) the model YAML of that name in ``models/`` beside a data file,
-    or in the packaged copy's ``models/`` when that folder has none."""
+    or in the packaged copy's ``models/`` when that folder has none, with ``changes`` ("key=value; ...": what a
+    run changes of the file, e.g. "position=rope; dropout=false") applied."""
     from comet_dse.base.loading import read_yaml
     from comet_dse.presets.catalog import load_model, model_from
 
@@ -367,7 +368,13 @@ def _model_named(name: str, folder: Path, what: str) -> Transformer:
     path = folder / "models" / name
     if not path.is_file() and "/" not in name and "\\" not in name:
         path = Path(str(resources.files("comet_dse").joinpath("data", "validation", "models", name)))
-    return model_from(dict(read_yaml(path, what)), what)
+    data = dict(read_yaml(path, what))
+    for item in filter(None, (part.strip() for part in changes.split(";"))):
+        key, _, value = item.partition("=")
+        if key.strip() not in data:
+            raise InputError(f"{what}_set", f"{key.strip()!r} is not a field of {name}")
+        data[key.strip()] = yaml.safe_load(value.strip())
+    return model_from(data, what)
 
 
 def h100_comparisons(cluster: Cluster, directory: Path, skipped: list | None = None) -> list:
@@ -524,23 +531,9 @@ def memory_comparisons(directory: Path | None = None) -> list:
 
 
 def _memory_model(row: dict, folder: Path) -> Transformer:
-    """A memory.csv row's model: a preset name, or a model YAML in ``models/`` beside the file, with the row's
-    ``model_set`` ("key=value; ...": what a run changes, e.g. "position=rope; dropout=false"), its ``vocab``
-    (the padded size the framework used: Megatron-LM pads to a multiple of 128 x TP) and its sequence length."""
-    from comet_dse.base.loading import read_yaml
-    from comet_dse.presets.catalog import load_model, model_from
-
-    name = row["model"]
-    if not name.endswith(".yaml"):
-        model = load_model(name)
-    else:
-        data = dict(read_yaml(folder / "models" / name, "memory.csv model"))
-        for item in filter(None, (part.strip() for part in row.get("model_set", "").split(";"))):
-            key, _, value = item.partition("=")
-            if key.strip() not in data:
-                raise InputError("memory.csv model_set", f"{key.strip()!r} is not a field of {name}")
-            data[key.strip()] = yaml.safe_load(value.strip())
-        model = model_from(data, "memory.csv model")
+    """A memory.csv row's model (``_model_named``, with the row's ``model_set``), its ``vocab`` (the padded size
+    the framework used: Megatron-LM pads to a multiple of 128 x TP) and its sequence length."""
+    model = _model_named(row["model"], folder, "memory.csv model", row.get("model_set", ""))
     if row.get("vocab"):
         model = dc.replace(model, vocab=int(row["vocab"]))
     return model.with_seq_len(int(row["seq_len"]))
