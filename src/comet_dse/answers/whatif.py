@@ -29,7 +29,8 @@ from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.text import compact_text
 from comet_dse.whole_run import economics
-from comet_dse.workload.families import family_of
+from comet_dse.workload.families import DEFAULT, family_of
+from comet_dse.workload.family import WorkloadFamily
 
 MEMORY_BIT = 1 << RULES.index("memory")
 BISECTION_STEPS = 40          # halvings of the capacity interval: to well under 1 MiB of 4 TiB
@@ -164,13 +165,13 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
-    rules = family_of(model).rules
-    baseline = best_in(cols, cluster, devices, tokens, model.total_params(), rules)
-    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r, rules), baseline, r, f, tokens)
+    family = family_of(model)
+    baseline = best_in(cols, cluster, devices, tokens, model.total_params(), family)
+    cells = [scaled_best(model, cluster, devices, candidates(st, cols, r, family), baseline, r, f, tokens)
              for r in resources for f in factors]
     fit = smallest_capacity(model, cluster, devices, global_batch, space, capacity, st) if capacity else None
     return WhatIf(model.name, cluster.name, devices, global_batch, factors, baseline, cells, fit, tokens,
-                  family_of(model).unit)
+                  family.unit)
 
 
 def check_factors(factors) -> tuple:
@@ -203,21 +204,13 @@ def check_resources(cluster: Cluster, names) -> tuple:
     return names
 
 
-def family_knobs(rules: tuple) -> tuple | None:
-    """The knobs a strategy text shows for the family whose rules are ``rules`` (None: the transformer's, all)."""
-    from comet_dse.workload.families import FAMILIES
-
-    family = next((f for f in FAMILIES if f.rules == rules), None)
-    return (*family.table_knobs, *family.reads) if family is not None and family.reads else None
-
-
-def candidates(st, cols: dict, resource: str, rules: tuple = RULES):
+def candidates(st, cols: dict, resource: str, family: WorkloadFamily = DEFAULT):
     """The strategies of ``st`` (evaluated into ``cols``) that can be the best once ``resource`` changes:
     those that break no rule but memory when it is a capacity or the reserve (memory may then fit), else
     those that fit (no rule but memory depends on a resource's size, and memory only on the capacities and
-    the reserve); ``rules``: the model's workload family's rule codes (default the transformer's)."""
+    the reserve); ``family``: the model's workload family, whose rule bits the columns hold."""
     if resource.endswith("capacity") or resource in ("reserved_memory", "workspace_memory", "fragmentation"):
-        return st.take(np.flatnonzero((cols["infeasible_mask"] & ~(1 << rules.index("memory"))) == 0))
+        return st.take(np.flatnonzero((cols["infeasible_mask"] & ~(1 << family.rules.index("memory"))) == 0))
     return st.take(np.flatnonzero(cols["feasible"]))
 
 
@@ -227,17 +220,18 @@ def best_of(model: Transformer, cluster: Cluster, devices: int, st, tokens: floa
     if not len(st):
         return Best(None, None, None, None, 0, 0, "no strategy fits: none can, whatever this resource is")
     return best_in(evaluate_columns(model, cluster, devices, st), cluster, devices, tokens, model.total_params(),
-                   family_of(model).rules)
+                   family_of(model))
 
 
 def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = None,
-            tokens: float | None = None, parameters: float = math.nan, rules: tuple = RULES) -> Best:
+            tokens: float | None = None, parameters: float = math.nan, family: WorkloadFamily = DEFAULT) -> Best:
     """The fastest feasible row of evaluated columns, or why there is none; with a ``cluster``, its
     ``devices``, a token budget and the model's ``parameters`` (what a checkpoint holds) also its time to
-    train, energy and cost (None where unknown) and the whole training figure (``training``)."""
+    train, energy and cost (None where unknown) and the whole training figure (``training``); ``family``: the
+    model's workload family (its rule bits, the knobs its strategy text names)."""
     ok = np.flatnonzero(cols["feasible"])
     if not len(ok):
-        counts = reason_counts(cols["infeasible_mask"], rules)
+        counts = reason_counts(cols["infeasible_mask"], family.rules)
         note = "no strategy fits; broken rules: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
         return Best(None, None, None, None, len(cols["feasible"]), 0, note)
     row = int(ok[np.argmin(cols["step_time_s"][ok])])
@@ -250,9 +244,8 @@ def best_in(cols: dict, cluster: Cluster | None = None, devices: int | None = No
                                       float(cols["tokens_per_second"][row]), parts, tokens, parameters)
         figures = {k: _or_none(train[k]) for k in ("time_to_train_s", "energy_j", "training_cost_usd")}
         figures["training"] = train
-    only = family_knobs(rules)
     return Best(float(cols["step_time_s"][row]), float(cols["tokens_per_second"][row]), strategy,
-                compact_text(strategy, only), len(cols["feasible"]), len(ok), **figures)
+                compact_text(strategy, family.strategy_knobs), len(cols["feasible"]), len(ok), **figures)
 
 
 def _or_none(x: float) -> float | None:
@@ -382,10 +375,10 @@ def smallest_capacity(model: Transformer, cluster: Cluster, devices: int, global
     constraint = describe_space(space)
     current = resource_value(cluster, resource)
     cols = evaluate_columns(model, cluster, devices, st)
-    rules = family_of(model).rules
-    candidates_ = candidates(st, cols, resource, rules)
+    family = family_of(model)
+    candidates_ = candidates(st, cols, resource, family)
     if not len(candidates_):
-        counts = reason_counts(cols["infeasible_mask"], rules)
+        counts = reason_counts(cols["infeasible_mask"], family.rules)
         return CapacityFit(resource, constraint, current, None, False, None,
                            "no strategy is valid even with unlimited memory; broken rules: "
                            + ", ".join(f"{k} {v:,}" for k, v in counts.items()))

@@ -59,6 +59,12 @@ class WorkloadFamily:
     time_parts: tuple = ()
     reads: tuple = ()
 
+    @property
+    def strategy_knobs(self) -> tuple | None:
+        """The knobs a strategy text names for it: those its tables show and its kernel reads; None (every
+        knob) for a family that reads them all."""
+        return (*self.table_knobs, *self.reads) if self.reads else None
+
     def __post_init__(self) -> None:
         if set(self.rule_text) != set(self.rules):
             raise ValueError(f"{self.name}: rule_text must describe exactly the rules")
