@@ -138,3 +138,13 @@ def test_the_mp_group_splits_a_dimension_where_it_ends_inside_it():
     assert [d.n for d in mp_dims] == [4] and [d.n for d in dp_dims] == [4, 16, 16]
     assert mp_dims[0].step_latency == pytest.approx((1e-6, 2e-6))               # partners 1 and 2 hops away
     assert dp_dims[0].step_latency == pytest.approx((4e-6, 8e-6))               # 4 and 8 apart on a ring of 16
+
+
+def test_the_concat_gather_is_each_ranks_slice_and_the_files_constant_only_at_the_papers_size():
+    """The file's 50,331,648 bytes are 131,072 tokens x 24,576 / 128 x 2 B; every split of 4,096 devices at
+    4,194,304 tokens per step gives the same (T h / m = tokens per step x h / devices), and 64 devices give
+    64x as much (T x h / m at MP8 x DP8: 524,288 x 3,072 x 2 B)."""
+    from comet_dse.cost.astrasim import concat_gather
+    for mp in (1, 4, 16, 128, 1024):
+        assert concat_gather(MODEL, mp, 4194304 / (4096 // mp)) == CONCAT_GATHER
+    assert concat_gather(MODEL, 8, 4194304 / 8) == 64 * CONCAT_GATHER

@@ -100,6 +100,7 @@ def test_refuses_more_parameters_than_the_runs_support(tmp_path, capsys):
 @pytest.mark.parametrize("rows, needles", [
     ([{k: v for k, v in _row().items() if k != "measured"}], ("runs.measured: is missing",)),
     ([_row(model="gpt-5")], ("runs line 2: model", "unknown preset 'gpt-5'")),
+    ([_row(model="dlrm-dcnv2")], ("model", "is a recommendation model; calibrate takes transformers only")),
     ([_row(measured="-3")], ("runs line 2: measured", "positive number")),
     ([_row(metric="speed")], ("runs line 2: metric", "iter_s, tokens_per_s, mfu")),
     ([_row(recompute="sometimes")], ("runs line 2: recompute", "none, selective, full")),

@@ -92,7 +92,7 @@ def test_data_parallel_tables_all_reduce_their_whole_gradients():
 
 
 def test_tables_larger_than_memory_do_not_fit_and_an_expansion_tier_holds_them_at_its_bandwidth():
-    big = toy(tables=[{"rows": 3_000_000_000, "dim": 64, "pooling": 2}])
+    big = toy(tables=[{"rows": 12_000_000_000, "dim": 64, "pooling": 2}])   # 384 GB per device: over HBM and host
     est = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise")
     assert not est.feasible and est.broken_rules == ["memory"] and "GiB" in est.reasons[0]
     tiered = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise",
@@ -124,17 +124,16 @@ def test_a_search_tries_each_sharding_the_model_allows_and_no_transformer_knob()
                                                                     "planned", "table-row-wise"}
 
 
-def test_the_commands_that_do_not_take_recommendation_models_say_so(tmp_path, capsys):
+def test_plan_and_estimate_take_a_recommendation_model_file_in_samples(tmp_path, capsys):
     path = tmp_path / "toy.yaml"
     path.write_text("family: recommendation\n" + "\n".join(
         f"{k}: {v}" for k, v in BASE.items() if k != "tables")
         + "\ntables:\n" + "\n".join(f"  - {t}" for t in TABLES).replace("'", "") + "\n", encoding="utf-8")
     assert isinstance(load_model(str(path)), Recommendation)
-    for argv in (["plan", "--model", path, "--tokens", "1e9", "--global-batch", "64", "--days", "1"],
-                 ["export", "--model", path, "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
-                  "--out", tmp_path / "trace"]):
-        one_line_error(run(capsys, *argv), "model:", "takes transformers only")
-    assert not (tmp_path / "trace").exists()
+    code, out, err = run(capsys, "plan", "--model", path, "--tokens", "1e9", "--global-batch", "8192", "--days", "1",
+                         "--clusters", "dgx-h100,dgx-a100-80gb", "--devices", "8")
+    assert code == 0 and "1G samples" in out and "dp8 bf16 " in out, (out, err)
+    assert " tp1 " not in out and "z0" not in out             # a recommendation strategy names its own knobs
     code, out, err = run(capsys, "estimate", "--model", path, "--cluster", "dgx-h100", "--devices", "8",
                          "--global-batch", "8192")
     assert code == 0 and "samples/s" in out and "embedding exchange" in out and "pipeline bubble" not in out
@@ -242,24 +241,26 @@ def test_a_sequence_length_for_a_recommendation_model_is_one_line(capsys):
                        "--global-batch", "8192", "--seq-len", "2048"), "seq_len", "transformers only")
 
 
-def test_a_study_sweeps_a_recommendation_model_over_an_expansion_tier(tmp_path):
-    """The DLRM study of studies/comet: nothing fits without a tier; with one, the tier's bandwidth decides the
-    step (the spilled optimizer state's reads and writes run at it), its capacity beyond what fits does not; the
-    summary counts the infeasible points by the family's own rules."""
+def test_a_study_sweeps_a_recommendation_model_over_clusters_and_an_expansion_tier(tmp_path):
+    """The DLRM study of studies/comet: on 2 DGX A100s DLRM-DCNv2's tables spill to host memory without a tier
+    and a faster tier makes the step faster; on 2 TPU v4 chips (no host tier in the preset) nothing fits without
+    one; the summary counts the infeasible points by the family's own rules."""
     from pathlib import Path
 
     study = Path(__file__).resolve().parents[1] / "studies" / "comet" / "rq6-dlrm-expansion.yaml"
     result = comet_dse.sweep(study, output=tmp_path / "rq6.parquet")
     rows = result.to_pandas()
     capacity, bandwidth = "axis_expansion_capacity", "axis_expansion_bandwidth"
-    none = rows[rows[capacity] == 0]
-    assert len(none) and not none["feasible"].any()
-    fits = rows[(rows[capacity] > 0) & rows["feasible"]]
-    by_bw = fits.groupby(bandwidth)["step_time_s"].min().sort_index()
-    assert list(by_bw) == sorted(by_bw, reverse=True)                         # faster tier, faster step
-    top_bw = fits[fits[bandwidth] == fits[bandwidth].max()]
-    by_cap = top_bw.groupby(capacity)["step_time_s"].min()
-    assert by_cap.max() == pytest.approx(by_cap.min())
+    labels = {v["variant"]: v["label"] for v in result.variants}
+    rows["cluster"] = [labels[v].split(",")[0].split("=")[1] for v in rows["variant"]]
+    two = rows[(rows["devices"] == 2) & (rows["model"] == "dlrm-dcnv2")]
+    dgx, tpu = two[two["cluster"] == "dgx-a100-80gb"], two[two["cluster"] == "tpu-v4"]
+    host_only = dgx[(dgx[capacity] == 0) & dgx["feasible"]]
+    assert len(host_only) and (host_only["host_bytes"] > 0).all()
+    tiered = dgx[(dgx[capacity] > 0) & dgx["feasible"]]
+    by_bw = tiered.groupby(bandwidth)["step_time_s"].min().sort_index()
+    assert list(by_bw) == sorted(by_bw, reverse=True) and by_bw.iloc[-1] < host_only["step_time_s"].min()
+    assert not tpu[tpu[capacity] == 0]["feasible"].any() and tpu[tpu[capacity] > 0]["feasible"].any()
     reasons = {code for v in result.variants for code in v.get("infeasible_by_rule", {})}
     assert reasons <= {"rec_degrees", "batch", "column_split", "dtype", "memory"} and "memory" in reasons
 
@@ -271,3 +272,52 @@ def test_a_sample_budget_says_samples_and_small_device_hours_keep_their_digits(c
     assert "Training on 3.2G samples" in out
     hours = next(line for line in out.splitlines() if line.strip().startswith("device-hours")).split()[1]
     assert 0.1 < float(hours) < 10
+
+
+def test_host_memory_holds_the_rows_hbm_cannot_and_the_faster_tier_fills_first():
+    """3e9 rows x 64 x 4 B over 8 H100s: 96 GB per device, over HBM; the preset's host memory (256 GiB per GPU
+    over PCIe Gen5 at 0.56 x 63 GB/s) holds the rest, and its lookups cost the link's time. An expansion tier
+    faster than that link takes the spill first."""
+    big = toy(tables=[{"rows": 3_000_000_000, "dim": 64, "pooling": 2}])
+    est = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise")
+    assert est.feasible and est.memory_tiers_bytes["host"] > 0 and est.memory_tiers_bytes["expansion"] == 0
+    assert est.breakdown_s["offload"] > 0
+    fast = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise",
+                              expansion="64 GiB@128 GB/s")
+    assert fast.memory_tiers_bytes["expansion"] == pytest.approx(est.memory_tiers_bytes["host"])   # all of it
+    assert fast.memory_tiers_bytes["host"] == 0
+    assert fast.breakdown_s["offload"] < est.breakdown_s["offload"]
+    small = comet_dse.estimate(big, "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise",
+                               expansion="4 GiB@128 GB/s")          # the rest goes on to host memory
+    assert small.memory_tiers_bytes["expansion"] == 4 * 2**30
+    assert small.memory_tiers_bytes["host"] == pytest.approx(est.memory_tiers_bytes["host"] - 4 * 2**30)
+
+
+def test_a_skewed_access_law_puts_fewer_lookups_on_the_slow_tier():
+    """The hottest rows stay in HBM: with a Zipf exponent the rows beyond it serve fewer lookups than their share
+    of the rows, so the same spill costs less."""
+    tables = [{"rows": 3_000_000_000, "dim": 64, "pooling": 2}]
+    flat = comet_dse.estimate(toy(tables=tables), "dgx-h100", 8, global_batch=8192, embedding_sharding="row-wise")
+    skewed = comet_dse.estimate(toy(tables=tables, access_skew=1.05), "dgx-h100", 8, global_batch=8192,
+                                embedding_sharding="row-wise")
+    assert 0 < skewed.breakdown_s["offload"] < 0.5 * flat.breakdown_s["offload"]
+
+
+@pytest.mark.parametrize("skew, rows, resident", [(0.9, 1000, 0.1), (1.0, 10**6, 0.01), (1.1, 10**6, 0.5),
+                                                  (1.5, 1000, 0.1)])
+def test_the_hit_rate_is_the_zipf_laws_within_a_few_per_cent_and_uniform_without_skew(skew, rows, resident):
+    """h(c) = H(c R, s) / H(R, s) against the exact sums of k^-s; no skew: h(c) = c exactly."""
+    from comet_dse.cost.recommendation import hot_share
+    k = np.arange(1, rows + 1, dtype=float)
+    exact = (k[:int(resident * rows)] ** -skew).sum() / (k ** -skew).sum()
+    model = toy(tables=[{"rows": rows, "dim": 64, "pooling": 1}], access_skew=skew)
+    assert float(hot_share(model, resident)) == pytest.approx(exact, rel=0.04)
+    assert float(hot_share(model, 1.0)) == pytest.approx(1.0) and float(hot_share(model, 0.0)) == 0.0
+    assert float(hot_share(toy(tables=[{"rows": rows, "dim": 64}]), resident)) == resident
+
+
+@pytest.mark.parametrize("skew", [-0.5, 3.5, "high", True, float("nan")])
+def test_an_access_skew_outside_the_zipf_range_is_refused_naming_it(skew):
+    with pytest.raises(InputError) as err:
+        toy(access_skew=skew)
+    assert err.value.field == "model.access_skew"

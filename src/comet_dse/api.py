@@ -32,7 +32,7 @@ from comet_dse.presets import catalog as presets
 from comet_dse.strategy.declared import KNOB, Strategy, coerced
 from comet_dse.strategy.knob import GIVEN
 from comet_dse.whole_run.economics import token_budget, usd_amount
-from comet_dse.workload.families import FAMILIES, transformer_only
+from comet_dse.workload.families import FAMILIES, family_of
 
 __all__ = ["estimate", "search", "whatif", "plan", "sweep", "load_model", "load_cluster", "Estimate", "SearchResults",
            "SweepResults", "WhatIf", "Strategy", "SearchSpace", "InputError"]
@@ -271,7 +271,6 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
                 if days is not None else None)
     budget = BOUNDS["budget_usd"].check("budget", usd_amount(budget)) if budget is not None else None
     model = load_model(model, seq_len)
-    transformer_only(model, "plan")
     tokens = token_budget(tokens)
     global_batch = BOUNDS["global_batch"].check_integer("global_batch", global_batch)
     names = _several(clusters, "clusters", (str, Path, Cluster)) if clusters else presets.preset_names("clusters")
@@ -280,7 +279,7 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
                    for n in (_several(devices, "devices", (int,)) if devices else planning.DEFAULT_DEVICES))
     found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
     return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,
-                         found, bool(slow_end))
+                         found, bool(slow_end), unit=family_of(model).unit)
 
 
 @dataclass(frozen=True)

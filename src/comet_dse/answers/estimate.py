@@ -146,7 +146,9 @@ def estimate(model: Transformer, cluster: Cluster, devices: int, strategy: Strat
         memory_per_device_bytes=int(round(float(step.memory_total[0]))),
         memory_bytes={k: int(round(float(v[0]))) for k, v in step.memory.items()},
         memory_tiers_bytes={"hbm": int(round(float(step.hbm_bytes[0]))),
-                            "expansion": int(round(float(step.expansion_bytes[0])))},
+                            "expansion": int(round(float(step.expansion_bytes[0]))),
+                            **({"host": int(round(float(step.host_bytes[0])))} if step.host_bytes is not None
+                               else {})},
         breakdown_s=breakdown,
         phases_s={k: float(np.asarray(v).reshape(-1)[0]) for k, v in step.phases.items()},
         model_flops_per_step=float(step.model_flops[0]),

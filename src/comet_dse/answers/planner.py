@@ -23,6 +23,7 @@ from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.text import compact_text
 from comet_dse.whole_run.economics import cost_column, with_ranges
+from comet_dse.workload.families import family_of
 
 DEFAULT_DEVICES = (512, 1024, 2048, 4096, 8192, 16384)   # the sizes tried unless asked otherwise
 
@@ -79,15 +80,16 @@ def sizes_for(cluster: Cluster, wanted) -> list:
 def candidate(model: Transformer, cluster: Cluster, devices: int, global_batch: int, tokens: float,
               band_of) -> Candidate:
     """The fastest strategy that fits on ``devices`` devices of ``cluster`` and its training figures with their
-    ranges (``band_of(cluster, dtype, moe)``: the error band, errorband.band_of_cluster)."""
+    ranges (``band_of(cluster, dtype, moe, kind=)``: the error band of the model's kind, errorband.band_of_cluster)."""
     space = with_cluster_defaults(SearchSpace(), cluster, devices, False)
     found = search(model, cluster, devices, global_batch, space)
     if not found.feasible:
         return Candidate(cluster.name, devices, None, None, None, note="no strategy fits")
     strategy = strategy_at(found.columns, int(found.ranked[0]))
     result = estimate(model, cluster, devices, strategy, tokens=tokens)
-    band = band_of(cluster, strategy.dtype.value, bool(model.moe))
-    return Candidate(cluster.name, devices, compact_text(strategy.to_dict()), result.step_time_s,
+    band = band_of(cluster, strategy.dtype.value, bool(model.moe), kind=model.kind)
+    only = family_of(model).strategy_knobs
+    return Candidate(cluster.name, devices, compact_text(strategy.to_dict(), only), result.step_time_s,
                      with_ranges(result.training, band), band["text"])
 
 
@@ -142,6 +144,7 @@ class Plan:
     budget_usd: float | None
     candidates: list
     slow_end: bool = False        # judge the deadline and the budget at the slow end of each error band
+    unit: str = "tokens"          # what ``tokens`` counts: the model's workload family's unit (samples for DLRM)
 
     @property
     def cheapest(self) -> Candidate | None:
@@ -184,7 +187,7 @@ class Plan:
             return None if c is None else {"cluster": c.cluster, "devices": c.devices, "strategy": c.strategy_text,
                                            "step_time_s": c.step_time_s, "training": c.training,
                                            "error_band": c.band_text, "note": c.note}
-        return {"model": self.model, "tokens": self.tokens, "global_batch": self.global_batch,
+        return {"model": self.model, "tokens": self.tokens, "unit": self.unit, "global_batch": self.global_batch,
                 "clusters": list(self.clusters), "cost_basis": self.basis, "deadline_s": self.deadline_s,
                 "budget_usd": self.budget_usd, "slow_end": self.slow_end, "cheapest_within_deadline": one(self.cheapest),
                 "fastest_within_budget": one(self.fastest), "candidates": [one(c) for c in self.candidates]}

@@ -1,5 +1,5 @@
 """``comet-dse export``: one estimate as simulator inputs (Chakra execution traces, ASTRA-sim 2.0 and 1.0
-configurations) in a folder (docs/export.md)."""
+configurations) in a folder (docs/export.md); transformers and recommendation models (no 1.0 workload for these)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,18 +22,18 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from comet_dse.workload.families import transformer_only
-
     from comet_dse.export.folder import MAX_NODES, export
+    from comet_dse.model.recommendation import Recommendation
 
     inputs = [Path(ref) for ref in (args.model, args.cluster) if Path(ref).suffix.lower() in (".yaml", ".yml", ".json")]
     model, cluster = load_inputs(args)
-    transformer_only(model, "comet-dse export")
     cluster.dim_sizes(args.devices)
     strategy = strategy_from(args, args.devices)
     folder = export(model, cluster, args.devices, strategy, args.output, inputs=inputs,
                     max_nodes=args.max_nodes or MAX_NODES, traces=args.traces)
     parts = (["chakra/ (one ET per rank)"] if args.traces else []) + ["astrasim2/"]
     parts += ["astrasim1/"] if (folder / "astrasim1").exists() else []
-    print(f"wrote {folder}: {', '.join(parts)}, estimate.json; run astrasim2/run.sh (docs/export.md)")
+    skipped = (" (no astrasim1/: the ASTRA-sim 1.0 workload describes transformers only)"
+               if isinstance(model, Recommendation) else "")
+    print(f"wrote {folder}: {', '.join(parts)}, estimate.json{skipped}; run astrasim2/run.sh (docs/export.md)")
     return 0

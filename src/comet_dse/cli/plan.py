@@ -20,9 +20,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the cheapest design that trains N tokens within D days, or the fastest "
                                     "within $B, across cluster presets and sizes")
     p.add_argument("--model", required=True, help="preset name, model YAML, or Hugging Face config.json")
-    p.add_argument("--global-batch", required=True, type=bounded_int("global_batch"), help="sequences per step")
+    p.add_argument("--global-batch", required=True, type=bounded_int("global_batch"), help="sequences per step (samples for a recommendation model)")
     p.add_argument("--seq-len", type=bounded_int("seq_len"), default=None, help="sequence length (overrides the model's)")
-    p.add_argument("--tokens", required=True, type=token_count, metavar="N", help="tokens to train on, e.g. 15T")
+    p.add_argument("--tokens", required=True, type=token_count, metavar="N", help="tokens to train on, e.g. 15T (samples for a recommendation model)")
     p.add_argument("--days", type=_days, default=None, metavar="D", help="the deadline: the cheapest design "
                    "whose time to train (goodput included) is at most D days")
     p.add_argument("--budget", type=_usd, default=None, metavar="USD",
@@ -95,7 +95,7 @@ def render(result, top: int) -> str:
     from comet_dse.base.units import format_count, format_duration, format_usd
 
     basis = result.basis
-    lines = [f"{result.model}: {format_count(result.tokens)} tokens, global batch {result.global_batch:,}; "
+    lines = [f"{result.model}: {format_count(result.tokens)} {result.unit}, global batch {result.global_batch:,}; "
              f"{len(result.candidates)} designs ({len(result.clusters)} clusters x sizes), the fastest strategy of each; "
              f"time to train with goodput; cost {basis}ing for all (unknown: "
              f"{'no rent figure' if basis == 'rent' else 'no device price or power'})", ""]

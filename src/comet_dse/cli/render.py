@@ -214,6 +214,8 @@ def _memory_lines(est: Estimate, hbm_capacity: float, expansion_capacity: float 
     tier_line = f"  in HBM {format_bytes(tiers['hbm'])} of {format_bytes(hbm_capacity)}"
     if expansion_capacity:
         tier_line += f"; in the expansion tier {format_bytes(tiers['expansion'])} of {format_bytes(expansion_capacity)}"
+    if tiers.get("host"):
+        tier_line += f"; in host memory {format_bytes(tiers['host'])} (embedding rows and their optimizer state)"
     return lines + [tier_line, ""]
 
 

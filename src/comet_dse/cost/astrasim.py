@@ -17,8 +17,9 @@ docs/case-studies.md) and compared split by split with the rebuilt simulator's o
   1.2 TB/s, 21.5 ms each: T x h elements, not the 2T x h of the GEMM row). Forward, input-gradient and
   weight-gradient phases have the same shape (as the file). Communication: all-reduces of the T x h activation
   (2 bytes) after the output projection and the second MLP GEMM in forward, after Q and the second MLP GEMM in the
-  input gradient, an all-gather of 50,331,648 bytes from each rank after the output projection's input gradient
-  (as the file; the simulator gathers that much from every rank of the group), and a data-parallel
+  input gradient, an all-gather from each rank of its T x h/m slice after the output projection's input gradient
+  (the file's 50,331,648 bytes at its split, the same at every split of 4,096 devices and 4,194,304 tokens per
+  step; the simulator gathers that much from every rank of the group), and a data-parallel
   all-reduce of every weight-gradient (2 bytes per weight). No optimizer step, no embedding (the file has none).
 - Compute (the fork's roofline, its system files' ``enable-roofline``): every phase of every operator takes
   max(2 M K N / P, 2 (M K + K N + M N) / B), P the accelerator's datasheet peak (bf16), B its HBM bandwidth; no
@@ -62,7 +63,8 @@ from comet_dse.model.spec import Transformer
 CHUNKS = 64                   # preferred-dataset-splits of the authors' system files
 WORD = 2                      # data-type-size: fp16 operands, activations and gradients (bytes)
 SCORE = (16384, 192, 1024)    # the file's Q1K1 GEMM (M, K, N); its softmax is (M, N, K)
-CONCAT_GATHER = 50331648      # the file's all-gather after the output projection's input gradient (bytes)
+CONCAT_GATHER = 50331648      # the file's all-gather after the output projection's input gradient (bytes) at
+                              # its MP128 x DP32: 131,072 tokens x 24,576 / 128 x 2 B (``concat_gather``)
 LAYERNORM_ELEMENTWISE = (5.0, 4.0)   # FLOP and bytes per element of an element-wise Layernorm
 LAYERNORMS = ("gemm", "elementwise")
 
@@ -112,6 +114,16 @@ def block(model: Transformer, mp: int, tokens: float, layernorm: str = "gemm") -
         Operator("MLP2", (t, f / mp, h), forward="allreduce", input_grad="allreduce", weight_bytes=f / mp * h * WORD),
         norm,
     ], act
+
+
+def concat_gather(model: Transformer, mp: int, tokens: float) -> float:
+    """Bytes each rank contributes to the all-gather after the output projection's input gradient: its slice
+    of that gradient, T x h / m x 2 B at ``tokens`` T per replica and MP m. The authors' file writes
+    50,331,648 (CONCAT_GATHER) at its MP128 x DP32 with 131,072 tokens per replica; T h / m is
+    (tokens per step / DP) h / m = tokens per step x h / devices, the same for every split of 4,096 devices
+    at 4,194,304 tokens per step, and it scales with tokens per step / devices beyond them (revision of
+    2026-12-06: it was the file's constant at every size, docs/case-studies.md)."""
+    return tokens * model.hidden / mp * WORD
 
 
 def roofline(op: Operator, peak: float, bandwidth: float) -> float:
@@ -220,10 +232,12 @@ def iteration(model: Transformer, cluster: Cluster, devices: int, mp: int, globa
     acc = cluster.accelerator
     peak = acc.peak_flops.get("bf16") or acc.peak_flops.get("fp16")
     bandwidth = acc.hbm.bandwidth
-    rows, act = block(model, mp, global_batch * model.seq_len / dp, layernorm)
+    tokens = global_batch * model.seq_len / dp
+    rows, act = block(model, mp, tokens, layernorm)
     layers = rows * blocks
     mp_dims, dp_dims = groups(cluster, devices, mp)
-    comm = {"allreduce": collective(act, mp_dims), "allgather": collective(CONCAT_GATHER, mp_dims, "allgather"),
+    comm = {"allreduce": collective(act, mp_dims),
+            "allgather": collective(concat_gather(model, mp, tokens), mp_dims, "allgather"),
             "": 0.0}
     times = [roofline(op, peak, bandwidth) for op in layers]
     clock = compute = norm = exposed_mp = 0.0

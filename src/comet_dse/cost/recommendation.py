@@ -5,14 +5,16 @@ gradient all-reduce, memory per device over HBM and an expansion tier, and the v
 
 Notation: N devices (every one data-parallel for the dense part, dp = N), B samples per step (the global batch),
 b = B / N per device; table t has R_t rows of d elements of e_t bytes, looked up L_t times per sample. SI units.
-What is not costed yet, and said so in docs/model.md: a cache of hot rows (every lookup goes to the tier its
-row lives in, rows spilled uniformly), the de-duplication of repeated rows in backward (every lookup updates
-its row), host memory as a tier, and placing tables per node. Pipelining a batch's exchanges behind the
+Rows HBM cannot hold live in the expansion tier and the host memory, the coldest first, their lookups split
+by a Zipf law of the model's access skew (``place_tables``, ``hot_share``). What is not costed yet, and said so
+in docs/model.md: the de-duplication of repeated rows in backward (every lookup updates its row) and a cache
+that moves rows between tiers during training (the placement is static). Pipelining a batch's exchanges behind the
 previous batch's work (embedding_overlap) and sending them hierarchically (embedding_hierarchical) are knobs,
 off by default.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -22,7 +24,7 @@ from comet_dse.cost.collectives import (
 )
 from comet_dse.cost.distinct import once_per_distinct
 from comet_dse.cost.kernels import elementwise_time, gemm_time, memory_pass_time, roofline
-from comet_dse.cost.memory import place, reserved_bytes
+from comet_dse.cost.memory import reserved_bytes
 from comet_dse.cost.shapes import device_of, network_dims
 from comet_dse.cost.step import StepArrays
 from comet_dse.hardware.spec import Cluster
@@ -41,6 +43,11 @@ RELU_PASSES = (2.0, 3.0)  # element-wise passes per MLP layer output: forward (b
 DENSE_STATE_BYTES = 8.0   # dense optimizer state per parameter: Adam's two fp32 moments (the upper bound)
 OPTIMIZER_PASS_BYTES = 16.0  # dense update per parameter: read weight and gradient, read and write the state
                              # (row-wise Adagrad's one accumulator or Adam's two, 4 B each, the upper one taken)
+GATHER_EFFICIENCY = 0.82  # fraction of HBM peak an embedding kernel's random row gathers reach: "more than 82 % of
+                          # theoretical HBM bandwidth" for both FBGEMM's and a Triton TBE forward on ~10 GB tables of
+                          # 128-wide rows on H100 (meta-pytorch/torchrec PR #4688, "XL uniform D128 forward"); the fused
+                          # backward is taken at the same rate (its figure at D128 is not public; fwd+bwd at D1024
+                          # reaches 74-76 %). A streaming kernel reaches the preset's hbm efficiency (about 0.9).
 SHARDINGS = tuple(EmbeddingSharding)
 
 RULES = ("rec_degrees", "batch", "column_split", "dtype", "memory")
@@ -61,7 +68,7 @@ def sector_bytes(nbytes):
 
 
 KEYS = ("lookup", "update", "send", "index", "table_bytes", "state_bytes", "dp_params", "send_mean", "index_mean",
-        "pool", "state_io")
+        "pool", "tier_io")
 
 
 def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, samples: float = 1.0) -> np.ndarray:
@@ -72,7 +79,8 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, s
       (the fused backward reads and writes each row and its optimizer state, and reads the pooled gradient);
       send = dim x 2 B (its pooled or partially pooled vector of each sample); index = hit L_t x 8 B;
       table_bytes = rows x dim e_t; state_bytes = rows x (per-row + dim x per-element optimizer state);
-      state_io = hit L_t 2 sector(state), the part of ``update`` that reads and writes optimizer state."""
+      tier_io = hit L_t (3 sector(dim e_t) + 2 sector(state)), what a row and its state move wherever they live
+      (``lookup`` and ``update`` but the pooled gradient, which is in HBM)."""
     per_row, per_element = STATE_BYTES_PER_ROW[model.embedding_optimizer]
     row = dim * t.bytes_per_element
     state = per_row + per_element * dim
@@ -81,7 +89,8 @@ def table_share(model: Recommendation, t, dim: float, rows: float, hit: float, s
                      lookups * (2.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))
                      + samples * dim * GRADIENT_BYTES,
                      dim * ACTIVATION_BYTES, lookups * INDEX_BYTES, rows * row, rows * state, 0.0, 0.0, 0.0, 0.0,
-                     lookups * 2.0 * sector_bytes(state) if state else 0.0], dtype=float)
+                     lookups * (3.0 * sector_bytes(row) + (2.0 * sector_bytes(state) if state else 0.0))],
+                    dtype=float)
 
 
 def busiest(items: list, devices: int) -> np.ndarray:
@@ -269,6 +278,80 @@ def dense_flops(model: Recommendation) -> float:
     return mlp + model.cross_layers * 4.0 * f * d * model.cross_rank
 
 
+def harmonic(n, s: float):
+    """H(n, s) = sum over k = 1..n of k^-s, as the integral of (x + 1)^-s over [0, n]: n at s = 0, ln(1 + n) at
+    s = 1, ((n + 1)^(1 - s) - 1) / (1 - s) otherwise (exact at s = 0; within a few per cent of the sum's share
+    of lookups for the row counts of embedding tables)."""
+    n = np.asarray(n, dtype=float)
+    if abs(s - 1.0) < 1e-9:
+        return np.log1p(n)
+    return ((n + 1.0) ** (1.0 - s) - 1.0) / (1.0 - s)
+
+
+def hot_share(model: Recommendation, resident):
+    """The share of lookups the hottest fraction ``resident`` of every table's rows serves, under the Zipf law
+    of exponent s = ``model.access_skew`` (the k-th most frequent of a table's R rows looked up in proportion to
+    k^-s): h_t(c) = H(c R_t, s) / H(R_t, s) per table, averaged over the tables weighted by their lookup bytes
+    (L_t sector(row)). s = 0: h = c, every row alike. A static placement that keeps the hottest rows in the
+    fastest tier (TorchRec's UVM caching and HugeCTR's hybrid embedding keep hot rows in HBM) serves h(c)."""
+    c = np.clip(np.asarray(resident, dtype=float), 0.0, 1.0)
+    skew = model.access_skew
+    if skew == 0.0:
+        return c
+    weights = np.array([t.pooling * float(sector_bytes(t.row_bytes)) for t in model.tables])
+    weights = weights / weights.sum()
+    return sum(w * harmonic(c * t.rows, skew) / harmonic(t.rows, skew) for w, t in zip(weights, model.tables))
+
+
+def tiers(acc) -> list:
+    """The tiers beyond HBM embedding rows may live in, fastest first: [(name, capacity B, bandwidth B/s)] of
+    the expansion tier and the host memory where the device has them (bandwidth: what a streaming kernel
+    reaches, MemoryTier.achievable_bandwidth)."""
+    out = [(name, tier.capacity, tier.achievable_bandwidth) for name, tier in
+           (("expansion", acc.expansion), ("host", acc.host)) if tier is not None]
+    return sorted(out, key=lambda x: -x[2])
+
+
+@dataclass
+class TablePlacement:
+    """Where one device's bytes live: ``hbm`` [B], ``tier_bytes`` name -> bytes in the expansion tier and the
+    host memory, ``fits``, and ``slowdown`` [s/B]: the extra seconds per byte of row traffic (tier_io) that
+    the rows outside HBM cost, sum over tiers k of m_k (1 / bandwidth_k - 1 / HBM bandwidth), m_k the share
+    of lookups its rows serve."""
+
+    hbm: np.ndarray
+    tier_bytes: dict
+    fits: np.ndarray
+    slowdown: np.ndarray
+
+
+def place_tables(model: Recommendation, acc, tables, state, total, hbm_rate) -> TablePlacement:
+    """Place one device's footprint: HBM first; what it cannot hold of the embedding tables and their optimizer
+    state (a row and its state together, the coldest rows first) goes to the tiers beyond it, fastest first
+    (``tiers``); dense weights, gradients, activations and the reserve stay in HBM. With a fraction c_0 of the
+    rows in HBM and c_k cumulated through tier k, tier k's rows serve m_k = h(c_k) - h(c_{k-1}) of the lookups
+    (``hot_share``). Fits when the tiers hold what HBM cannot. ``tables``, ``state``: the device's table and
+    optimizer-state bytes; ``total``: its whole footprint [B]; ``hbm_rate``: the bytes/s rows are gathered at in
+    HBM [B/s]."""
+    movable = np.maximum(tables + state, 1.0)
+    over = np.maximum(total - acc.state_capacity, 0.0)
+    remaining = np.where(over <= movable, over, np.inf)          # more than the tables: cannot fit
+    resident = np.clip(1.0 - over / movable, 0.0, 1.0)
+    served = hot_share(model, resident)
+    slowdown = np.zeros_like(np.asarray(total, dtype=float))
+    moved = {"expansion": np.zeros_like(slowdown), "host": np.zeros_like(slowdown)}
+    for name, capacity, bandwidth in tiers(acc):
+        take = np.minimum(remaining, capacity)
+        moved[name] = np.where(np.isfinite(take), take, 0.0)
+        resident = np.clip(resident + moved[name] / movable, 0.0, 1.0)
+        now = hot_share(model, resident)
+        slowdown = slowdown + (now - served) * (1.0 / bandwidth - 1.0 / hbm_rate)
+        served, remaining = now, remaining - take
+    fits = remaining <= 0.0
+    return TablePlacement(hbm=total - moved["expansion"] - moved["host"], tier_bytes=moved, fits=fits,
+                          slowdown=slowdown)
+
+
 READ = ("global_batch", "embedding_sharding", "embedding_overlap", "embedding_hierarchical", "dtype", "dp_overlap")
 
 
@@ -283,8 +366,10 @@ def evaluate(model: Recommendation, cluster: Cluster, devices: int, st: Strategy
 def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:
     """Step time, breakdown and memory of every point of ``st`` for a recommendation model.
 
-        lookups   = B x lookup(sharding) / HBM bandwidth (the spilled share at the tier's bandwidth)
-        updates   = B x update(sharding) / HBM bandwidth (likewise)
+        lookups   = B x lookup(sharding) / (HBM peak x GATHER_EFFICIENCY)
+        updates   = B x update(sharding) / (HBM peak x GATHER_EFFICIENCY)
+        offload   = B x tier_io(sharding) x slowdown: the rows in the expansion tier and host memory at their
+                    bandwidth (``place_tables``)
         inputs    = all-to-all of B x index (the row indices to the devices that hold their rows), exposed
         exchange  = forward: all-to-all of B x send (table- and column-wise), reduce-scatter of B x sum d x 2 B
                     (row-wise), none (data-parallel); backward the same volume back (an all-gather row-wise;
@@ -325,20 +410,12 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
     memory["reserved"] = reserved_bytes(footprint, cluster.reserved_memory, cluster.fragmentation,
                                         cluster.workspace_memory)
     total = footprint + memory["reserved"]
-    exp_cap = acc.expansion.capacity if acc.expansion else 0.0
-    placed = place(memory, acc.state_capacity, exp_cap, total)
-    # the spilled share of the rows and of their optimizer state (place spills the state first): their lookups
-    # and updates run at the tier's bandwidth
-    weights, state = np.maximum(memory["weights"], 1.0), np.maximum(memory["optimizer"], 1.0)
-    spilled = np.clip(placed.spilled_weights / weights, 0.0, 1.0) if acc.expansion else 0.0
-    spilled_state = np.clip(placed.spilled_optimizer / state, 0.0, 1.0) if acc.expansion else 0.0
-    tier_bw = acc.expansion.bandwidth if acc.expansion else np.inf
+    placed = place_tables(model, acc, table_bytes, state_bytes, total, acc.hbm.bandwidth * GATHER_EFFICIENCY)
 
-    hbm_lookup = big_b * lookup / dev.hbm_bw + dev.overhead
-    hbm_update = big_b * update / dev.hbm_bw + dev.overhead
-    state_io = _per_point(st, table, "state_io")
-    tier_extra = big_b * (spilled * (lookup + update - state_io) + spilled_state * state_io) \
-        * (1.0 / tier_bw - 1.0 / dev.hbm_bw)
+    gather_bw = acc.hbm.bandwidth * GATHER_EFFICIENCY
+    hbm_lookup = big_b * lookup / gather_bw + dev.overhead
+    hbm_update = big_b * update / gather_bw + dev.overhead
+    tier_extra = big_b * _per_point(st, table, "tier_io") * placed.slowdown
 
     dims = network_dims(cluster, devices)
     group = spans(dims, 1.0, n)
@@ -387,10 +464,10 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
         breakdown=breakdown,
         phases={"forward": math_f + mem_f + hbm_lookup, "backward": math_b + mem_b + hbm_update,
                 "recompute": np.zeros_like(big_b)},
-        memory=memory, memory_total=total, hbm_bytes=placed.hbm, expansion_bytes=placed.expansion,
+        memory=memory, memory_total=total, hbm_bytes=placed.hbm, expansion_bytes=placed.tier_bytes["expansion"],
         step_time=step_time, model_flops=flops, hardware_flops=flops, tokens_per_second=big_b / step_time,
         mfu=flops / capacity, hfu=flops / capacity, fits=placed.fits, microbatches=np.ones_like(big_b),
-        stage_layers=np.zeros_like(big_b), last_stage_memory=total,
+        stage_layers=np.zeros_like(big_b), last_stage_memory=total, host_bytes=placed.tier_bytes["host"],
     )
 
 
@@ -412,12 +489,13 @@ def violations(model: Recommendation, cluster: Cluster, devices: int, st: Strate
     column = st.uses(EmbeddingSharding.COLUMN_WISE) & (np.mod(model.dim, n) != 0)
     dtype = ~np.isfinite(st.dtype_table(cluster.accelerator.peak_flops))
     memory = ~np.asarray(step.fits, dtype=bool)
-    capacity = cluster.accelerator.state_capacity
+    acc = cluster.accelerator
+    beyond = " and ".join(f"{name} {cap / 2**30:,.1f} GiB" for name, cap, _ in tiers(acc))
 
     def memory_reason(i):
         return (f"needs {step.memory_total[i] / 2**30:,.1f} GiB per device (embedding tables "
-                f"{step.memory['weights'][i] / 2**30:,.1f} GiB), the device holds {capacity / 2**30:,.1f} GiB"
-                + (" plus its expansion tier" if cluster.accelerator.expansion else ""))
+                f"{step.memory['weights'][i] / 2**30:,.1f} GiB), the device holds {acc.state_capacity / 2**30:,.1f} "
+                "GiB" + (f" plus, for tables and their optimizer state, {beyond}" if beyond else ""))
 
     return [
         ("rec_degrees", degrees, lambda i: f"{RULE_TEXT['rec_degrees']} (tp={st.tp[i]:g}, pp={st.pp[i]:g}, "

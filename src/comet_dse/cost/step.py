@@ -57,6 +57,7 @@ class StepArrays:
     microbatches: np.ndarray
     stage_layers: np.ndarray
     last_stage_memory: np.ndarray   # bytes per device of the last pipeline rank, its reserve included
+    host_bytes: np.ndarray | None = None   # bytes per device in host memory (recommendation tables; None: unused)
 
 
 def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArrays) -> StepArrays:

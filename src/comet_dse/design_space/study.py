@@ -45,6 +45,8 @@ CLUSTER_AXES = {
     "expansion_bandwidth": KIND_BANDWIDTH,
     "expansion_latency": KIND_TIME,
     "expansion_compute": KIND_FLOPS,
+    "host_capacity": KIND_BYTES,
+    "host_bandwidth": KIND_BANDWIDTH,
     "reserved_memory": KIND_BYTES,
     "workspace_memory": KIND_BYTES,
     "fragmentation": KIND_COUNT,
@@ -72,6 +74,8 @@ AXIS_BOUNDS = {
     "expansion_bandwidth": BOUNDS["memory_bandwidth"],
     "expansion_latency": BOUNDS["latency"],
     "expansion_compute": BOUNDS["peak_flops"],
+    "host_capacity": BOUNDS["host_capacity"],
+    "host_bandwidth": BOUNDS["memory_bandwidth"],
     "reserved_memory": BOUNDS["reserved_memory"],
     "workspace_memory": BOUNDS["reserved_memory"],
     "fragmentation": BOUNDS["fragmentation"],
@@ -108,6 +112,7 @@ FIGURE_KINDS = {
     "capacity": (AxisNeed("hbm_capacity", "scale"),),
     "network": (AxisNeed("network", "value"), AxisNeed("network_bandwidth", "scale")),
     "expansion": (AxisNeed("expansion_capacity", "value"), AxisNeed("expansion_bandwidth", "value")),
+    "recommendation-tiers": (AxisNeed("expansion_capacity", "value"), AxisNeed("expansion_bandwidth", "value")),
     "first-fit": (AxisNeed("hbm_capacity", "scale"),),
 }
 
@@ -441,6 +446,9 @@ def _axes(f: Fields, bases: list, networks: dict) -> dict:
             raise InputError(f"axes.{name}", f"unknown axis; known axes: {known}")
         if name.startswith("expansion_") and any(b.accelerator.expansion is None for b in bases):
             raise InputError(f"axes.{name}", "the cluster has no expansion tier; add one with a top-level `expansion:`")
+        if name.startswith("host_") and any(b.accelerator.host is None for b in bases):
+            raise InputError(f"axes.{name}", "the cluster has no host memory tier; give one in its cluster file "
+                             "(accelerator.memory.host: capacity and bandwidth)")
         axes[name] = _axis_values(name, spec, kind, networks)
     return axes
 
@@ -486,7 +494,8 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
         peaks = {k: scaled(v) for k, v in acc.peak_flops.items()}
         return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
     if name in ("hbm_capacity", "hbm_bandwidth", "sram_capacity", "sram_bandwidth",
-                "expansion_capacity", "expansion_bandwidth", "expansion_latency", "expansion_compute"):
+                "expansion_capacity", "expansion_bandwidth", "expansion_latency", "expansion_compute",
+                "host_capacity", "host_bandwidth"):
         tier_name, attr = name.split("_", 1)
         tier = getattr(acc, tier_name)
         if mode == "scale" and getattr(tier, attr) is None:      # the tier's compute roof: none unless given

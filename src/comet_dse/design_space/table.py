@@ -49,6 +49,7 @@ def evaluate_columns(model: Transformer, cluster: Cluster, devices: int, st: Str
         "mfu": step.mfu, "hfu": step.hfu,
         "memory_per_device_bytes": step.memory_total, "hbm_bytes": step.hbm_bytes,
         "expansion_bytes": step.expansion_bytes,
+        **({"host_bytes": step.host_bytes} if step.host_bytes is not None else {}),
     })
     cols.update({f"time_{k}_s": np.broadcast_to(v, step.step_time.shape) for k, v in step.breakdown.items()})
     cols.update({f"memory_{k}_bytes": np.broadcast_to(v, step.step_time.shape) for k, v in step.memory.items()})

@@ -117,13 +117,14 @@ def workload_v1(model: Transformer, cluster: Cluster, mp: int, dp: int, global_b
     acc = cluster.accelerator
     peak = acc.peak_flops.get("bf16") or acc.peak_flops.get("fp16")
     bandwidth = acc.hbm.bandwidth
-    rows, act = astrasim.block(model, mp, global_batch * model.seq_len / dp, layernorm)
+    tokens = global_batch * model.seq_len / dp
+    rows, act = astrasim.block(model, mp, tokens, layernorm)
     per = len(rows)
     starts = " ".join(str(b * per) for b in range(blocks))
     ends = " ".join(str(b * per + per - 1) for b in reversed(range(blocks)))
     lines = [f"HYBRID_TRANSFORMER_FWD_IN_BCKWD\tmodel_parallel_NPU_group: {mp} checkpoints: {blocks} {starts} "
              f"checkpoint_initiates: {blocks} {ends}", str(per * blocks)]
-    sizes = {"allreduce": act, "allgather": astrasim.CONCAT_GATHER, "": 0}
+    sizes = {"allreduce": act, "allgather": astrasim.concat_gather(model, mp, tokens), "": 0}
     for b in range(1, blocks + 1):
         for op in rows:
             ops, mem, cycles = _phase(op, peak, bandwidth)

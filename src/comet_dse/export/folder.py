@@ -3,9 +3,15 @@
     OUTPUT/
       estimate.json          comet-dse's estimate of the same point (the figures to compare a run with)
       chakra/workload.R.et   one Chakra ET per rank R (ASTRA-sim reads workload.<rank>.et)
-      chakra/ranks.json      rank -> its TP index, pipeline stage, DP index and node count
+      chakra/ranks.json      rank -> its TP index, pipeline stage, DP index and node count (a recommendation
+                             model: its DP index and node count)
       astrasim2/             network.yml, system.json, remote_memory.json, comm_groups.json, run.sh
-      astrasim1/             workload.txt, system.txt, network.json (pure MP x DP splits only: pp 1)
+      astrasim1/             workload.txt, system.txt, network.json (transformers, pure MP x DP splits only: pp 1)
+
+A model's traces come from its layout: ``members`` (communicator group id -> ranks), ``node_count()``,
+``traces()`` ((rank, its ranks.json entry, its TraceNodes) of every rank), ``v1`` (whether the ASTRA-sim 1.0
+workload describes it) and ``fewer`` (what shortens its traces, for the --max-nodes refusal): a transformer's
+from plan.py and schedule.py (``TransformerLayout``), a recommendation model's from recommendation.py.
 
 The folder is built under a temporary name beside OUTPUT, sealed with a manifest (written.seal) and
 renamed into place; an existing OUTPUT is replaced only when it is an export comet-dse wrote and nobody
@@ -21,11 +27,13 @@ from comet_dse.answers.estimate import estimate
 from comet_dse.base import jsonout, written
 from comet_dse.base.errors import InputError
 from comet_dse.export import astrasim_inputs as asi
+from comet_dse.export import recommendation
 from comet_dse.export.chakra import encode_rank
 from comet_dse.export.chakra_schema import schema
 from comet_dse.export.plan import Plan, plan_of
 from comet_dse.export.schedule import groups_of, rank_trace
 from comet_dse.hardware.spec import Cluster
+from comet_dse.model.recommendation import Recommendation
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.declared import Strategy
 
@@ -51,7 +59,36 @@ def node_count(plan: Plan) -> int:
     return sum(len(rank_trace(plan, groups, 0, s, 0)) for s in range(plan.pp)) * plan.tp * plan.dp
 
 
-def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strategy, output, inputs=(),
+class TransformerLayout:
+    """A transformer's export: its Plan and groups (schedule.py); the 1.0 workload where pp and cp are 1."""
+
+    fewer = "fewer devices, micro-batches or layers"     # what makes its traces shorter (the --max-nodes refusal)
+
+    def __init__(self, plan: Plan):
+        self.plan, self.groups = plan, groups_of(plan)
+        self.v1 = plan.strategy.pp == 1 and plan.strategy.cp == 1
+
+    @property
+    def members(self) -> dict:
+        return self.groups.members
+
+    def node_count(self) -> int:
+        return node_count(self.plan)
+
+    def traces(self):
+        """(rank, {"tp", "pp", "dp"}, its TraceNodes) of every rank, by rank."""
+        for rank, i, s, d in ranks(self.plan):
+            yield rank, {"tp": i, "pp": s, "dp": d}, rank_trace(self.plan, self.groups, i, s, d)
+
+
+def layout_of(model, cluster: Cluster, devices: int, strategy: Strategy):
+    """The export layout of ``model``'s family: recommendation.layout_of or a TransformerLayout."""
+    if isinstance(model, Recommendation):
+        return recommendation.layout_of(model, cluster, devices, strategy)
+    return TransformerLayout(plan_of(model, cluster, devices, strategy))
+
+
+def export(model: Transformer | Recommendation, cluster: Cluster, devices: int, strategy: Strategy, output, inputs=(),
            max_nodes: int = MAX_NODES, traces: bool = True) -> Path:
     """Write the export of one point to ``output``; every refusal is an InputError raised before anything is
     written. ``traces`` False: no chakra/ folder (the ASTRA-sim configurations and the 1.0 workload only,
@@ -65,11 +102,11 @@ def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strateg
     if not result.runnable:
         raise InputError("strategy", "this strategy cannot run, so there is no step to export: "
                          + "; ".join(r for r, code in zip(result.reasons, result.broken_rules) if code != "memory"))
-    plan = plan_of(model, cluster, devices, strategy)
-    total = node_count(plan) if traces else 0
+    layout = layout_of(model, cluster, devices, strategy)
+    total = layout.node_count() if traces else 0
     if total > max_nodes:
         raise InputError("max-nodes", f"the traces would hold {total:,} nodes over {devices:,} ranks, more than "
-                         f"{max_nodes:,}; fewer devices, micro-batches or layers, or raise --max-nodes")
+                         f"{max_nodes:,}; {layout.fewer}, or raise --max-nodes")
     if traces:
         schema()                              # the export extra is installed: checked before writing
     written.check_folder(output, MARKER, KIND, inputs=inputs)
@@ -78,7 +115,7 @@ def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strateg
     try:
         try:
             (tmp / MARKER).write_text("{}")   # an export being written: stale-temporary cleaning may remove it
-            _write_all(tmp, plan, model, cluster, devices, strategy, result, traces)
+            _write_all(tmp, layout, model, cluster, devices, strategy, result, traces)
             written.seal(tmp, MARKER, KIND, devices=devices, nodes=total)
         except OSError as exc:                # a full disk: one line naming the folder asked for, not the temporary
             raise written.failure("output", "write", output, exc) from None
@@ -89,28 +126,27 @@ def export(model: Transformer, cluster: Cluster, devices: int, strategy: Strateg
     return output
 
 
-def _write_all(root: Path, plan: Plan, model, cluster, devices, strategy, result, traces: bool) -> None:
+def _write_all(root: Path, layout, model, cluster, devices, strategy, result, traces: bool) -> None:
+    """estimate.json, chakra/ (with ``traces``), astrasim2/ and, where ``layout.v1``, astrasim1/ under ``root``."""
     (root / "estimate.json").write_text(jsonout.dumps(result.to_dict(), indent=2) + "\n")
-    groups = groups_of(plan)
     if traces:
         chakra = root / "chakra"
         chakra.mkdir()
         acc = cluster.accelerator
         peak, bandwidth = acc.flops(strategy.dtype.value), acc.hbm.achievable_bandwidth
         table = {}
-        for rank, i, s, d in ranks(plan):
-            nodes = rank_trace(plan, groups, i, s, d)
+        for rank, entry, nodes in layout.traces():
             (chakra / f"{WORKLOAD}.{rank}.et").write_bytes(encode_rank(nodes, rank, peak, bandwidth))
-            table[str(rank)] = {"tp": i, "pp": s, "dp": d, "nodes": len(nodes)}
+            table[str(rank)] = dict(entry, nodes=len(nodes))
         (chakra / "ranks.json").write_text(jsonout.dumps(table, indent=1) + "\n")
     v2 = root / "astrasim2"
     v2.mkdir()
     (v2 / "network.yml").write_text(asi.network_v2(cluster, devices))
     (v2 / "system.json").write_text(asi.system_v2(cluster, devices, strategy.dtype.value))
     (v2 / "remote_memory.json").write_text(asi.REMOTE_MEMORY_V2)
-    (v2 / "comm_groups.json").write_text(asi.comm_groups_v2(groups.members))
+    (v2 / "comm_groups.json").write_text(asi.comm_groups_v2(layout.members))
     (v2 / "run.sh").write_text(RUN_V2)
-    if strategy.pp == 1 and strategy.cp == 1:
+    if layout.v1:
         v1 = root / "astrasim1"
         v1.mkdir()
         (v1 / "workload.txt").write_text(asi.workload_v1(model, cluster, strategy.tp, strategy.dp,

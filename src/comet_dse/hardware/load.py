@@ -24,11 +24,12 @@ from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, Ne
 
 MAX_TILE = BOUNDS["matmul_tile"].high     # the largest tile side a cluster file may give
 # Which row of bounds.BOUNDS a tier's capacity is checked against.
-TIER_CAPACITY = {"sram": "sram_capacity", "hbm": "hbm_capacity", "expansion": "expansion_capacity"}
+TIER_CAPACITY = {"sram": "sram_capacity", "hbm": "hbm_capacity", "expansion": "expansion_capacity",
+                 "host": "host_capacity"}
 
 
 def tier_from(fields: Fields, name: str, with_latency: bool = False, may_hold_state: bool = False) -> MemoryTier:
-    """A memory tier ``name`` (sram, hbm or expansion: its capacity is checked against that row of
+    """A memory tier ``name`` (sram, hbm, expansion or host: its capacity is checked against that row of
     bounds.BOUNDS, ``TIER_CAPACITY``); ``may_hold_state``: it takes `holds_state` (on-chip SRAM counted
     as capacity). The expansion tier also takes `compute`, the FLOP/s on operands read from it in place
     (MemoryTier.compute; absent: no roof beyond the device's own)."""
@@ -56,6 +57,7 @@ def accelerator_from(fields: Fields) -> Accelerator:
         raise InputError(peaks.prefix, f"needs at least one of {', '.join(DTYPES)}")
     memory = fields.sub("memory")
     expansion = tier_from(memory.sub("expansion"), "expansion", True) if memory.has("expansion") else None
+    host = tier_from(memory.sub("host"), "host") if memory.has("host") else None
     tile = fields.raw("matmul_tile")
     if not (isinstance(tile, list) and len(tile) == 3
             and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_TILE for x in tile)):
@@ -77,6 +79,7 @@ def accelerator_from(fields: Fields) -> Accelerator:
         sram=tier_from(memory.sub("sram"), "sram", may_hold_state=True),
         hbm=tier_from(memory.sub("hbm"), "hbm"),
         expansion=expansion,
+        host=host,
         vector_flops=fields.quantity("vector_flops", KIND_FLOPS, bound="vector_flops"),
         kernel_overhead=fields.quantity("kernel_overhead", KIND_TIME, 0.0, bound="latency"),
         attention_efficiency=_attention_efficiency(fields),

@@ -89,6 +89,10 @@ class Accelerator:
       short bursts) a device holds when its tensor units run for minutes at the power limit, as in training;
       1.0 where no public measurement separates the two (docs/hardware.md, "Sustained tensor rate").
       The physical reading.
+    host: the host's memory as a tier of this device: its share of the node's DRAM (capacity per device) and the
+      link a device reads it over (PCIe, NVLink-C2C; bandwidth per device per direction). Read by the
+      recommendation kernel, which keeps embedding rows there that HBM and the expansion tier cannot hold
+      (cost/recommendation.py: tiers); None: no host tier known for this device.
     training_efficiency: (precision class, kind) -> efficiency.Applied: the fraction of the benchmark rate
       measured on public training runs of that family, which replaces tensor_sustained for every tensor
       kernel of a step of that precision and kind of model (hardware/efficiency.py); {}: the physical reading.
@@ -103,6 +107,7 @@ class Accelerator:
     sram: MemoryTier
     hbm: MemoryTier
     expansion: MemoryTier | None = None
+    host: MemoryTier | None = None
     vector_flops: float = 0.0
     kernel_overhead: float = 0.0
     attention_efficiency: dict = field(default_factory=dict)

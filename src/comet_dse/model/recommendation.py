@@ -14,6 +14,7 @@ from comet_dse.base.errors import InputError
 from comet_dse.base.loading import Fields
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}   # bytes of one embedding element
+MAX_SKEW = 3.0                # a Zipf exponent above this puts nearly every lookup on a handful of rows
 MAX_TABLES = 100_000          # a model file listing more tables than this is refused (each is enumerated)
 
 
@@ -76,7 +77,10 @@ class Recommendation:
     """A DLRM-style model: ``tables`` (EmbeddingTable, one per sparse feature), ``dense_features`` inputs
     through the ``bottom_mlp`` (output sizes, the last equal to every table's dim), the ``interaction`` and
     the ``top_mlp`` (output sizes, ending in 1: the click logit). Dense weights are fp32, as the MLPerf
-    reference trains them."""
+    reference trains them. ``access_skew``: the exponent s of a Zipf law the rows of every table are looked up
+    by (the k-th most frequent row taken in proportion to k^-s; 0: every row alike), which decides how many
+    lookups the rows kept in HBM serve when the rest lives in a slower tier (cost/recommendation.py:
+    hot_share)."""
 
     name: str
     tables: tuple
@@ -87,6 +91,7 @@ class Recommendation:
     cross_layers: int = 0
     cross_rank: int = 0
     embedding_optimizer: EmbeddingOptimizer = EmbeddingOptimizer.ROWWISE_ADAGRAD
+    access_skew: float = 0.0
     source: str = ""
     description: str = ""
     unmodelled: tuple = field(default=(), compare=False, hash=False)
@@ -144,6 +149,11 @@ class Recommendation:
     def embedding_bytes(self) -> int:
         return sum(t.table_bytes for t in self.tables)
 
+    def embedding_state_bytes(self) -> int:
+        """Bytes of the embedding optimizer's state over every table (STATE_BYTES_PER_ROW)."""
+        per_row, per_element = STATE_BYTES_PER_ROW[self.embedding_optimizer]
+        return sum(t.rows * (per_row + per_element * t.dim) for t in self.tables)
+
     def total_params(self) -> int:
         return self.embedding_params() + self.dense_params()
 
@@ -197,9 +207,18 @@ def recommendation_from(data: dict, prefix: str = "model") -> Recommendation:
         name=f.name_text("name"), tables=tuple(tables), dense_features=f.integer("dense_features"),
         bottom_mlp=bottom, top_mlp=top, interaction=interaction, cross_layers=cross_layers, cross_rank=cross_rank,
         embedding_optimizer=f.choice("embedding_optimizer", EmbeddingOptimizer, EmbeddingOptimizer.ROWWISE_ADAGRAD),
-        source=f.text("source", ""), description=f.text("description", ""))
+        access_skew=_skew(f), source=f.text("source", ""), description=f.text("description", ""))
     f.reject_unknown(("family",))
     return model
+
+
+def _skew(f: Fields) -> float:
+    """``access_skew``: a Zipf exponent in [0, MAX_SKEW] (0, every row alike, when absent)."""
+    raw = f.raw("access_skew", 0.0)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0.0 <= raw <= MAX_SKEW:
+        raise InputError(f.name("access_skew"), f"must be a Zipf exponent in [0, {MAX_SKEW:g}] (0: every row "
+                         f"looked up alike), got {raw!r}")
+    return float(raw)
 
 
 def _layers(f: Fields, key: str) -> tuple:

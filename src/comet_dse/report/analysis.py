@@ -15,7 +15,7 @@ from comet_dse.design_space.table import RULES
 PARTS = tuple(k for k in BREAKDOWN_LABELS if k != "overhead")
 PART_LABELS = {p: time_label(p) for p in PARTS}
 MEMORY_BIT = 1 << RULES.index("memory")
-COLUMNS = ("variant", "devices", "feasible", "infeasible_mask", "step_time_s", "tokens_per_second", "mfu", "tp", "pp",
+COLUMNS = ("model", "variant", "devices", "feasible", "infeasible_mask", "step_time_s", "tokens_per_second", "mfu", "tp", "pp",
            "dp", "micro_batch", "interleave", "recompute", "sequence_parallel", "zero", "memory_per_device_bytes",
            "global_batch", "expansion_overlap", "expansion_roofline", *(f"time_{p}_s" for p in PARTS))
 

@@ -573,6 +573,113 @@ def _expansion(section: Section, out: Path) -> None:
                             f"(from {min(min(c[1]) for c in counts.values()):,}).")
 
 
+def _cluster_of(v) -> str:
+    """A variant's cluster name (the `cluster` axis where a study lists several, else its one cluster)."""
+    return str(v.values.get("cluster", v.cluster.name))
+
+
+def _best_step(data: dict, rows: np.ndarray) -> tuple:
+    """(the least step time of the feasible ``rows``, its row index), or (nan, None) where none is feasible."""
+    ok = np.flatnonzero(rows & data["feasible"])
+    if not len(ok):
+        return float("nan"), None
+    i = int(ok[np.argmin(data["step_time_s"][ok])])
+    return float(data["step_time_s"][i]), i
+
+
+def _recommendation_tiers(section: Section, out: Path) -> None:
+    """Kind `recommendation-tiers` (a recommendation model's study over clusters, device counts and an expansion
+    tier): per cluster, the speedup the tier buys over the same cluster without it (capacity 0), by how much of
+    the embedding tables and their optimizer state each device holds (the model's whole tables and state / the
+    devices) and by tier bandwidth, the best over the tier's capacities; triangles where only the tier makes it
+    fit. Then per cluster the share of the best design's step the exposed embedding exchange takes, by device
+    count: where the all-to-all dominates."""
+    data, stem, study = section.data, section.study.file_stem, section.study
+    per_device = {m.name: (m.embedding_bytes() + m.embedding_state_bytes()) / 2**30 for m in study.models}
+    models = np.asarray(data["model"]).astype(str)
+    devices = np.asarray(data["devices"])
+    clusters = list(dict.fromkeys(_cluster_of(v) for v in study.variants))
+    panels, marked, found = {}, {}, []
+    for cluster in clusters:
+        variants = [v for v in study.variants if _cluster_of(v) == cluster]
+        without = [v for v in variants if v.values["expansion_capacity"] == 0]
+        series, extra = {}, {}
+        for bw in sorted({v.values["expansion_bandwidth"] for v in variants if v.values["expansion_capacity"] > 0}):
+            tier = [v for v in variants if v.values["expansion_capacity"] > 0 and v.values["expansion_bandwidth"] == bw]
+            label = f"{bw / 1e9:g} GB/s"
+            points = []
+            for model in per_device:
+                for n in sorted({int(d) for d in devices[models == model]}):
+                    here = (models == model) & (devices == n)
+                    base = min((_best_step(data, here & (data["variant"] == v.index))[0] for v in without),
+                               default=float("nan"))
+                    best = np.nanmin([_best_step(data, here & (data["variant"] == v.index))[0] for v in tier] or
+                                     [float("nan")])
+                    x = per_device[model] / n
+                    if np.isfinite(best) and np.isfinite(base):
+                        points.append((x, base / best, False))
+                        found.append((cluster, model, n, x, bw, base / best))
+                    elif np.isfinite(best):
+                        points.append((x, 1.0, True))
+                        found.append((cluster, model, n, x, bw, None))
+            points.sort()
+            series[label] = ([p[0] for p in points if not p[2]], [p[1] for p in points if not p[2]])
+            extra[label] = ([p[0] for p in points if p[2]], [p[1] for p in points if p[2]])
+        panels[cluster], marked[cluster] = series, extra
+    section.figures.append(figures.panels_by_cluster(
+        panels, "tables + optimizer state per device (GiB)", "speedup over no tier (x)",
+        "Expansion tier: what it buys a recommendation model", f"{stem}-tiers",
+        "The best strategy with an expansion tier of each bandwidth (the best of its capacities) over the best "
+        "on the same cluster and devices without one; the x axis is the model's tables and their optimizer state "
+        "over the devices. Rows beyond HBM go to the fastest tier first (host memory where the preset has one, "
+        "the expansion tier), the coldest first, every row alike (docs/model.md, \"Recommendation models\"). "
+        "Triangles: nothing fits without the tier.", out, marked=marked))
+    _tier_findings(section, found)
+    exchange = {}
+    for cluster in clusters:
+        rows_c = np.isin(data["variant"], [v.index for v in study.variants if _cluster_of(v) == cluster])
+        series = {}
+        for model in per_device:
+            xs, ys = [], []
+            for n in sorted({int(d) for d in devices[models == model]}):
+                step, i = _best_step(data, rows_c & (models == model) & (devices == n))
+                if i is not None:
+                    xs.append(n)
+                    ys.append(100.0 * float(data["time_embedding_communication_s"][i]) / step)
+            series[model] = (xs, ys)
+            if ys:
+                top = int(np.argmax(ys))
+                section.findings.append(f"{cluster}, {model}: the exposed embedding exchange takes {ys[top]:.0f} % "
+                                        f"of the best design's step at {xs[top]:,} devices "
+                                        f"({', '.join(f'{y:.0f} % at {x:,}' for x, y in zip(xs, ys))}).")
+        exchange[cluster] = series
+    section.figures.append(figures.panels_by_cluster(
+        exchange, "devices", "exposed embedding exchange (% of step)", "Where the all-to-all dominates",
+        f"{stem}-exchange", "The share of the best design's step (over every tier variant of the cluster) that "
+        "the exchange of row indices and pooled embeddings leaves exposed, by device count.", out))
+
+
+def _tier_findings(section: Section, found: list) -> None:
+    """One line per cluster: the largest speedup the tier buys and where, where it buys nothing, and where only
+    the tier makes the model fit."""
+    for cluster in dict.fromkeys(f[0] for f in found):
+        mine = [f for f in found if f[0] == cluster]
+        sped = [f for f in mine if f[5] is not None]
+        only = sorted({(f[1], f[2]) for f in mine if f[5] is None})
+        parts = []
+        if sped:
+            top = max(sped, key=lambda f: f[5])
+            designs = sorted({(f[1], f[2]) for f in sped})
+            flat = [d for d in designs if all(f[5] < 1.005 for f in sped if (f[1], f[2]) == d)]
+            parts.append(f"the tier buys up to {top[5]:.2f}x ({top[1]} on {top[2]:,} devices, {top[3]:.0f} GiB of "
+                         f"tables and state per device, {top[4] / 1e9:g} GB/s)")
+            parts.append(f"under 0.5 % on {len(flat)} of the {len(designs)} model and device counts that fit "
+                         "without it")
+        if only:
+            parts.append("only the tier makes " + ", ".join(f"{m} on {n:,}" for m, n in only) + " fit")
+        section.findings.append(f"{cluster}: " + "; ".join(parts) + ".")
+
+
 def _first_fit(section: Section, out: Path) -> None:
     """Kind `first-fit`: the smallest MP x DP split that fits against the HBM capacity multiplier, one line
     per cluster (and other axes) and ZeRO stage: how the memory wall moves with capacity and with how much of
@@ -609,6 +716,7 @@ FIGURE_FILES = {
     "capacity": ("capacity", "unlocked"),
     "network": ("network",),
     "expansion": ("expansion", "expansion-unlocked"),
+    "recommendation-tiers": ("tiers", "exchange"),
     "first-fit": ("first-fit",),
 }
 
@@ -662,5 +770,6 @@ DRAW = {
     "capacity": _capacity,
     "network": _network,
     "expansion": _expansion,
+    "recommendation-tiers": _recommendation_tiers,
     "first-fit": _first_fit,
 }

@@ -197,6 +197,36 @@ def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str, caption
     return Figure(name, title, caption)
 
 
+def panels_by_cluster(panels: dict, xlabel: str, ylabel: str, title: str, name: str, caption: str, out: Path,
+                      marked: dict | None = None, log_x: bool = True, log_y: bool = False) -> Figure:
+    """One panel per cluster: ``panels`` cluster -> {series label: (x values, y values)}; ``marked`` cluster ->
+    {label: (x, y)}: points drawn as open triangles in that series' colour (e.g. what only fits with the tier)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.9 * len(panels) + 1.8, 3.3), squeeze=False, sharey=True)
+    for ax, (cluster, series) in zip(axes[0], panels.items()):
+        for label, (x, y) in series.items():
+            line, = ax.plot(x, y, marker="o", label=label)
+            extra = (marked or {}).get(cluster, {}).get(label)
+            if extra and len(extra[0]):
+                ax.plot(*extra, marker="^", linestyle="none", markerfacecolor="white", color=line.get_color())
+        if log_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        if log_y:
+            ax.set_yscale("log", base=2)
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_title(cluster, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    if marked:
+        axes[0][-1].plot([], [], marker="^", linestyle="none", markerfacecolor="white", color="grey",
+                         label="fits only with the tier")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, out, name)
+    return Figure(name, title, caption)
+
+
 def pareto(panels: list, ylabel: str, title: str, name: str, caption: str, out: Path) -> Figure:
     """One panel per (xlabel, points [(x, y, label)], front [(x, y)]): every point, the front as a line
     through its points, each labelled with its variant when there are few."""

@@ -34,7 +34,8 @@ TOLERANCE = 0.30
 # end-to-end validation (Korthikanti et al. 2022, Table 5: 5.3 %, docs/validation.md), rounded to 5 %.
 BATHTUB_TOLERANCE = 0.05
 GiB = 2.0**30
-STATUSES = ("reproduced", "not reproduced", "not determinable")
+LETTER_ONLY = "reproduced by its letter only"
+STATUSES = ("reproduced", LETTER_ONLY, "not reproduced", "not determinable")
 
 # Measure -> (unit, what it is). Units: "split" (MPm_DPd), "x" (a ratio), "shape" (yes or no).
 MEASURES = {
@@ -71,6 +72,7 @@ class FindingSpec:
     paper_split: str       # optional: the paper's split, whose needs a note states ("" when none)
     why: str               # the evidence: what is public about the paper's value, why the values differ
     not_public: str = ""   # what the paper's value rests on that is not public ("": determinable)
+    flat: bool = False     # bathtub only: the paper's "no" means the curve stays flat (``Finding.letter_only``)
 
     @property
     def unit(self) -> str:
@@ -84,6 +86,7 @@ class Value:
     value: object
     note: str = ""
     strict: object = ...     # the value without the flatness tolerance (bathtub only; ... = the value itself)
+    rise: float | None = None   # bathtub only: the slowest split's time over the fastest's
 
     @property
     def untolerated(self):
@@ -140,10 +143,22 @@ class Finding:
         return matches(self.spec.paper, self.paper_setup.value, self.spec.unit)
 
     @property
+    def letter_only(self) -> bool:
+        """A "no bathtub" the paper means as a flat curve (FindingSpec.flat) that the declared reading gives
+        without one, but with its slowest split more than BATHTUB_TOLERANCE slower than its fastest: the answer
+        matches the paper's word, not what it says of the curve."""
+        rise = self.declared_value.rise
+        return (self.spec.flat and self.reproduced_declared and rise is not None
+                and rise > 1.0 + BATHTUB_TOLERANCE)
+
+    @property
     def status(self) -> str:
-        """Relative to the declared reading: not determinable, reproduced or not reproduced."""
+        """Relative to the declared reading: not determinable, reproduced (or by its letter only: ``letter_only``)
+        or not reproduced."""
         if self.spec.not_public:
             return "not determinable"
+        if self.letter_only:
+            return LETTER_ONLY
         return "reproduced" if self.reproduced_declared else "not reproduced"
 
     def span(self) -> str:
@@ -185,6 +200,10 @@ class Finding:
             head = f"Not determinable: {self.spec.not_public}. {spread[0].upper()}{spread[1:]}"
             if under:
                 head += f"; the paper's value under {len(under)} of them"
+        elif self.letter_only:
+            head = (f"Reproduced by its letter only under {which}: no bathtub, but not the flat curve the paper "
+                    f"describes: its slowest split takes {self.declared_value.rise:.1f}x its fastest's time"
+                    + (f"; reproduced under {self.elsewhere()}" if n > 1 else "") + f"; {spread}")
         elif self.reproduced_declared:
             head = f"Reproduced under {which}{strict}" + (f"; so are {self.elsewhere()}" if n > 1 else "")
             head += f"; {spread}"
@@ -268,7 +287,10 @@ def _spec(f: Fields) -> FindingSpec:
                        paper_setup=_setup(f.sub("paper_setup"), measure),
                        modern_setup=_setup(f.sub("modern_setup"), measure),
                        paper_split=f.text("paper_split", ""),
-                       why=f.text("evidence", "") or f.text("why", ""), not_public=f.text("not_public", ""))
+                       why=f.text("evidence", "") or f.text("why", ""), not_public=f.text("not_public", ""),
+                       flat=f.boolean("paper_means_flat", False))
+    if spec.flat and measure != "bathtub":
+        raise InputError(f.name("paper_means_flat"), "applies to measure bathtub only")
     f.reject_unknown()
     return spec
 
@@ -405,7 +427,7 @@ def _measure_under(spec: FindingSpec, section, setup: Setup, reading, roles, ret
 
 def _tidy(value: Value) -> Value:
     """The note without a leading separator (notes are built from optional parts)."""
-    return Value(value.value, value.note.lstrip("; "), value.strict)
+    return Value(value.value, value.note.lstrip("; "), value.strict, value.rise)
 
 
 def measure(spec: FindingSpec, section, setup: Setup) -> Value:
@@ -442,7 +464,7 @@ def _split_measure(spec: FindingSpec, data, variant, rows) -> Value:
     if spec.measure == "bathtub":
         curve = [(s.mp, s.name, float(times[s.any_memory_row])) for s in runnable]
         tolerated = bathtub(curve)
-        return Value(tolerated.value, tolerated.note, bathtub(curve, 0.0).value)
+        return Value(tolerated.value, tolerated.note, bathtub(curve, 0.0).value, tolerated.rise)
     if spec.measure == "best-split":
         if fits:
             return Value(min(fits, key=lambda s: times[s.row]).name, note)
@@ -472,7 +494,7 @@ def bathtub(curve: list, tolerance: float = BATHTUB_TOLERANCE) -> Value:
         return f"{order[i][1]} {ratio:.2f}x{flat}"
 
     return Value("yes" if tub else "no", f"memory ignored: fastest {order[low][1]}; {side(0, left)}, "
-                                         f"{side(len(t) - 1, right)}")
+                                         f"{side(len(t) - 1, right)}", rise=max(t) / t[low])
 
 
 def _nothing_fits(variant, runnable) -> str:

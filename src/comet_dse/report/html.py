@@ -129,7 +129,7 @@ def _scorecard(table: list, card, readings) -> str:
     without the tolerances; then the best and literal readings' and how many readings reach each score; the
     findings no reading reproduces together; the declared reading's scorecard, what each single change of its
     answers scores, and every reading's score (report/findings.py: score)."""
-    from comet_dse.report.findings import text
+    from comet_dse.report.findings import LETTER_ONLY, text
 
     n = card.total
     decidable = sum(1 for f in table if f.status != "not determinable")
@@ -141,6 +141,10 @@ def _scorecard(table: list, card, readings) -> str:
                 + (f" under {which} ({head})" if which else "")
                 + f", {strict} without the tolerances; {n - decidable} of the {n} are not determinable from public "
                   "information.")
+    letter = [f"F{i + 1}" for i, f in enumerate(table) if f.status == LETTER_ONLY]
+    if letter:
+        sentence += (f" Of those reproduced, {', '.join(letter)} {'is' if len(letter) == 1 else 'are'} reproduced by "
+                     "the letter only (the finding's status says why).")
     if len(card.scores) > 1:
         sentence += (f" The other readings are shown beside it, never in its place: the best one (picked by its "
                      f"score, after the results) reproduces {card.scores[card.best]} ({card.best}), the literal one "
@@ -152,8 +156,8 @@ def _scorecard(table: list, card, readings) -> str:
     def verdict(f) -> str:
         if f.status == "not determinable":
             return "not determinable"
-        if f.status == "reproduced":
-            return "reproduced"
+        if f.status in ("reproduced", LETTER_ONLY):
+            return f.status
         return "not reproduced" + ("; reproduced only under other readings" if f.reproduced_under() else "")
 
     def yes(flag: bool, f) -> str:

@@ -206,6 +206,9 @@ def declare(readings: Readings, raw, prefix: str) -> Readings:
         evidence = qf.text("evidence", "")
         if not evidence.strip():
             raise InputError(qf.name("evidence"), "is missing: every declared answer states its public evidence")
+        if qf.has("reviews"):
+            evidence += "".join(_review(Fields(item, f"{qf.name('reviews')}[{i}]"))
+                                for i, item in enumerate(_list(qf.raw("reviews"), qf.name("reviews"))))
         qf.reject_unknown()
         declared.append((question, name, evidence))
     given.reject_unknown()
@@ -213,6 +216,15 @@ def declare(readings: Readings, raw, prefix: str) -> Readings:
     if not readings.questions:
         raise InputError(prefix, "declares a reading, but report.yaml has no readings block to read")
     return replace(readings, declared=tuple(declared))
+
+
+def _review(f: Fields) -> str:
+    """One dated review of a declared answer ({date, evidence, outcome}: the evidence weighed after the declaration
+    and what became of the answer, kept or revised), as the text shown after the answer's evidence. A revised
+    answer keeps its first declaration visible: the review says what it was."""
+    date, weighed, outcome = f.text("date"), f.text("evidence"), f.text("outcome")
+    f.reject_unknown()
+    return f" [Reviewed {date}: {weighed.strip()} Outcome: {outcome.strip()}]"
 
 
 def _list(value, where: str) -> list:

@@ -87,9 +87,9 @@ def _layout():
                    dcc.Input(id="model-file", type="text", placeholder="/path/to/config.json", debounce=True)),
         *_labelled("Devices", dcc.Input(id="devices", type="number", min=1, step=1, value=DEFAULT.devices,
                                         debounce=True)),
-        *_labelled("Global batch (sequences)", dcc.Input(id="global-batch", type="number", min=1, step=1,
+        *_labelled("Global batch (sequences; samples for a recommendation model)", dcc.Input(id="global-batch", type="number", min=1, step=1,
                                                          value=DEFAULT.global_batch, debounce=True)),
-        *_labelled("Tokens to train on (k, M, G, T, P; empty: none)",
+        *_labelled("Tokens (or samples) to train on (k, M, G, T, P; empty: none)",
                    dcc.Input(id="tokens", type="text", value=DEFAULT_TOKENS, debounce=True)),
         html.H3("Cluster"),
         *_labelled("Cluster (preset)", dcc.Dropdown(clusters, DEFAULT.cluster, id="cluster", clearable=False)),
@@ -244,7 +244,7 @@ def _training(view):
         return or_unknown(t.get(key), fmt)      # None or NaN: no figure
 
     label = training_label
-    return html.Span([f"Training rank {view.chosen.get('rank') or '-'} on {format_count(t['tokens'])} tokens: ",
+    return html.Span([f"Training rank {view.chosen.get('rank') or '-'} on {format_count(t['tokens'])} {view.unit}: ",
                       html.Span(shown("time_to_train_s", format_duration), id="time-to-train"), f" ({label('time_to_train_s')}"
                       + (f", goodput {t['goodput'] * 100:.1f} %" if is_known(t.get("goodput")) else "")
                       + (f"; {format_duration(t['time_to_train_s_range'][0])} .. "
@@ -270,7 +270,7 @@ def _best(view):
         return html.Span(["No strategy fits. ", view.chosen.get("note") or ""])
     best = view.top[0]
     return html.Span(["Best: ", html.Code(best["strategy"], id="best-text"),
-                      f" — {format_time(best['step_time_s'])} per step, {best['tokens_per_second']:,.0f} tokens/s, "
+                      f" — {format_time(best['step_time_s'])} per step, {best['tokens_per_second']:,.0f} {view.unit}/s, "
                       f"MFU {best['mfu'] * 100:.1f} %, {format_bytes(best['memory_bytes'])} per device. ",
                       html.Span(view.chosen.get("error_band") or "", id="error-band"),
                       ". " if view.chosen.get("error_band") and view.chosen.get("efficiency") else "",
@@ -278,7 +278,8 @@ def _best(view):
 
 
 def _table(view):
-    head = html.Tr([html.Th(h) for h in ("rank", "strategy", "MP x DP", "step time", "tokens/s", "MFU", "memory")])
+    head = html.Tr([html.Th(h) for h in ("rank", "strategy", "MP x DP", "step time", f"{view.unit}/s", "MFU",
+                                         "memory")])
     rows = [html.Tr([html.Td(r["rank"]), html.Td(html.Code(r["strategy"])), html.Td(f"MP{r['mp']} x DP{r['dp']}"),
                      html.Td(format_time(r["step_time_s"])), html.Td(f"{r['tokens_per_second']:,.0f}"),
                      html.Td(f"{r['mfu'] * 100:.1f} %"), html.Td(format_bytes(r["memory_bytes"]))])

@@ -19,18 +19,19 @@ import numpy as np
 from comet_dse.answers.errorband import band_of_cluster
 from comet_dse.answers.estimate import estimate
 from comet_dse.answers.overrides import apply_overrides
-from comet_dse.answers.whatif import MEMORY_BIT, Best, candidates, default_resources, resource_value, scaled_best
+from comet_dse.answers.whatif import Best, candidates, default_resources, resource_value, scaled_best
 from comet_dse.base.errors import InputError
 from comet_dse.base.units import format_bytes
 from comet_dse.base.vocabulary import breakdown_labels, resource as described
 from comet_dse.design_space.search import strategy_at
 from comet_dse.design_space.space import SearchSpace, enumerate_strategies, with_cluster_defaults
-from comet_dse.design_space.table import RULE_TEXT, evaluate_columns, reason_counts
+from comet_dse.design_space.table import evaluate_columns, reason_counts
 from comet_dse.hardware.efficiency import efficiency_summary
 from comet_dse.hardware.spec import Cluster, Topology
 from comet_dse.presets.catalog import load_cluster, load_model
 from comet_dse.strategy.text import compact_text
 from comet_dse.whole_run import economics
+from comet_dse.workload.families import family_of
 
 GiB = 2.0**30
 TOP = 10                        # strategies listed
@@ -114,15 +115,12 @@ class View:
     doubling: list              # dicts: resource, speedup, step_time_s, note, added_usd
     excluded: dict = field(default_factory=dict)   # rule text -> strategies it excluded
     price_usd: float = math.nan     # the cluster's purchase price as it is (economics.rates; NaN: unknown)
+    unit: str = "tokens"            # what the model trains on: its workload family's unit (samples for DLRM)
 
 
 @functools.lru_cache(maxsize=16)
 def _model(ref: str):
-    from comet_dse.workload.families import transformer_only
-
-    model = load_model(ref)
-    transformer_only(model, "the explorer")
-    return model
+    return load_model(ref)
 
 
 @functools.lru_cache(maxsize=16)
@@ -250,26 +248,34 @@ def compute(controls: Controls) -> View:
     space = strategy_space(controls, cluster)
     st = _strategies(controls.model, controls.devices, controls.global_batch, _space_key(space), space.max_tp)
     cols = evaluate_columns(model, cluster, controls.devices, st)
+    family = family_of(model)
     ok = np.flatnonzero(cols["feasible"])
     ranked = ok[np.argsort(cols["step_time_s"][ok], kind="stable")]
     chosen = _chosen(model, cluster, controls, cols, ranked)
+    masks = cols["infeasible_mask"][~cols["feasible"]]
     view = View(
         title=f"{model.name} on {controls.devices:,} x {cluster.name}, global batch {controls.global_batch:,}",
-        evaluated=len(st), feasible=len(ranked), seconds=0.0, top=_top(cols, ranked), chosen=chosen,
+        evaluated=len(st), feasible=len(ranked), seconds=0.0, top=_top(cols, ranked, family), chosen=chosen,
         capacity_bytes=cluster.accelerator.state_capacity,
         expansion_bytes=cluster.accelerator.expansion.capacity if cluster.accelerator.expansion else 0.0,
-        splits=_splits(cols, cluster), doubling=_doubling(model, cluster, controls.devices, st, cols, ranked),
-        excluded={RULE_TEXT[k]: v for k, v in reason_counts(cols["infeasible_mask"][~cols["feasible"]]).items()},
-        price_usd=float(economics.rates(cluster, controls.devices).cluster_price_usd))
+        splits=_splits(cols, cluster, family),
+        doubling=_doubling(model, cluster, controls.devices, st, cols, ranked),
+        excluded={family.rule_text[k]: v for k, v in reason_counts(masks, family.rules).items()},
+        price_usd=float(economics.rates(cluster, controls.devices).cluster_price_usd), unit=family.unit)
     view.seconds = time.perf_counter() - started
     return view
 
 
-def _top(cols: dict, ranked: np.ndarray) -> list:
+def _memory_bit(family) -> int:
+    """The bit of a result table's infeasible_mask that the family's memory rule sets."""
+    return 1 << family.rules.index("memory")
+
+
+def _top(cols: dict, ranked: np.ndarray, family) -> list:
     rows = []
     for i, row in enumerate(ranked[:TOP]):
         st = strategy_at(cols, int(row))
-        rows.append({"rank": i + 1, "strategy": compact_text(st.to_dict()),
+        rows.append({"rank": i + 1, "strategy": compact_text(st.to_dict(), family.strategy_knobs),
                      "mp": int(st.tp * st.pp), "dp": int(st.dp),
                      "step_time_s": float(cols["step_time_s"][row]),
                      "tokens_per_second": float(cols["tokens_per_second"][row]), "mfu": float(cols["mfu"][row]),
@@ -280,21 +286,23 @@ def _top(cols: dict, ranked: np.ndarray) -> list:
 def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.ndarray) -> dict:
     """The strategy whose breakdown and memory are drawn: rank ``controls.rank`` of those that fit, or,
     when none fits, the fastest that breaks no rule but memory (drawn as 'does not fit')."""
+    family = family_of(model)
     if len(ranked):
         rank = min(max(1, int(controls.rank)), len(ranked))
         row, note = int(ranked[rank - 1]), ""
     else:
-        runnable = np.flatnonzero((cols["infeasible_mask"] & ~MEMORY_BIT) == 0)
+        runnable = np.flatnonzero((cols["infeasible_mask"] & ~_memory_bit(family)) == 0)
         if not len(runnable):
             return {"strategy": None, "rank": None, "feasible": False, "note": "no strategy is valid",
                     "step_time_s": None, "breakdown_s": {}, "memory_bytes": {}, "training": None}
         rank, row = None, int(runnable[np.argmin(cols["memory_per_device_bytes"][runnable])])
         note = "nothing fits: the strategy that needs the least memory is shown"
     est = estimate(model, cluster, controls.devices, strategy_at(cols, row), tokens=controls.tokens)
-    band = band_of_cluster(cluster, est.inputs["strategy"].get("dtype", "bf16"), bool(model.moe))
+    band = band_of_cluster(cluster, est.inputs["strategy"].get("dtype", "bf16"), bool(model.moe), kind=model.kind)
     efficiency = efficiency_summary(cluster.accelerator, cluster.efficiency_setting,
                                     est.inputs["strategy"].get("dtype", "bf16"), model.moe)
-    return {"strategy": compact_text(est.inputs["strategy"]), "rank": rank, "feasible": est.feasible,
+    return {"strategy": compact_text(est.inputs["strategy"], family.strategy_knobs), "rank": rank,
+            "feasible": est.feasible,
             "error_band": band["text"], "efficiency": "Tensor rate: " + efficiency["text"],
             "note": note or "; ".join(est.reasons), "step_time_s": est.step_time_s,
             "breakdown_s": dict(est.breakdown_s), "memory_bytes": dict(est.memory_bytes),
@@ -302,13 +310,13 @@ def _chosen(model, cluster: Cluster, controls: Controls, cols: dict, ranked: np.
             "training": economics.with_ranges(est.to_dict()["training"], band)}
 
 
-def _splits(cols: dict, cluster: Cluster) -> list:
+def _splits(cols: dict, cluster: Cluster, family) -> list:
     """Per MP = TP x PP (its DP = devices / (MP x CP)): the fastest strategy that fits, or, where none
     does, the fastest that breaks no rule but memory (drawn at that time, as the COMET paper draws such
     splits) and why it does not fit. Memory by part is that of the split's fastest strategy that fits,
     else of its leanest."""
     mp_all = cols["tp"] * cols["pp"]
-    runnable = (cols["infeasible_mask"] & ~MEMORY_BIT) == 0
+    runnable = (cols["infeasible_mask"] & ~_memory_bit(family)) == 0
     times, memory = cols["step_time_s"], cols["memory_per_device_bytes"]
     parts = [k[len("memory_"):-len("_bytes")] for k in cols if k.startswith("memory_") and k.endswith("_bytes")
              and k != "memory_per_device_bytes"]
@@ -326,11 +334,12 @@ def _splits(cols: dict, cluster: Cluster) -> list:
                    f"{acc.state_tiers} holds {format_bytes(acc.state_capacity)}")
         else:
             row = shown = None
-            counts = reason_counts(cols["infeasible_mask"][here])
-            why = "invalid: " + "; ".join(RULE_TEXT[k] for k in sorted(counts, key=counts.get, reverse=True)[:2])
+            counts = reason_counts(cols["infeasible_mask"][here], family.rules)
+            why = "invalid: " + "; ".join(family.rule_text[k] for k in sorted(counts, key=counts.get, reverse=True)[:2])
         out.append({"mp": int(mp), "dp": int(cols["dp"][np.flatnonzero(here)[0]]), "fits": bool(len(fits)),
                     "step_time_s": float(times[row]) if row is not None else None, "why": why,
-                    "strategy": compact_text(strategy_at(cols, row).to_dict()) if row is not None else None,
+                    "strategy": compact_text(strategy_at(cols, row).to_dict(), family.strategy_knobs)
+                    if row is not None else None,
                     "memory_parts": {p: float(cols[f"memory_{p}_bytes"][shown]) for p in parts}
                     if shown is not None else {}})
     return out
