@@ -321,3 +321,16 @@ def test_an_access_skew_outside_the_zipf_range_is_refused_naming_it(skew):
     with pytest.raises(InputError) as err:
         toy(access_skew=skew)
     assert err.value.field == "model.access_skew"
+
+
+def test_the_explorer_searches_a_recommendation_model_in_its_own_terms():
+    """The explorer's view of DLRM-DCNv2: its strategies named by its own knobs, samples as the unit, the rules
+    that excluded strategies stated in the family's words."""
+    from comet_dse.web.view import Controls, compute
+
+    view = compute(Controls(model="dlrm-dcnv2", cluster="dgx-h100", devices=8, global_batch=65536, resources={},
+                            rank=1, tokens=4.2e9, strategy={}, tp_across_nodes=False))
+    assert view.unit == "samples" and view.feasible >= 1 and view.top[0]["strategy"].startswith("dp8 ")
+    assert "tp" not in view.top[0]["strategy"] and view.chosen["training"]["tokens"] == 4.2e9
+    assert set(view.excluded) <= set(family_of(load_model("dlrm-dcnv2")).rule_text.values())
+    assert "recommendation" in view.chosen["error_band"]
