@@ -334,3 +334,14 @@ def test_the_explorer_searches_a_recommendation_model_in_its_own_terms():
     assert "tp" not in view.top[0]["strategy"] and view.chosen["training"]["tokens"] == 4.2e9
     assert set(view.excluded) <= set(family_of(load_model("dlrm-dcnv2")).rule_text.values())
     assert "recommendation" in view.chosen["error_band"]
+
+
+def test_whatif_scales_the_host_memory_link_a_recommendation_model_spills_to():
+    """On 2 A100s DLRM-DCNv2's tables overflow HBM into host memory: the link's bandwidth is a resource whatif
+    scales by default for it (and --set takes by the same name), and doubling it speeds the step up."""
+    result = comet_dse.whatif("dlrm-dcnv2", "dgx-a100-80gb", 2, 65536)
+    cells = {(c.resource, c.factor): c for c in result.cells}
+    assert cells[("host_memory_bandwidth", 2.0)].speedup > 1.2
+    assert cells[("host_memory_bandwidth", 0.5)].speedup < 1.0
+    transformer = comet_dse.whatif("llama3-8b", "dgx-a100-80gb", 8, 64, resources=None)
+    assert not any(c.resource.startswith("host_memory_") for c in transformer.cells)

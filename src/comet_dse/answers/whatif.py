@@ -38,17 +38,21 @@ DEFAULT_FACTORS = (0.5, 2.0)  # what each resource is scaled by unless asked oth
 CAPACITY_RESOURCES = ("hbm_capacity", "sram_capacity", "expansion_capacity")   # what a capacity fit may vary
 
 
-def default_resources(cluster: Cluster) -> list:
+def default_resources(cluster: Cluster, model=None) -> list:
     """The resources a what-if scales by default: compute, HBM capacity and bandwidth, on-chip SRAM, the
     whole network's bandwidth and, with several network dimensions, each one's (per device, per
     direction: ``network.<dim>.bandwidth``); the expansion tier's capacity and bandwidth when the
-    cluster has one, and its compute roof where it has one (``MemoryTier.compute``)."""
+    cluster has one, and its compute roof where it has one (``MemoryTier.compute``); for a recommendation
+    ``model`` on a cluster with a host memory tier, its capacity and link bandwidth (the tier only its
+    embedding rows use)."""
     names = ["peak_flops", "hbm_capacity", "hbm_bandwidth", "sram_capacity", "network_bandwidth"]
     if len(cluster.network) > 1:
         names += [f"network.{d.name}.bandwidth" for d in cluster.network]
     tier = cluster.accelerator.expansion
     if tier is not None:
         names += ["expansion_capacity", "expansion_bandwidth"] + (["expansion_compute"] if tier.compute else [])
+    if cluster.accelerator.host is not None and getattr(model, "kind", None) == "recommendation":
+        names += ["host_memory_capacity", "host_memory_bandwidth"]
     return names
 
 
@@ -161,7 +165,7 @@ def whatif(model: Transformer, cluster: Cluster, devices: int, global_batch: int
     """
     space = space or SearchSpace()
     factors = check_factors(factors)
-    resources = check_resources(cluster, resources or default_resources(cluster))
+    resources = check_resources(cluster, resources or default_resources(cluster, model))
     cluster.dim_sizes(devices)
     st = enumerate_strategies(model, devices, global_batch, space)
     cols = evaluate_columns(model, cluster, devices, st)
@@ -314,8 +318,8 @@ def resource_value(cluster: Cluster, resource: str) -> float | None:
         return acc.peak_flops.get("bf16", max(acc.peak_flops.values()))
     if resource.startswith("peak_flops."):
         return acc.peak_flops.get(resource.split(".", 1)[1])
-    if resource.startswith(("hbm_", "sram_", "expansion_")):
-        tier, attr = resource.split("_", 1)
+    if resource.startswith(("hbm_", "sram_", "expansion_", "host_memory_")):
+        tier, attr = resource.replace("host_memory_", "host_").split("_", 1)
         return getattr(getattr(acc, tier), attr) if getattr(acc, tier) is not None else None
     if resource in ("device_price_usd", "device_power_w", "reserved_memory", "workspace_memory", "fragmentation"):
         return getattr(cluster, resource)

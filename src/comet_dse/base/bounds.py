@@ -93,7 +93,7 @@ BOUNDS = {
                                         "tile (160 GB)"),
     "sram_capacity": Bound(1.0, 512 * GiB, "on chip: about 10x WSE-3's 44 GB"),
     "expansion_capacity": Bound(0.0, 256 * TiB, "an expansion (CXL) tier; 0 leaves it unused"),
-    "host_capacity": Bound(0.0, 64 * TiB, "host memory per device: 0 leaves it unused; 64 TiB is over 10x the "
+    "host_memory_capacity": Bound(0.0, 64 * TiB, "host memory per device: 0 leaves it unused; 64 TiB is over 10x the "
                            "largest host DRAM of a node (32 TiB) given to one device"),
     "memory_bandwidth": Bound(1e6, 2.1e17, "HBM, SRAM or expansion: 10x WSE-3's 21 PB/s on-chip bandwidth; "
                                            "below 1 MB/s is a missing unit"),

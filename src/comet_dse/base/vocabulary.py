@@ -175,6 +175,10 @@ RESOURCES = (
     Resource("expansion_compute", "compute on expansion-tier operands", "FLOP/s", "TFLOP/s", 1e12, PER_DEVICE,
              "FLOP/s on operands read from the expansion tier in place (a remote-memory roofline's compute roof; "
              "used with expansion_roofline)"),
+    Resource("host_memory_capacity", "host memory capacity", "B", "GiB", GiB, PER_DEVICE,
+             "bytes of the host's memory a device keeps embedding rows in (recommendation models)"),
+    Resource("host_memory_bandwidth", "host memory link bandwidth", "B/s", "GB/s", 1e9, PER_DEVICE,
+             "bytes/s a device reads its host memory at, per direction (PCIe, NVLink-C2C)"),
     Resource("reserved_memory", "reserved memory", "B", "GiB", GiB, PER_DEVICE,
              "device memory a job cannot use for its tensors: driver, runtime context, collective buffers"),
     Resource("workspace_memory", "GEMM workspaces", "B", "MiB", 2.0**20, PER_DEVICE,

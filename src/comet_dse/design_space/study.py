@@ -45,8 +45,8 @@ CLUSTER_AXES = {
     "expansion_bandwidth": KIND_BANDWIDTH,
     "expansion_latency": KIND_TIME,
     "expansion_compute": KIND_FLOPS,
-    "host_capacity": KIND_BYTES,
-    "host_bandwidth": KIND_BANDWIDTH,
+    "host_memory_capacity": KIND_BYTES,
+    "host_memory_bandwidth": KIND_BANDWIDTH,
     "reserved_memory": KIND_BYTES,
     "workspace_memory": KIND_BYTES,
     "fragmentation": KIND_COUNT,
@@ -74,8 +74,8 @@ AXIS_BOUNDS = {
     "expansion_bandwidth": BOUNDS["memory_bandwidth"],
     "expansion_latency": BOUNDS["latency"],
     "expansion_compute": BOUNDS["peak_flops"],
-    "host_capacity": BOUNDS["host_capacity"],
-    "host_bandwidth": BOUNDS["memory_bandwidth"],
+    "host_memory_capacity": BOUNDS["host_memory_capacity"],
+    "host_memory_bandwidth": BOUNDS["memory_bandwidth"],
     "reserved_memory": BOUNDS["reserved_memory"],
     "workspace_memory": BOUNDS["reserved_memory"],
     "fragmentation": BOUNDS["fragmentation"],
@@ -446,7 +446,7 @@ def _axes(f: Fields, bases: list, networks: dict) -> dict:
             raise InputError(f"axes.{name}", f"unknown axis; known axes: {known}")
         if name.startswith("expansion_") and any(b.accelerator.expansion is None for b in bases):
             raise InputError(f"axes.{name}", "the cluster has no expansion tier; add one with a top-level `expansion:`")
-        if name.startswith("host_") and any(b.accelerator.host is None for b in bases):
+        if name.startswith("host_memory_") and any(b.accelerator.host is None for b in bases):
             raise InputError(f"axes.{name}", "the cluster has no host memory tier; give one in its cluster file "
                              "(accelerator.memory.host: capacity and bandwidth)")
         axes[name] = _axis_values(name, spec, kind, networks)
@@ -495,8 +495,8 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
         return dc.replace(cluster, accelerator=dc.replace(acc, peak_flops=peaks))
     if name in ("hbm_capacity", "hbm_bandwidth", "sram_capacity", "sram_bandwidth",
                 "expansion_capacity", "expansion_bandwidth", "expansion_latency", "expansion_compute",
-                "host_capacity", "host_bandwidth"):
-        tier_name, attr = name.split("_", 1)
+                "host_memory_capacity", "host_memory_bandwidth"):
+        tier_name, attr = name.replace("host_memory_", "host_").split("_", 1)
         tier = getattr(acc, tier_name)
         if mode == "scale" and getattr(tier, attr) is None:      # the tier's compute roof: none unless given
             raise InputError(f"axes.{name}", f"{cluster.name}'s expansion tier has no compute roof to scale; "

@@ -25,7 +25,7 @@ from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, Ne
 MAX_TILE = BOUNDS["matmul_tile"].high     # the largest tile side a cluster file may give
 # Which row of bounds.BOUNDS a tier's capacity is checked against.
 TIER_CAPACITY = {"sram": "sram_capacity", "hbm": "hbm_capacity", "expansion": "expansion_capacity",
-                 "host": "host_capacity"}
+                 "host": "host_memory_capacity"}
 
 
 def tier_from(fields: Fields, name: str, with_latency: bool = False, may_hold_state: bool = False) -> MemoryTier:

@@ -354,7 +354,7 @@ def _doubling(model, cluster: Cluster, devices: int, st, cols: dict, ranked: np.
     else:
         baseline = Best(None, None, None, None, len(st), 0, "nothing fits")
     out = []
-    for resource in default_resources(cluster):
+    for resource in default_resources(cluster, model):
         cell = scaled_best(model, cluster, devices, candidates(st, cols, resource), baseline, resource, 2.0)
         note = cell.note or ("fits only with it doubled" if cell.speedup is None and cell.step_time_s else "")
         out.append({"resource": resource, "speedup": cell.speedup, "step_time_s": cell.step_time_s, "note": note,
