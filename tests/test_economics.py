@@ -74,10 +74,16 @@ def test_owning_is_the_cost_with_cost_basis_own():
 def test_estimate_training_is_the_token_budget_over_the_throughput():
     est = comet_dse.estimate("llama3-8b", "dgx-h100", 64, tp=2, global_batch=512, tokens="1T")
     t = est.training
-    assert t["productive_time_s"] == pytest.approx(1e12 / est.tokens_per_second, rel=1e-12)
+    assert t["productive_time_s_modelled"] == pytest.approx(1e12 / est.tokens_per_second, rel=1e-12)
     assert t["time_to_train_s"] == pytest.approx(t["productive_time_s"] / t["goodput"], rel=1e-12)
     assert 0 < t["goodput"] < 1
     assert t["device_time_s"] == pytest.approx(64 * t["time_to_train_s"], rel=1e-12)
+    # the headline is the band's expected value: the model's figure over 1 + the band's mean error, in its range
+    mean = est.error_band["mean_error"]
+    assert t["headline"] == "expected" and t["band_mean_error"] == mean
+    assert t["time_to_train_s"] == pytest.approx(t["time_to_train_s_modelled"] / (1 + mean), rel=1e-12)
+    low, high = t["time_to_train_s_range"]
+    assert low <= t["time_to_train_s"] <= high
     assert t["training_cost_rent_usd"] == pytest.approx(t["device_time_s"] / HOUR * 2.99, rel=1e-12)   # the preset rent
     assert t["energy_j"] == pytest.approx(t["average_power_w"] * t["time_to_train_s"], rel=1e-12)
     assert t["energy_excludes"] == ["network switches"]      # dgx-h100 has a node figure, no switch figure
@@ -224,7 +230,8 @@ def test_whatif_ranks_by_speedup_per_added_dollar_and_watt(capsys):
     from comet_dse.whole_run import goodput
     steps = 1e12 / (512 * 8192) * cap.step_time_s             # productive time; then the goodput of 64 devices
     wall = goodput.run(goodput.Reliability(), 64, comet_dse.load_model("llama3-8b").total_params(), steps)["wall_s"]
-    assert cap.training_cost_usd is not None and cap.time_to_train_s == pytest.approx(float(wall))
+    mean = result.baseline.training["band_mean_error"]              # the cell's figures: the band's expected values
+    assert cap.training_cost_usd is not None and cap.time_to_train_s == pytest.approx(float(wall) / (1 + mean))
     code, out, err = run(capsys, "whatif", *SMALL, "--resources", "hbm_capacity,hbm_bandwidth", "--scale", "2",
                          "--no-fit", "--tokens", "1T", "--json")
     assert code == 0, err
@@ -334,7 +341,7 @@ def test_the_explorer_takes_a_token_budget_and_shows_time_and_cost():
     view = compute(controls)
     shown = str(_training(view))
     assert "time-to-train" in shown and "training-cost" in shown and "days" in shown and "$" in shown
-    assert math.isclose(view.chosen["training"]["productive_time_s"], 1e12 / view.top[0]["tokens_per_second"],
+    assert math.isclose(view.chosen["training"]["productive_time_s_modelled"], 1e12 / view.top[0]["tokens_per_second"],
                         rel_tol=1e-9)
 
 

@@ -41,11 +41,9 @@ def test_every_candidate_has_goodput_and_its_band(answer):
     for c in answer.candidates:
         if c.training:
             assert c.training["time_to_train_s"] > c.training["productive_time_s"]
-            if c.cluster in ("dgx-h100", "dgx-a100-80gb"):
-                low, high = c.time_range()
-                assert low <= high
-            else:
-                assert c.time_range() is None            # mi300x: not validated
+            low, high = c.time_range()
+            assert low <= c.training["time_to_train_s"] <= high      # the headline lies inside its range
+            assert c.band_assumed == (c.cluster == "mi300x")         # mi300x: not validated, an assumed band
 
 
 def test_owning_basis_ranks_on_owning_costs():

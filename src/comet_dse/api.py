@@ -249,7 +249,15 @@ def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> Wh
     if not base.training or not base.strategy:
         return result
     band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"), bool(model.moe), kind=model.kind)
-    return replace(result, baseline=replace(base, training=with_ranges(base.training, band)))
+    mean = band.get("mean_error") if band.get("low") is not None else None
+    cells = [replace(c, **{k: getattr(c, k) / (1.0 + mean) for k in CELL_FIGURES if getattr(c, k) is not None})
+             for c in result.cells] if mean is not None else result.cells
+    return replace(result, baseline=replace(base, training=with_ranges(base.training, band)), cells=cells)
+
+
+# A what-if cell's training figures: as the baseline's, the band's expected values (each cell's cluster is the
+# baseline's with one resource scaled: the same family's band, extrapolated)
+CELL_FIGURES = ("time_to_train_s", "energy_j", "training_cost_usd")
 
 
 def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,

@@ -10,6 +10,14 @@ back), the estimate is "not validated", and the nearest validated family's band 
 assumption, never as the estimate's own: the same accelerator and precision with the other kind of model,
 then the same accelerator and kind in the other precision, then the same accelerator.
 
+A family needs MIN_RUNS runs for a band of its own. Where none backs the estimate, the band is an
+assumption, marked so: the nearest family's (of at least MIN_RUNS runs: the same accelerator and precision
+with the other kind of model, then the same accelerator and kind in the other precision, then the same
+accelerator; for an accelerator without any, the span of every family of the same kind) widened on each
+side by ``assumption_margins``: the most a family's own errors fell outside that rule's band when the
+family itself was held out. ``extrapolated`` marks a band of a cluster whose resources were changed beyond
+its preset (``--set``, ``whatif``, the explorer's controls, a study's axes).
+
 The residuals are the ones ``comet-dse validate`` prints, kept in the packaged error_bands.csv so that
 an estimate does not re-run the validation; tests/validation/test_error_band.py recomputes them and
 fails when the file is stale (``python -m comet_dse.answers.errorband`` prints the current file).
@@ -25,7 +33,10 @@ from comet_dse.base.stats import error_stats
 from comet_dse.hardware.efficiency import kind_of, precision_class
 
 BANDS_FILE = "error_bands.csv"
-COLUMNS = ("hardware", "precision", "kind", "runs", "low", "high", "mean_abs_error", "frameworks")
+POOLED = "every validated accelerator"   # the nearest "family" of an accelerator without any: all of one kind
+MIN_RUNS = 3     # runs a family needs for a band of its own: one run's error is a point, not a range; the fitted
+                 # efficiencies take the same count (answers/efficiency_fit.py)
+COLUMNS = ("hardware", "precision", "kind", "runs", "low", "high", "mean_abs_error", "mean_error", "frameworks")
 
 
 def bands_of(comparisons: list) -> list:
@@ -42,6 +53,7 @@ def bands_of(comparisons: list) -> list:
         s = error_stats(c.error for c in comps)
         out.append({"hardware": hardware, "precision": precision, "kind": kind, "runs": len(comps),
                     "low": s["low"], "high": s["high"], "mean_abs_error": s["mean_abs_error"],
+                    "mean_error": s["mean_error"],
                     "frameworks": "; ".join(sorted({c.framework for c in comps}))})
     return out
 
@@ -53,7 +65,7 @@ def bands_csv(bands: list) -> str:
     writer.writerow(COLUMNS)
     for b in bands:
         writer.writerow([b["hardware"], b["precision"], b["kind"], b["runs"], f"{b['low']:.6f}", f"{b['high']:.6f}",
-                         f"{b['mean_abs_error']:.6f}", b["frameworks"]])
+                         f"{b['mean_abs_error']:.6f}", f"{b['mean_error']:.6f}", b["frameworks"]])
     return text.getvalue()
 
 
@@ -64,38 +76,131 @@ def packaged_bands() -> tuple:
     rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
     return tuple({"hardware": r["hardware"], "precision": r["precision"], "kind": r["kind"], "runs": int(r["runs"]),
                   "low": float(r["low"]), "high": float(r["high"]),
-                  "mean_abs_error": float(r["mean_abs_error"]), "frameworks": r["frameworks"]} for r in rows)
+                  "mean_abs_error": float(r["mean_abs_error"]), "mean_error": float(r["mean_error"]),
+                  "frameworks": r["frameworks"]} for r in rows)
 
 
 def _nearest(bands, accelerator: str, precision: str, kind: str):
-    """The validated band nearest to a family none backs: same accelerator and precision with the other kind,
-    then same accelerator and kind in the other precision, then any band of the accelerator; None."""
+    """The validated band nearest to a family none backs, among ``bands``: same accelerator and precision with
+    the other kind, then same accelerator and kind in the other precision, then any band of the accelerator;
+    for an accelerator with none, the span (lowest low, highest high) of every band of the same kind (else of
+    every band); None when ``bands`` is empty."""
     same = [b for b in bands if b["hardware"] == accelerator]
     for test in (lambda b: b["precision"] == precision, lambda b: b["kind"] == kind, lambda b: True):
         found = [b for b in same if test(b)]
         if found:
             return max(found, key=lambda b: b["runs"])
-    return None
+    pool = [b for b in bands if b.get("kind", "dense") == kind] or list(bands)
+    if not pool:
+        return None
+    return {"hardware": POOLED, "precision": precision, "kind": pool[0].get("kind", "dense"),
+            "runs": sum(b["runs"] for b in pool), "low": min(b["low"] for b in pool),
+            "high": max(b["high"] for b in pool), "mean_abs_error": None,
+            "mean_error": sum(b["mean_error"] * b["runs"] for b in pool) / sum(b["runs"] for b in pool),
+            "frameworks": "the span of their bands"}
+
+
+def _eligible(bands) -> list:
+    return [b for b in bands if b["runs"] >= MIN_RUNS]
+
+
+def assumption_margins(bands) -> tuple:
+    """(low, high): how far beyond the nearest family's band an assumed band reaches on each side: over every
+    family of at least MIN_RUNS runs, held out, the most its lowest error fell below, and its highest rose
+    above, the band ``_nearest`` gives it from the others (0 where it stayed inside). The largest, so that an
+    assumption never flatters more than the validation has shown the rule to."""
+    eligible = _eligible(bands)
+    low = high = 0.0
+    for f in eligible:
+        near = _nearest([b for b in eligible if b is not f], f["hardware"], f["precision"], f.get("kind", "dense"))
+        if near is not None:
+            low, high = max(low, near["low"] - f["low"]), max(high, f["high"] - near["high"])
+    return low, high
 
 
 def band_for(accelerator: str, dtype: str, bands=None, kind: str = "dense") -> dict:
     """The error band of an estimate on ``accelerator`` (its name, Accelerator.name) in ``dtype`` for a ``kind``
-    ("dense" or "MoE") model: {validated, hardware, precision, kind, runs, low, high, mean_abs_error, frameworks,
-    text, nearest}; ``validated`` False (and the numbers None) where no published run of that family backs
-    it, ``nearest`` then the nearest validated family's band (an assumption) or None. ``bands``: default the
+    ("dense", "MoE" or "recommendation") model: {validated, assumed, hardware, precision, kind, runs, low, high,
+    mean_abs_error, frameworks, text, nearest}. ``validated`` where at least MIN_RUNS published runs of that
+    family back it; otherwise ``assumed``: low and high are the nearest family's (``nearest``) widened by
+    ``assumption_margins``, and ``runs`` the family's own (too few, or none). ``bands``: default the
     packaged ones."""
     precision = precision_class(dtype)
-    bands = bands if bands is not None else packaged_bands()
-    for band in bands:
-        if band["hardware"] == accelerator and band["precision"] == precision and band.get("kind", "dense") == kind:
-            return {"validated": True, **band, "text": band_text(band), "nearest": None}
-    nearest = _nearest(bands, accelerator, precision, kind)
-    text = f"not validated: no published {precision} {kind} run on {accelerator} backs this estimate"
-    if nearest:
-        text += (f"; assumed like the nearest validated family, {nearest['low'] * 100:+.0f} % .. "
-                 f"{nearest['high'] * 100:+.0f} % on {nearest['runs']} {nearest['precision']} {nearest['kind']} runs")
-    return {"validated": False, "hardware": accelerator, "precision": precision, "kind": kind, "runs": 0,
-            "low": None, "high": None, "mean_abs_error": None, "frameworks": "", "text": text, "nearest": nearest}
+    bands = tuple(bands) if bands is not None else packaged_bands()
+    own = next((b for b in bands if b["hardware"] == accelerator and b["precision"] == precision
+                and b.get("kind", "dense") == kind), None)
+    if own is not None and own["runs"] >= MIN_RUNS:
+        return {"validated": True, "assumed": False, **own, "text": band_text(own), "nearest": None}
+    nearest = _nearest(_eligible(bands), accelerator, precision, kind)
+    few = own["runs"] if own else 0
+    text = (f"not validated: {few} published {precision} {kind} run{'s' if few != 1 else ''} on {accelerator} "
+            f"(a band needs {MIN_RUNS})" if few else
+            f"not validated: no published {precision} {kind} run on {accelerator} backs this estimate")
+    if nearest is None:
+        return {"validated": False, "assumed": False, "hardware": accelerator, "precision": precision, "kind": kind,
+                "runs": few, "low": None, "high": None, "mean_abs_error": None, "frameworks": "", "text": text,
+                "nearest": None}
+    wide_low, wide_high = assumption_margins(bands)
+    low, high = max(nearest["low"] - wide_low, -0.9), nearest["high"] + wide_high
+    which = (f"the span of every validated {nearest['kind']} family's band ({nearest['runs']} runs)"
+             if nearest["hardware"] == POOLED else
+             f"the nearest validated family's band ({nearest['runs']} {nearest['hardware']} {nearest['precision']} "
+             f"{nearest['kind']} runs)")
+    text += (f"; assumed {low * 100:+.0f} % .. {high * 100:+.0f} %: {which}, {nearest['low'] * 100:+.0f} % .. "
+             f"{nearest['high'] * 100:+.0f} %, widened by the most a held-out family fell outside its nearest one "
+             f"({wide_low * 100:.0f} points below, {wide_high * 100:.0f} above)")
+    return {"validated": False, "assumed": True, "hardware": accelerator, "precision": precision, "kind": kind,
+            "runs": few, "low": low, "high": high, "mean_abs_error": None, "mean_error": nearest["mean_error"],
+            "frameworks": nearest["frameworks"],
+            "text": text, "nearest": nearest}
+
+
+# What a cluster's performance rests on: the accelerator's fields but its name and the training efficiency (a
+# reading of the same hardware, --physical), and the cluster's network and memory reserve. A cluster whose
+# values differ from every preset of its accelerator is one the validation's runs do not cover.
+_ACCELERATOR_FIELDS = ("peak_flops", "matmul_efficiency", "compute_units", "matmul_tile", "matmul_pipeline_overhead",
+                       "sram", "hbm", "expansion", "host", "vector_flops", "kernel_overhead", "attention_efficiency",
+                       "matmul_efficiency_by_dtype", "comm_units", "tensor_sustained")
+_CLUSTER_FIELDS = ("network", "reserved_memory", "fragmentation", "workspace_memory", "step_overhead",
+                   "microbatch_overhead")
+
+
+@lru_cache(maxsize=1)
+def _presets_by_accelerator() -> dict:
+    """Accelerator name -> the cluster presets built on it (as shipped)."""
+    from comet_dse.presets.catalog import load_cluster, preset_names
+
+    out = {}
+    for name in preset_names("clusters"):
+        cluster = load_cluster(name)
+        out.setdefault(cluster.accelerator.name, []).append(cluster)
+    return out
+
+
+def departures(cluster) -> list:
+    """The performance fields (``_ACCELERATOR_FIELDS``, ``_CLUSTER_FIELDS``) in which ``cluster`` differs from
+    the closest preset of its accelerator (the fewest differences): [] for a preset as shipped; every field
+    differs from none where no preset has this accelerator."""
+    presets = _presets_by_accelerator().get(cluster.accelerator.name, [])
+    best = None
+    for preset in presets:
+        diff = [f for f in _ACCELERATOR_FIELDS if getattr(cluster.accelerator, f) != getattr(preset.accelerator, f)]
+        diff += [f for f in _CLUSTER_FIELDS if getattr(cluster, f) != getattr(preset, f)]
+        if best is None or len(diff) < len(best):
+            best = diff
+    return best if best is not None else ["accelerator"]
+
+
+def extrapolated(band: dict, cluster) -> dict:
+    """``band`` marked ``extrapolated`` (with the fields named in its text) where ``cluster`` departs from
+    every preset of its accelerator (``departures``): a band holds for the hardware its runs ran on."""
+    if band.get("low") is None:
+        return {**band, "extrapolated": False}
+    changed = departures(cluster)
+    if not changed or changed == ["accelerator"]:
+        return {**band, "extrapolated": False}
+    return {**band, "extrapolated": True,
+            "text": band["text"] + f"; extrapolated: {', '.join(changed)} changed from the preset its runs ran on"}
 
 
 def band_of_cluster(cluster, dtype: str, moe: bool = False, kind: str | None = None) -> dict:
@@ -107,7 +212,7 @@ def band_of_cluster(cluster, dtype: str, moe: bool = False, kind: str | None = N
     kind = kind or kind_of(moe)
     cal = cluster.calibration
     if not cal:
-        return band_for(cluster.accelerator.name, dtype, kind=kind)
+        return extrapolated(band_for(cluster.accelerator.name, dtype, kind=kind), cluster)
     if cal.get("stale"):
         return {"validated": False, "hardware": cluster.accelerator.name, "precision": precision_class(dtype),
                 "kind": kind, "nearest": None, "runs": 0, "low": None, "high": None, "mean_abs_error": None,
@@ -122,6 +227,7 @@ def band_of_cluster(cluster, dtype: str, moe: bool = False, kind: str | None = N
     return {"validated": mean is not None, "hardware": cluster.accelerator.name,
             "precision": precision_class(dtype), "kind": kind, "nearest": None, "runs": cal.get("runs", 0),
             "low": -worst if worst is not None else None, "high": worst, "mean_abs_error": mean,
+            "mean_error": 0.0 if worst is not None else None,   # a fit is taken as unbiased: its mean is not kept
             "frameworks": f"calibrated to {cal.get('runs_file')}", "text": text}
 
 

@@ -41,6 +41,7 @@ class Candidate:
     training: dict | None
     band_text: str = ""
     note: str = ""
+    band_assumed: bool = False     # the range is an assumed band's (no validated family backs this design)
 
     @property
     def days(self) -> float | None:
@@ -90,7 +91,7 @@ def candidate(model: Transformer, cluster: Cluster, devices: int, global_batch: 
     band = band_of(cluster, strategy.dtype.value, bool(model.moe), kind=model.kind)
     only = family_of(model).strategy_knobs
     return Candidate(cluster.name, devices, compact_text(strategy.to_dict(), only), result.step_time_s,
-                     with_ranges(result.training, band), band["text"])
+                     with_ranges(result.training, band), band["text"], band_assumed=bool(band.get("assumed")))
 
 
 def candidates(model: Transformer, clusters: list, devices, global_batch: int, tokens: float, band_of) -> list:
@@ -162,14 +163,17 @@ class Plan:
 
         def shown(c: Candidate) -> str:
             tr, cr = c.time_range(), c.cost_range(self.basis)
-            band = (f" (error band: {format_duration(tr[0])} .. {format_duration(tr[1])}, "
-                    f"{format_usd(cr[0])} .. {format_usd(cr[1])})" if tr and cr else " (not validated)")
+            which = "assumed band" if c.band_assumed else "error band"
+            band = (f" ({which}: {format_duration(tr[0])} .. {format_duration(tr[1])}, "
+                    f"{format_usd(cr[0])} .. {format_usd(cr[1])})" if tr and cr else
+                    f" ({which}: {format_duration(tr[0])} .. {format_duration(tr[1])})" if tr else " (not validated)")
             late = (" - at the band's slow end it misses the deadline" if tr and self.deadline_s
                     and tr[1] > self.deadline_s else "")
             return (f"{c.cluster} x {c.devices:,}, {c.strategy_text}: {format_duration(c.training['time_to_train_s'])},"
                     f" {format_usd(c.cost(self.basis))} ({self.basis}ing){band}{late}")
 
-        lines = (["Judged at the slow end of each error band (a design without a validated band: as predicted)"]
+        lines = (["Judged at the slow end of each error band (a design without a validated one: of the band "
+                  "assumed for it; without either: as predicted)"]
                  if self.slow_end else [])
         if self.deadline_s:
             c = self.cheapest
@@ -186,7 +190,8 @@ class Plan:
         def one(c: Candidate | None):
             return None if c is None else {"cluster": c.cluster, "devices": c.devices, "strategy": c.strategy_text,
                                            "step_time_s": c.step_time_s, "training": c.training,
-                                           "error_band": c.band_text, "note": c.note}
+                                           "error_band": c.band_text, "band_assumed": c.band_assumed,
+                                           "note": c.note}
         return {"model": self.model, "tokens": self.tokens, "unit": self.unit, "global_batch": self.global_batch,
                 "clusters": list(self.clusters), "cost_basis": self.basis, "deadline_s": self.deadline_s,
                 "budget_usd": self.budget_usd, "slow_end": self.slow_end, "cheapest_within_deadline": one(self.cheapest),

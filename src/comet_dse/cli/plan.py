@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
                         "cluster without that figure is unknown, never costed the other way (default rent)")
     p.add_argument("--slow-end", action="store_true",
                    help="judge the deadline and the budget at the slow end of each design's error band (a design "
-                        "without a validated band: as predicted, and the answer says so)")
+                        "without a validated band: of the band assumed for it, docs/accuracy.md)")
     add_physical_option(p)
     p.add_argument("--top", type=positive_int, default=15, help="how many designs to list (default 15)")
     add_goodput_options(p)
@@ -107,7 +107,8 @@ def render(result, top: int) -> str:
         t, cost, cr = c.training, c.cost(basis), c.cost_range(basis)
         tr = c.time_range()
         rows.append([c.cluster, f"{c.devices:,}", c.strategy_text, format_duration(t["time_to_train_s"]),
-                     f"{format_duration(tr[0])} .. {format_duration(tr[1])}" if tr else "not validated",
+                     (f"{format_duration(tr[0])} .. {format_duration(tr[1])}" + (" (assumed)" if c.band_assumed else ""))
+                     if tr else "not validated",
                      f"{t['goodput'] * 100:.1f}%",
                      format_usd(cost) if cost is not None else "unknown",
                      f"{format_usd(cr[0])} .. {format_usd(cr[1])}" if cr and cost is not None else "-"])

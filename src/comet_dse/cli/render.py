@@ -187,8 +187,14 @@ def _range(t: dict, key: str, shown) -> str:
 
 
 def _band_note(t: dict) -> str:
-    """What the ranges in parentheses are, where there are any."""
-    return "; (low .. high): as the step time's error band leaves them" if t.get("time_to_train_s_range") else ""
+    """What the ranges in parentheses are, and what the figures are, where there is a band."""
+    if not t.get("time_to_train_s_range"):
+        return ""
+    note = "; (low .. high): as the step time's error band leaves them"
+    if t.get("headline") == "expected":
+        note += (f"; each figure the band's expected value: the model's own divided by 1 + the band's mean error "
+                 f"({t['band_mean_error'] * 100:+.1f} %; the model's own in --json, *_modelled)")
+    return note
 
 
 def _or_unknown(value, shown) -> str:

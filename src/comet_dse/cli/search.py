@@ -35,6 +35,8 @@ def run(args) -> int:
     started = time.perf_counter()
     result = search(model, cluster, args.devices, args.global_batch, space_from(args, cluster), tokens=args.tokens)
     elapsed = time.perf_counter() - started
+    if args.tokens:
+        result = expected(result, cluster, model)
     if args.output:
         write_atomically(to_arrow(result.columns), Path(args.output))
     best = None
@@ -68,6 +70,24 @@ def run(args) -> int:
     if args.output:
         print(f"\nWrote {result.evaluated:,} rows to {args.output}")
     return 0
+
+
+def expected(result, cluster, model):
+    """``result`` with its training columns as their error band's expected values (economics.expected_columns;
+    each row's band is its precision's), as the fastest strategy's block below shows them."""
+    from dataclasses import replace
+
+    from comet_dse.answers.errorband import band_of_cluster
+    from comet_dse.strategy.declared import KNOB
+    from comet_dse.whole_run.economics import expected_columns
+
+    codes = np.asarray(result.columns["dtype"])
+    mean = np.zeros(len(codes))
+    for code in np.unique(codes):
+        band = band_of_cluster(cluster, str(KNOB["dtype"].decode(code)), bool(model.moe), kind=model.kind)
+        value = band.get("mean_error") if band.get("low") is not None else None
+        mean[codes == code] = value if value is not None else 0.0
+    return replace(result, columns=expected_columns(result.columns, mean))
 
 
 def load_lazy_imports() -> None:

@@ -139,7 +139,7 @@ def whole_run_dict(run) -> dict:
             "predicted_device_hours_range": low_high, "goodput": run.goodput, "error": run.error,
             "steps_error": run.steps_error,
             "within_band": (low_high[0] <= run.published_device_hours <= low_high[1]) if low_high else None,
-            "error_band": band["text"], "source": run.source,
+            "error_band": band["text"], "band_assumed": bool(band.get("assumed")), "source": run.source,
             "phases": [{"phase": p.name, "strategy": p.strategy_text, "strategy_source": p.strategy_source,
                         "device_time_s": p.device_time_s, "time_to_train_s": p.time_to_train_s,
                         "energy_j": p.energy_j} for p in run.phases]}
@@ -159,7 +159,8 @@ def whole_run_lines(runs: list) -> list:
                      f"{run.published_device_hours / 1e6:.3f}M", f"{run.steps_device_hours / 1e6:.3f}M",
                      f"{run.goodput * 100:.1f}%", f"{run.predicted_device_hours / 1e6:.3f}M",
                      f"{run.error * 100:+.1f}%",
-                     f"{band[0] / 1e6:.2f}M .. {band[1] / 1e6:.2f}M" if band else "not validated",
+                     (f"{band[0] / 1e6:.2f}M .. {band[1] / 1e6:.2f}M" + (" (assumed)" if d["band_assumed"] else ""))
+                     if band else "not validated",
                      ("yes" if d["within_band"] else "no") if band else "-"])
     s = whole_run_summary(runs)
     return ["Whole training runs: device-hours, published vs predicted (whole_runs.csv; whole_run/goodput.py's sourced "

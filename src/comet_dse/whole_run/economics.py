@@ -360,11 +360,39 @@ def band_range(value: float, band: dict) -> list | None:
     return [value / (1.0 + band["high"]), value / (1.0 + band["low"])]
 
 
+def expected_columns(cols: dict, mean_error) -> dict:
+    """A result table's training columns (RANGED, where present) as their error band's expected values, each
+    divided by 1 + the band's mean signed error (``mean_error``: one per row, NaN or None where a row has no
+    band), the model's own kept as ``<column>_modelled``: what ``with_ranges`` does to one estimate's figures,
+    for a table (``search --tokens``). ``cols`` is not changed."""
+    mean = np.nan_to_num(np.asarray(mean_error, dtype=float), nan=0.0)
+    out = dict(cols)
+    for k in RANGED:
+        if k in cols:
+            out[f"{k}_modelled"] = cols[k]
+            out[k] = np.asarray(cols[k], dtype=float) / (1.0 + mean)
+    return out
+
+
 def with_ranges(training: dict | None, band: dict | None) -> dict | None:
-    """``training`` (Estimate.training, training_of) with ``<figure>_range`` = band_range for every
-    figure of RANGED: time to train, device time, energy and cost as the band leaves them. Every one of them
-    is proportional to the productive time (whole_run/goodput.py: the goodput does not depend on it; energy: the same
-    draws over proportionally longer stalls), so the range is exact for a step time anywhere in the band."""
+    """``training`` (Estimate.training, training_of) under its error band, for every figure of RANGED (time to
+    train, device time, energy and cost): ``<figure>_range`` = band_range of the model's figure, and the
+    headline ``<figure>`` the band's expected value, the model's figure / (1 + the band's mean signed error),
+    which lies inside the range; the model's own figure kept as ``<figure>_modelled``. Every one of them is
+    proportional to the productive time (whole_run/goodput.py: the goodput does not depend on it; energy: the
+    same draws over proportionally longer stalls), so both are exact for a step time anywhere in the band.
+    Without a band (or one without a mean) the headline stays the model's figure. ``headline``: "expected"
+    or "modelled"; ``band_mean_error``: the mean used."""
     if training is None:
         return None
-    return {**training, **{f"{k}_range": band_range(training.get(k), band) for k in RANGED if k in training}}
+    mean = band.get("mean_error") if band and band.get("low") is not None else None
+    out = {**training, "headline": "modelled" if mean is None else "expected", "band_mean_error": mean}
+    for k in RANGED:
+        if k not in training:
+            continue
+        value = training.get(k)
+        out[f"{k}_range"] = band_range(value, band)
+        if mean is not None and value is not None and math.isfinite(value):
+            out[f"{k}_modelled"] = value
+            out[k] = value / (1.0 + mean)
+    return out
