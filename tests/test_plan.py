@@ -89,3 +89,29 @@ def test_judged_at_the_bands_slow_end_a_design_must_meet_the_deadline_there():
     assert strict.cheapest.time_range()[1] <= days * 86400
     assert strict.cheapest.cost("rent") >= loose.cheapest.cost("rent")
     assert "slow end" in "\n".join(strict.answer_lines())
+
+
+def test_plan_says_how_many_it_shows_lists_all_on_request_and_names_what_it_left_out(capsys):
+    """9 designs fit (3 clusters x 3 sizes); --top 2 shows 2 of them and says so; --all shows all 9; a cluster with
+    no rent figure (dgx-h200 as shipped) is named as left out of a renting answer, never costed as owned."""
+    argv = ["plan", "--model", "llama3-8b", "--global-batch", "512", "--tokens", "100G", "--days", "3",
+            "--clusters", "dgx-h100,dgx-a100-80gb,dgx-h200", "--devices", "64,128,256", "--no-progress"]
+    code, out, err = run(capsys, *argv, "--top", "2")
+    assert code == 0, err
+    assert "The 2 cheapest of the 9 designs that fit (--all lists every one):" in out
+    assert "Left out of the answers, every cost on one basis (renting): dgx-h200 x 64 (no rent figure)" in out
+    code, out, err = run(capsys, *argv, "--all")
+    assert code == 0 and "The 9 cheapest of the 9 designs that fit:" in out and "--all lists" not in out
+    assert sum(1 for line in out.splitlines() if line.startswith(("dgx-h100 ", "dgx-a100-80gb ", "dgx-h200 "))) == 9
+    code, out, err = run(capsys, *argv, "--json")
+    left = json.loads(out)["left_out_of_costs"]
+    assert {(x["cluster"], x["why"]) for x in left} == {("dgx-h200", "no rent figure")} and len(left) == 3
+
+
+def test_a_design_without_a_validated_band_is_judged_at_its_assumed_bands_slow_end(answer):
+    """mi300x: no published run; its band is assumed, and --slow-end judges it at that band's slow end."""
+    mi = [c for c in answer.candidates if c.cluster == "mi300x" and c.training]
+    assert mi and all(c.band_assumed and c.time_range()[1] > c.training["time_to_train_s"] for c in mi)
+    from comet_dse.answers.planner import _judged
+    c = mi[0]
+    assert _judged(c, "time_to_train_s", c.training["time_to_train_s"], True) == c.time_range()[1]

@@ -262,12 +262,13 @@ CELL_FIGURES = ("time_to_train_s", "energy_j", "training_cost_usd")
 
 def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,
          clusters=None, devices=None, basis: str = "rent", seq_len: int | None = None, overrides=None,
-         slow_end: bool = False, physical: bool = False):
+         slow_end: bool = False, physical: bool = False, progress: bool = False):
     """The cheapest design (cluster preset, size, strategy) that trains ``tokens`` within ``days``, and the fastest
     within ``budget`` USD, across ``clusters`` (default every cluster preset) at ``devices`` (default
     plan.DEFAULT_DEVICES), as ``comet-dse plan`` does: a ``plan.Plan``. ``overrides`` apply to every cluster
     (goodput settings such as ``{"mtbf": "20000 h"}``); costs are all on ``basis`` (rent or own); ``slow_end``
-    judges the deadline and the budget at the slow end of each design's error band; ``physical``: as load_cluster."""
+    judges the deadline and the budget at the slow end of each design's error band; ``physical``: as load_cluster;
+    ``progress``: a bar on stderr once the search of the designs has run for a second."""
     from comet_dse.answers import planner as planning
     from comet_dse.answers.errorband import band_of_cluster
 
@@ -285,7 +286,7 @@ def plan(model, tokens, global_batch: int, *, days: float | None = None, budget:
     loaded = [load_cluster(c, overrides, physical=physical) for c in names]
     counts = tuple(BOUNDS["devices"].check_integer("devices", n)
                    for n in (_several(devices, "devices", (int,)) if devices else planning.DEFAULT_DEVICES))
-    found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster)
+    found = planning.candidates(model, loaded, counts, global_batch, tokens, band_of_cluster, progress=progress)
     return planning.Plan(model.name, tokens, global_batch, tuple(c.name for c in loaded), basis, deadline, budget,
                          found, bool(slow_end), unit=family_of(model).unit)
 

@@ -94,13 +94,30 @@ def candidate(model: Transformer, cluster: Cluster, devices: int, global_batch: 
                      with_ranges(result.training, band), band["text"], band_assumed=bool(band.get("assumed")))
 
 
-def candidates(model: Transformer, clusters: list, devices, global_batch: int, tokens: float, band_of) -> list:
-    """Every cluster at every size it can take (``sizes_for``): a Candidate each."""
+def candidates(model: Transformer, clusters: list, devices, global_batch: int, tokens: float, band_of,
+               progress: bool = False) -> list:
+    """Every cluster at every size it can take (``sizes_for``): a Candidate each. ``progress``: a bar on stderr
+    (labelled by the design being searched) once the work has run for a second."""
+    import sys
+
+    from tqdm import tqdm
+
+    designs = [(cluster, n) for cluster in clusters for n in sizes_for(cluster, devices)]
     out = []
-    for cluster in clusters:
-        for n in sizes_for(cluster, devices):
+    with tqdm(total=len(designs), unit="design", file=sys.stderr, disable=not progress, delay=1.0,
+              leave=False, desc="plan") as bar:
+        for cluster, n in designs:
+            bar.set_postfix_str(f"{cluster.name} x {n:,}", refresh=False)
             out.append(candidate(model, cluster, n, global_batch, tokens, band_of))
+            bar.update()
     return out
+
+
+def left_out(cands: list, basis: str) -> list:
+    """The designs that fit but have no cost on ``basis`` (no rent figure, or no device price or power): they
+    are never a cost answer, and never costed the other way; each (cluster, devices, why)."""
+    why = "no rent figure" if basis == "rent" else "no device price or power"
+    return [(c.cluster, c.devices, why) for c in cands if c.training and c.cost(basis) is None]
 
 
 def _judged(c: Candidate, key: str, value: float | None, slow_end: bool) -> float | None:
@@ -193,6 +210,8 @@ class Plan:
                                            "error_band": c.band_text, "band_assumed": c.band_assumed,
                                            "note": c.note}
         return {"model": self.model, "tokens": self.tokens, "unit": self.unit, "global_batch": self.global_batch,
+                "left_out_of_costs": [{"cluster": c, "devices": n, "why": w} for c, n, w in left_out(self.candidates,
+                                                                                                   self.basis)],
                 "clusters": list(self.clusters), "cost_basis": self.basis, "deadline_s": self.deadline_s,
                 "budget_usd": self.budget_usd, "slow_end": self.slow_end, "cheapest_within_deadline": one(self.cheapest),
                 "fastest_within_budget": one(self.fastest), "candidates": [one(c) for c in self.candidates]}

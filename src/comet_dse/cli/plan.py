@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
                         "without a validated band: of the band assumed for it, docs/accuracy.md)")
     add_physical_option(p)
     p.add_argument("--top", type=positive_int, default=15, help="how many designs to list (default 15)")
+    p.add_argument("--all", action="store_true", help="list every design (--top is ignored)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one is shown after a second)")
     add_goodput_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (SI units)")
 
@@ -81,16 +83,18 @@ def run(args) -> int:
     result = plan(args.model, args.tokens, args.global_batch, days=args.days, budget=args.budget,
                   clusters=args.clusters, devices=args.devices, basis=args.basis, seq_len=args.seq_len,
                   overrides=[tuple(t.split("=", 1)) for t in args.overrides or []], slow_end=args.slow_end,
-                  physical=args.physical)
+                  physical=args.physical, progress=not args.no_progress and not args.json)
     if args.json:
         print(jsonout.dumps(result.to_dict(), indent=2))
     else:
-        print(render(result, args.top))
+        print(render(result, None if args.all else args.top))
     return 0
 
 
-def render(result, top: int) -> str:
-    """The answer lines, then the designs by cost on the plan's basis (unknown costs last)."""
+def render(result, top: int | None) -> str:
+    """The answer lines, then the designs by cost on the plan's basis (unknown costs last; ``top`` of them, None:
+    every one), how many of how many are shown, and the designs left out of the cost answers and why."""
+    from comet_dse.answers.planner import left_out
     from comet_dse.base.text import printable, render_table
     from comet_dse.base.units import format_count, format_duration, format_usd
 
@@ -103,7 +107,8 @@ def render(result, top: int) -> str:
     ranked = sorted([c for c in result.candidates if c.training],
                     key=lambda c: (c.cost(basis) is None, c.cost(basis) or 0.0, c.training["time_to_train_s"]))
     rows = []
-    for c in ranked[:top]:
+    shown = ranked if top is None else ranked[:top]
+    for c in shown:
         t, cost, cr = c.training, c.cost(basis), c.cost_range(basis)
         tr = c.time_range()
         rows.append([c.cluster, f"{c.devices:,}", c.strategy_text, format_duration(t["time_to_train_s"]),
@@ -112,8 +117,14 @@ def render(result, top: int) -> str:
                      f"{t['goodput'] * 100:.1f}%",
                      format_usd(cost) if cost is not None else "unknown",
                      f"{format_usd(cr[0])} .. {format_usd(cr[1])}" if cr and cost is not None else "-"])
-    lines += ["", render_table(["cluster", "devices", "strategy", "time to train", "band range", "goodput",
-                                f"cost ({basis}ing)", "band range"], rows, left=(0, 2))]
+    lines += ["", f"The {len(shown)} cheapest of the {len(ranked)} designs that fit"
+              + ("" if len(shown) == len(ranked) else " (--all lists every one)") + ":",
+              render_table(["cluster", "devices", "strategy", "time to train", "band range", "goodput",
+                            f"cost ({basis}ing)", "band range"], rows, left=(0, 2))]
+    out = left_out(result.candidates, basis)
+    if out:
+        lines += ["", f"Left out of the answers, every cost on one basis ({basis}ing): "
+                  + "; ".join(f"{c} x {n:,} ({why})" for c, n, why in out)]
     skipped = [c for c in result.candidates if not c.training]
     if skipped:
         lines += ["", "No fit: " + ", ".join(f"{c.cluster} x {c.devices:,}" for c in skipped)]
