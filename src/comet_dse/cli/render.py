@@ -134,7 +134,8 @@ def training_lines(training: dict | None, unit: str = "tokens") -> list:
                 " (no rent figure)"),
              f"    {'owning':22s} {_or_unknown(own, format_usd)}"
              + (f" = devices x {format_usd(inputs['device_price_usd'])} over {resource('lifetime').text(inputs['lifetime_s'])}"
-                f" + energy at {resource('energy_price').text(inputs['energy_price_usd_per_j'])}" if is_finite(own) else
+                f" + energy at {resource('energy_price').text(inputs['energy_price_usd_per_j'])}"
+                " (not the network, the facility or staff)" if is_finite(own) else
                 " (" + " and ".join(w for w, v in (("no device price", inputs["device_price_usd"]),
                                                   ("no device power", draws["compute"])) if not is_finite(v)) + ")"),
              "  device draw " + (", ".join(f"{state} {_or_unknown(w, lambda x: f'{x:,.0f} W')}" for state, w in draws.items())
