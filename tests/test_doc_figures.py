@@ -613,7 +613,7 @@ LLAMA3_405B = ("estimate", "--model", "llama3-405b", "--cluster", "dgx-h100", "-
                "--pipeline-split", "embedding-loss", "--global-batch", "2048", "--tokens", "15.6T")
 
 ECONOMICS_DOC = [Check("docs/economics.md", "Llama 3 405B's goodput", regex(
-    LLAMA3_405B, r"^    goodput +(?P<goodput>\S+ %)$.*?job MTBF (?P<mtbf>\S+ h):.*?^    checkpoints +sync, (?P<size>\S+ TiB) "
+    LLAMA3_405B, r"^    goodput +(?P<goodput>\S+ %)(;[^\n]*)?$.*?job MTBF (?P<mtbf>\S+ h):.*?^    checkpoints +sync, (?P<size>\S+ TiB) "
     r"each, training stops (?P<stop>\S+ s), every (?P<every>\S+ min) of steps .*?= (?P<young>\S+ min)\)",
     "has a job MTBF of {mtbf}, a {size} checkpoint written in {stop} every {every} of steps (Young's optimum: "
     "{young}), and a goodput of {goodput}:"))]

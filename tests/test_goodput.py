@@ -239,18 +239,18 @@ def test_per_added_and_per_saved_keep_the_sign():
 # ---- one cost basis per table --------------------------------------------------------------------------------------
 
 def test_a_table_across_clusters_costs_on_one_basis(tmp_path):
-    """dgx-h100 (a rent) is the baseline: the table is on renting, and gb200-nvl72 (no rent, an owning figure)
+    """dgx-h100 (a rent) is the baseline: the table is on renting, and dgx-h200 (no rent, an owning figure)
     shows unknown there, never its owning cost."""
     study = tmp_path / "two.yaml"
     study.write_text(
-        "name: two\nmodels: [llama3-8b]\nclusters: [dgx-h100, gb200-nvl72]\ndevices: 72\nglobal_batch: 72\n"
+        "name: two\nmodels: [llama3-8b]\nclusters: [dgx-h100, dgx-h200]\ndevices: 72\nglobal_batch: 72\n"
         "token_budget: 1T\nbaseline: {cluster: dgx-h100}\naxes: {}\nstrategy: {tp: [1], pp: [1], zero: [1]}\n")
     result = comet_dse.sweep(study)
     ranking = result.ranking
     assert ranking["cost_basis"] == "rent"
     by_label = {g["label"]: g for g in ranking["variants"]}
     h100 = next(g for label, g in by_label.items() if "dgx-h100" in label)["best"]
-    gb200 = next(g for label, g in by_label.items() if "gb200" in label)["best"]
+    gb200 = next(g for label, g in by_label.items() if "h200" in label)["best"]
     assert h100["training_cost_usd"] == pytest.approx(h100["training_cost_rent_usd"])
     assert gb200["training_cost_rent_usd"] is None and gb200["training_cost_usd"] is None
     assert gb200["training_cost_own_usd"] is not None          # it has a figure, of the other basis: not shown

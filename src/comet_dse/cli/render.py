@@ -161,9 +161,11 @@ def goodput_lines(t: dict) -> list:
                 else f"as given; {young}")
     return [steps,
             f"    {'goodput':22s} " + (f"{gp * 100:.1f} %" if is_finite(gp) else "unknown")
-            + (" (failures come faster than the work they redo: the run never ends)" if gp == 0 else ""),
+            + (" (failures come faster than the work they redo: the run never ends)" if gp == 0 else "")
+            + (f"; not counted: {', '.join(g['not_counted'])}" if g.get("not_counted") else ""),
             f"    {'failures':22s} {g['failures']:,.0f} expected (job MTBF {_span(g['mtbf_s'])}: "
-            f"{resource('mtbf').text(g['mtbf_per_device_s'])} per device / devices), each a "
+            f"{resource('mtbf').text(g['mtbf_per_device_s'])} per device / devices"
+            + (f", {g['mtbf_source']}" if g.get("mtbf_source") else "") + "), each a "
             f"{_span(g['restart_time_setting_s'])} restart + {_span(g['checkpoint_write_s'])} re-load"
             f" + {_span(g['interval_s'] / 2)} of work redone: "
             f"{_span(g['restart_time_s'] + g['lost_work_s'])}",

@@ -238,19 +238,23 @@ def cost_column(basis: str) -> str:
 
 
 def reliability(cluster: Cluster) -> goodput.Reliability:
-    """The goodput settings of ``cluster``'s economics block, whole_run/goodput.py's defaults where it gives none."""
+    """The goodput settings of ``cluster``'s economics block, whole_run/goodput.py's defaults where it gives none:
+    the MTBF of its accelerator's family (goodput.mtbf_of), the async copy at its host link's achievable
+    bandwidth where the preset states one (Accelerator.host)."""
     econ, default = cluster.economics, goodput.Reliability()
 
     def given(value, fallback):
         return fallback if value is None else value
 
+    host = cluster.accelerator.host
     return goodput.Reliability(
-        mtbf_s=given(econ.mtbf_s, default.mtbf_s), restart_s=given(econ.restart_s, default.restart_s),
+        mtbf_s=given(econ.mtbf_s, goodput.mtbf_of(cluster.accelerator.name)[0]),
+        restart_s=given(econ.restart_s, default.restart_s),
         interval_s=econ.checkpoint_interval_s,
         storage_bandwidth=given(econ.storage_bandwidth, default.storage_bandwidth),
         checkpoint_bytes_per_parameter=given(econ.checkpoint_bytes_per_parameter,
                                              default.checkpoint_bytes_per_parameter),
-        host_bandwidth=given(econ.host_bandwidth, default.host_bandwidth),
+        host_bandwidth=given(econ.host_bandwidth, host.achievable_bandwidth if host else default.host_bandwidth),
         checkpoint=given(econ.checkpoint, default.checkpoint), enabled=econ.goodput != "off")
 
 
@@ -325,7 +329,10 @@ def training_of(cluster: Cluster, devices: int, step_time: float, tokens_per_sec
     out = {"tokens": float(tokens), **{k: float(v[0]) for k, v in cols.items()}}
     out.update(inputs(r))
     out["goodput_terms"] = {**{k: float(v[0]) for k, v in lost.items() if k not in ("goodput", "wall_s")},
-                            **reliability_inputs(r.reliability)}
+                            **reliability_inputs(r.reliability),
+                            "mtbf_source": ("as given" if cluster.economics.mtbf_s is not None
+                                            else goodput.mtbf_of(cluster.accelerator.name)[1]),
+                            "not_counted": list(goodput.NOT_COUNTED)}
     return out
 
 

@@ -37,6 +37,36 @@ LLAMA3_GPUS = 16_384                  # Dubey et al. 2024 (arXiv:2407.21783), Se
 LLAMA3_DAYS = 54                      # of Llama 3 405B pre-training on 16,384 H100s, 466 job interruptions,
 LLAMA3_UNEXPECTED = 419               # 419 of them unexpected (78 % hardware)
 DEFAULT_MTBF = LLAMA3_GPUS * LLAMA3_DAYS * DAY / LLAMA3_UNEXPECTED   # per device: 1.82e8 s = 50,677 h = 5.8 years
+OPT_GPUS = 1_024                      # Meta's OPT-175B on 1,024 A100 80GB: "~90 restarts over the course of
+OPT_DAYS = 56                         # training the lineage of this current model" (facebookresearch/metaseq
+OPT_RESTARTS = 90                     # projects/OPT/chronicles/final_update.md:24, :6), Nov 11 2021 (10_percent_
+                                      # update.md:57) to Jan 6 2022: every cause, as Llama 3's count
+A100_MTBF = OPT_GPUS * OPT_DAYS * DAY / OPT_RESTARTS    # per device: 5.5e7 s = 15,292 h
+# The failure rate per device an accelerator's runs were measured with, by the era of its published failure
+# counts (docs/economics.md, "Goodput"): (name prefix, MTBF per device [s], what it rests on). Accelerators of
+# no such count take Llama 3's H100 figure, said so.
+MTBF_BY_FAMILY = (
+    ("NVIDIA A100", A100_MTBF, "OPT-175B's 90 restarts in 56 days on 1,024 A100s"),
+    ("NVIDIA H100", DEFAULT_MTBF, "Llama 3's 419 interruptions in 54 days on 16,384 H100s"),
+    ("NVIDIA H800", DEFAULT_MTBF, "Llama 3's 419 interruptions in 54 days on 16,384 H100s (the same GH100 die)"),
+    ("NVIDIA H200", DEFAULT_MTBF, "Llama 3's 419 interruptions in 54 days on 16,384 H100s (the same GH100 die)"),
+)
+ASSUMED_MTBF = "assumed: Llama 3's H100 figure (no published failure count of this accelerator's runs)"
+
+
+def mtbf_of(accelerator: str) -> tuple:
+    """(MTBF per device [s], its source) for an accelerator's name: its family's published failure count
+    (MTBF_BY_FAMILY), else Llama 3's H100 figure, marked assumed."""
+    for prefix, mtbf, source in MTBF_BY_FAMILY:
+        if accelerator.startswith(prefix):
+            return mtbf, source
+    return DEFAULT_MTBF, ASSUMED_MTBF
+
+
+# What a run also spends that the goodput does not count (docs/economics.md, "Goodput"): printed beside it.
+NOT_COUNTED = ("evaluations", "the batch-size and learning-rate ramp-up", "stragglers and slow nodes",
+               "data-pipeline stalls")
+
 DEFAULT_RESTART = 10 * 60.0           # s from a failure to training again, re-load aside: editable assumption,
                                       # under the 16.7 min per interruption Llama 3's >90 % effective training
                                       # time allows (10 % of 54 days / 466 interruptions)
