@@ -10,6 +10,7 @@ import pytest
 
 import comet_dse
 from comet_dse.answers import validation
+from comet_dse.base.errors import InputError
 from comet_dse.answers.errorband import band_for
 from comet_dse.whole_run.economics import band_range
 from cli_run import one_line_error, run
@@ -89,3 +90,25 @@ def test_a_bad_whole_runs_file_is_one_line(capsys, tmp_path):
     rows = CSV.read_text().splitlines()
     (folder / "whole_runs.csv").write_text("\n".join([rows[0], rows[1].replace(",stated,", ",guessed,")]) + "\n")
     one_line_error(run(capsys, "validate", "--data", str(folder)), "strategy", "stated, searched")
+
+
+def test_each_run_says_whether_its_published_figure_is_comparable(runs):
+    """whole_runs.csv's comparable column: the Llama 2, BLOOM and DeepSeek-V3 figures count pre-training alone,
+    the Llama 3.1 card's does not list its stages; validate summarises the comparable ones apart."""
+    from comet_dse.answers.validation import whole_run_summary
+    by_run = {r.run: r for r in runs}
+    assert {r for r, w in by_run.items() if w.is_comparable} == {"llama2-70b", "llama2-13b", "llama2-7b",
+                                                                 "bloom-176b", "deepseek-v3"}
+    assert by_run["llama3.1-405b"].comparable.startswith("unknown: ")
+    summary = whole_run_summary(runs)["comparable"]
+    assert summary["rows"] == 5
+    assert summary["mean_abs_error"] == pytest.approx(
+        sum(abs(by_run[r].error) for r in by_run if by_run[r].is_comparable) / 5)
+
+
+def test_a_comparable_cell_that_is_not_yes_no_or_unknown_is_refused():
+    from comet_dse.answers.validation import _comparable
+    assert _comparable({"comparable": "no: it counts ablations"}) == "no: it counts ablations"
+    with pytest.raises(InputError) as err:
+        _comparable({"comparable": "probably"})
+    assert err.value.field == "whole_runs.csv comparable"

@@ -590,6 +590,12 @@ class WholeRun:
     published: str            # what the published figure counts
     phases: tuple
     source: str
+    comparable: str = "unknown"   # "yes: ...", "no: ..." or "unknown: ...": whether the figure counts what is costed
+
+    @property
+    def is_comparable(self) -> bool:
+        """The published figure counts the steps of the phases costed, and nothing else the source says."""
+        return self.comparable.startswith("yes")
 
     @property
     def predicted_device_hours(self) -> float:
@@ -655,7 +661,16 @@ def _whole_run(rows: list, folder: Path) -> WholeRun:
                             gpus * t["productive_time_s"], t["time_to_train_s"], t["energy_j"]))
     cluster = load_cluster(first["cluster"])
     return WholeRun(first["run"], cluster.accelerator.name, first["dtype"] or "bf16",
-                    float(first["published_device_hours"]), first["published"], tuple(phases), first["source"])
+                    float(first["published_device_hours"]), first["published"], tuple(phases), first["source"],
+                    _comparable(first))
+
+
+def _comparable(row: dict) -> str:
+    """The row's ``comparable`` cell: yes, no or unknown, then ': ' and why (whole_runs.csv's README)."""
+    text = (row.get("comparable") or "").strip()
+    if text.split(":", 1)[0] not in ("yes", "no", "unknown"):
+        raise InputError("whole_runs.csv comparable", f"must start with yes, no or unknown, got {text!r}")
+    return text
 
 
 def _searched(model: Transformer, cluster: Cluster, gpus: int, row: dict) -> Strategy:
@@ -686,5 +701,7 @@ def _compact(strategy: Strategy) -> str:
 def whole_run_summary(runs: list) -> dict:
     """{runs, mean_abs_error, max_abs_error, mean_error} of the device-hours, with goodput (``with_goodput``) and
     without (``steps_only``)."""
-    return {"with_goodput": _rows([r.error for r in runs], ("mean_abs_error", "max_abs_error", "mean_error")),
-            "steps_only": _rows([r.steps_error for r in runs], ("mean_abs_error", "max_abs_error", "mean_error"))}
+    keys = ("mean_abs_error", "max_abs_error", "mean_error")
+    return {"with_goodput": _rows([r.error for r in runs], keys),
+            "steps_only": _rows([r.steps_error for r in runs], keys),
+            "comparable": _rows([r.error for r in runs if r.is_comparable], keys)}
