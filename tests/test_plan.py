@@ -115,3 +115,17 @@ def test_a_design_without_a_validated_band_is_judged_at_its_assumed_bands_slow_e
     from comet_dse.answers.planner import _judged
     c = mi[0]
     assert _judged(c, "time_to_train_s", c.training["time_to_train_s"], True) == c.time_range()[1]
+
+
+def test_sizes_beyond_the_largest_published_system_are_not_offered_and_said_so(capsys):
+    """dgx-h200's largest published system is 1,024 GPUs (Nebius, MLPerf): 2,048 is not planned on it, and the
+    text says which sizes it left out and why."""
+    from comet_dse.answers.planner import sizes_for
+    refused = []
+    assert sizes_for(load_cluster("dgx-h200"), [512, 1024, 2048], refused) == [512, 1024]
+    assert refused and refused[0][0] == 2048 and "at most 1024" in refused[0][1]
+    code, out, err = run(capsys, "plan", "--model", "llama3-8b", "--global-batch", "512", "--tokens", "100G",
+                         "--days", "30", "--clusters", "dgx-h200", "--devices", "512,2048", "--no-progress")
+    assert code == 0, err
+    assert "Sizes not offered: dgx-h200 x 2,048 (dgx-h200 has at most 1024 devices" in out
+    assert "; 1 design (1 cluster x the sizes each takes)" in out

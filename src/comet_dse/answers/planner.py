@@ -61,20 +61,27 @@ class Candidate:
         return self.training.get("time_to_train_s_range") if self.training else None
 
 
-def sizes_for(cluster: Cluster, wanted) -> list:
+def sizes_for(cluster: Cluster, wanted, refused: list | None = None) -> list:
     """The device counts of ``wanted`` that ``cluster`` can lay out, each one that it cannot replaced by the
-    nearest multiple of its bounded network dimensions (a TPU pod's torus, an NVL72 rack), without repeats."""
+    nearest multiple of its bounded network dimensions (a TPU pod's torus, an NVL72 rack), without repeats.
+    ``refused``: where given, each count it cannot take at all is appended as (count, why): beyond the
+    preset's largest size (``max_devices``, the largest published job or system), or no layout."""
     unit = math.prod(d.size for d in cluster.network if d.size is not None)
     out = []
     for n in wanted:
+        why = None
         for count in (n, max(unit, round(n / unit) * unit)):
             try:
                 cluster.dim_sizes(count)
-            except InputError:
+            except InputError as exc:
+                why = why or exc.message
                 continue
             if count not in out:
                 out.append(count)
+            why = None
             break
+        if why is not None and refused is not None:
+            refused.append((n, why))
     return out
 
 
@@ -103,10 +110,19 @@ def candidates(model: Transformer, clusters: list, devices, global_batch: int, t
     from tqdm import tqdm
 
     designs = [(cluster, n) for cluster in clusters for n in sizes_for(cluster, devices)]
+    for cluster in clusters:            # a size no cluster of this kind takes: a Candidate that says why
+        refused = []
+        sizes_for(cluster, devices, refused)
+        out_of_range = [Candidate(cluster.name, n, None, None, None, note=why) for n, why in refused]
+        designs += [(c, None) for c in out_of_range]
     out = []
     with tqdm(total=len(designs), unit="design", file=sys.stderr, disable=not progress, delay=1.0,
               leave=False, desc="plan") as bar:
         for cluster, n in designs:
+            if n is None:                  # a refused size: already its Candidate
+                out.append(cluster)
+                bar.update()
+                continue
             bar.set_postfix_str(f"{cluster.name} x {n:,}", refresh=False)
             out.append(candidate(model, cluster, n, global_batch, tokens, band_of))
             bar.update()

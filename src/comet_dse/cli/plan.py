@@ -91,6 +91,10 @@ def run(args) -> int:
     return 0
 
 
+def _designs(n: int) -> str:
+    return f"{n:,} design{'' if n == 1 else 's'}"
+
+
 def render(result, top: int | None) -> str:
     """The answer lines, then the designs by cost on the plan's basis (unknown costs last; ``top`` of them, None:
     every one), how many of how many are shown, and the designs left out of the cost answers and why."""
@@ -100,7 +104,9 @@ def render(result, top: int | None) -> str:
 
     basis = result.basis
     lines = [f"{result.model}: {format_count(result.tokens)} {result.unit}, global batch {result.global_batch:,}; "
-             f"{len(result.candidates)} designs ({len(result.clusters)} clusters x sizes), the fastest strategy of each; "
+             f"{_designs(sum(1 for c in result.candidates if c.training or c.note == 'no strategy fits'))} "
+             f"({len(result.clusters)} cluster{'' if len(result.clusters) == 1 else 's'} x the sizes each takes), "
+             "the fastest strategy of each; "
              f"time to train with goodput; cost {basis}ing for all (unknown: "
              f"{'no rent figure' if basis == 'rent' else 'no device price or power'})", ""]
     lines += result.answer_lines()
@@ -125,7 +131,10 @@ def render(result, top: int | None) -> str:
     if out:
         lines += ["", f"Left out of the answers, every cost on one basis ({basis}ing): "
                   + "; ".join(f"{c} x {n:,} ({why})" for c, n, why in out)]
-    skipped = [c for c in result.candidates if not c.training]
+    skipped = [c for c in result.candidates if not c.training and c.note == "no strategy fits"]
     if skipped:
         lines += ["", "No fit: " + ", ".join(f"{c.cluster} x {c.devices:,}" for c in skipped)]
+    refused = [c for c in result.candidates if not c.training and c.note != "no strategy fits"]
+    if refused:
+        lines += ["", "Sizes not offered: " + "; ".join(f"{c.cluster} x {c.devices:,} ({c.note})" for c in refused)]
     return printable("\n".join(lines))
