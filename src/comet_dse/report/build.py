@@ -647,7 +647,10 @@ def _recommendation_tiers(section: Section, out: Path) -> None:
                     xs.append(n)
                     ys.append(100.0 * float(data["time_embedding_communication_s"][i]) / step)
             series[model] = (xs, ys)
-            if ys:
+            if ys and max(ys) < 0.5:
+                section.findings.append(f"{cluster}, {model}: the embedding exchange is hidden (under 0.5 % of the "
+                                        f"best design's step) at every device count.")
+            elif ys:
                 top = int(np.argmax(ys))
                 section.findings.append(f"{cluster}, {model}: the exposed embedding exchange takes {ys[top]:.0f} % "
                                         f"of the best design's step at {xs[top]:,} devices "
@@ -671,10 +674,14 @@ def _tier_findings(section: Section, found: list) -> None:
             top = max(sped, key=lambda f: f[5])
             designs = sorted({(f[1], f[2]) for f in sped})
             flat = [d for d in designs if all(f[5] < 1.005 for f in sped if (f[1], f[2]) == d)]
-            parts.append(f"the tier buys up to {top[5]:.2f}x ({top[1]} on {top[2]:,} devices, {top[3]:.0f} GiB of "
-                         f"tables and state per device, {top[4] / 1e9:g} GB/s)")
-            parts.append(f"under 0.5 % on {len(flat)} of the {len(designs)} model and device counts that fit "
-                         "without it")
+            if top[5] < 1.005:
+                parts.append(f"the tier buys nothing (under 0.5 %) on any of the {len(designs)} model and device "
+                             "counts that fit without it")
+            else:
+                parts.append(f"the tier buys up to {top[5]:.2f}x ({top[1]} on {top[2]:,} devices, {top[3]:.0f} GiB "
+                             f"of tables and state per device, {top[4] / 1e9:g} GB/s)")
+                parts.append(f"under 0.5 % on {len(flat)} of the {len(designs)} model and device counts that fit "
+                             "without it")
         if only:
             parts.append("only the tier makes " + ", ".join(f"{m} on {n:,}" for m, n in only) + " fit")
         section.findings.append(f"{cluster}: " + "; ".join(parts) + ".")
