@@ -554,6 +554,7 @@ def _explorer_request(app, **values):
     given = {"model": "megatron-1.7b", "model-file": None, "cluster": "dgx-a100-80gb", "devices": 8,
              "global-batch": 8, "rank": 1, "tokens": None, "strategy-dtype": "bf16",
              "strategy-flash_attention": "default", "strategy-recompute": "default", "strategy-zero": "default",
+             "strategy-ep_overlap": "default", "strategy-ep_fp8_dispatch": "default",
              "tp-across-nodes": [], **values}
     inputs = [[] if i["id"].startswith("{") else {"id": i["id"], "property": i["property"], "value": given[i["id"]]}
               for i in spec["inputs"]]

@@ -83,8 +83,8 @@ def test_controls_become_overrides_only_where_they_differ():
 
 
 @pytest.mark.parametrize("resources, field", [
-    ({"hbm_capacity": 0}, "cluster hbm_capacity"),
-    ({"hbm_capacity": 9e9}, "cluster hbm_capacity"),
+    ({"hbm_capacity": 0}, "hbm_capacity"),            # refused in the control's unit (out_of_range)
+    ({"hbm_capacity": 9e9}, "hbm_capacity"),
     ({"hbm_capacity": "lots"}, "hbm_capacity"),
     ({"network.x.topology": "star"}, "cluster network.x.topology"),
 ])
@@ -260,3 +260,32 @@ def test_port_in_use_is_one_line_and_exit_2():
         proc = subprocess.run([sys.executable, "-m", "comet_dse.cli", "explore", "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
     one_line_error((proc.returncode, proc.stdout, proc.stderr), f"port: cannot serve on 127.0.0.1:{port}")
+
+
+def test_a_control_out_of_range_is_refused_in_its_own_unit():
+    """One unit system: the explorer's HBM control is in GiB, and so is its refusal (not raw bytes)."""
+    from comet_dse.base.errors import InputError
+    from comet_dse.web.view import out_of_range
+    with pytest.raises(InputError) as err:
+        out_of_range({"hbm_capacity": 5000})
+    assert err.value.field == "hbm_capacity" and "5,000 GiB" in err.value.message and "4,096 GiB" in err.value.message
+    assert "e+12" not in err.value.message
+    out_of_range({"hbm_capacity": 96, "expansion_capacity": 0})        # within range: nothing to say
+
+
+def test_a_partly_used_scale_up_domain_is_said_out_loud():
+    from comet_dse.presets.catalog import load_cluster
+    from comet_dse.web.view import partial_domains
+    assert partial_domains(load_cluster("gb200-nvl72"), 128) == (
+        "2 nvlink domains used in part: 64 of the 72 devices of each (whole nodes; the rest idle)")
+    assert partial_domains(load_cluster("gb200-nvl72"), 144) == ""
+    assert partial_domains(load_cluster("dgx-h100"), 64) == ""
+
+
+def test_the_expert_overlap_and_fp8_dispatch_controls_reach_the_search():
+    from comet_dse.web.view import STRATEGY_CONTROLS, Controls, compute
+    assert {"ep_overlap", "ep_fp8_dispatch"} <= set(STRATEGY_CONTROLS)
+    view = compute(Controls(model="mixtral-8x7b", cluster="dgx-h100", devices=64, global_batch=64, resources={},
+                            rank=1, tokens=None, strategy={"ep_overlap": "on", "dtype": "fp8", "ep_fp8_dispatch": "on"},
+                            tp_across_nodes=False))
+    assert view.top and all("epo" in r["strategy"] and "ep-fp8" in r["strategy"] for r in view.top)

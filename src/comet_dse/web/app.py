@@ -262,7 +262,8 @@ def _training(view):
 def _status(view) -> str:
     excluded = "; ".join(f"{text}: {n:,}" for text, n in sorted(view.excluded.items(), key=lambda kv: -kv[1])[:3])
     return (f"{view.title}. {view.evaluated:,} strategies evaluated in {view.seconds * 1000:.0f} ms, "
-            f"{view.feasible:,} fit." + (f" Excluded: {excluded}." if excluded else ""))
+            f"{view.feasible:,} fit." + (f" Excluded: {excluded}." if excluded else "")
+            + (f" {view.layout_note[0].upper()}{view.layout_note[1:]}." if view.layout_note else ""))
 
 
 def _best(view):

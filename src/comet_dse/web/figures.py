@@ -46,11 +46,13 @@ def bathtub(view: View) -> dict:
 
     data = [
         {"type": "scatter", "mode": "lines+markers", "name": "fits", "x": [f"MP{s['mp']}" for s in fits],
-         "y": [s["step_time_s"] for s in fits], "text": [text(s) for s in fits], "hoverinfo": "text+y",
+         "y": [s["step_time_s"] for s in fits], "text": [text(s) for s in fits],
+         "hovertemplate": "%{text}<br>%{y:.3g} s per step<extra></extra>",
          "marker": {"color": "#4C72B0", "size": 9}},
         {"type": "scatter", "mode": "markers", "name": "does not fit (time with memory ignored)",
          "x": [f"MP{s['mp']}" for s in over], "y": [s["step_time_s"] for s in over],
-         "text": [text(s) for s in over], "hoverinfo": "text+y",
+         "text": [text(s) for s in over],
+         "hovertemplate": "%{text}<br>%{y:.3g} s per step, memory ignored<extra></extra>",
          "marker": {"color": "#C44E52", "size": 10, "symbol": "circle-open", "line": {"width": 2}}},
         {"type": "scatter", "mode": "markers", "name": "invalid split", "x": [f"MP{s['mp']}" for s in invalid],
          "y": [floor] * len(invalid), "text": [text(s) for s in invalid], "hoverinfo": "text",

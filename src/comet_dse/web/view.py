@@ -116,6 +116,7 @@ class View:
     excluded: dict = field(default_factory=dict)   # rule text -> strategies it excluded
     price_usd: float = math.nan     # the cluster's purchase price as it is (economics.rates; NaN: unknown)
     unit: str = "tokens"            # what the model trains on: its workload family's unit (samples for DLRM)
+    layout_note: str = ""           # a scale-up domain used in part, said out loud (e.g. NVL72 racks of 64)
 
 
 @functools.lru_cache(maxsize=16)
@@ -136,6 +137,8 @@ STRATEGY_CONTROLS = {
     "flash_attention": ("Flash attention (default: where the cluster has a rate)", ("default", "on", "off")),
     "recompute": ("Recomputation (default: every mode)", ("default", "none", "selective", "full")),
     "zero": ("ZeRO stage (default: every stage)", ("default", "0", "1", "2", "3")),
+    "ep_overlap": ("Expert all-to-all beside compute (MoE; default: off)", ("default", "on", "off")),
+    "ep_fp8_dispatch": ("fp8 expert dispatch (MoE, with fp8; default: off)", ("default", "on", "off")),
 }
 
 
@@ -243,6 +246,7 @@ def compute(controls: Controls) -> View:
     model = _model(controls.model)
     base = _cluster(controls.cluster)
     settings, expansion = overrides_for(base, controls.resources)
+    out_of_range(controls.resources)
     cluster = apply_overrides(base, settings, expansion, where="cluster") if settings or expansion else base
     cluster.dim_sizes(controls.devices)
     space = strategy_space(controls, cluster)
@@ -261,9 +265,40 @@ def compute(controls: Controls) -> View:
         splits=_splits(cols, cluster, family),
         doubling=_doubling(model, cluster, controls.devices, st, cols, ranked),
         excluded={family.rule_text[k]: v for k, v in reason_counts(masks, family.rules).items()},
-        price_usd=float(economics.rates(cluster, controls.devices).cluster_price_usd), unit=family.unit)
+        price_usd=float(economics.rates(cluster, controls.devices).cluster_price_usd), unit=family.unit,
+        layout_note=partial_domains(cluster, controls.devices))
     view.seconds = time.perf_counter() - started
     return view
+
+
+def out_of_range(values: dict) -> None:
+    """Refuse a resource control's value outside what a device can have, in the control's own unit (the
+    bounds of a cluster file's field, base/bounds.py, as a study axis checks them): one error, one unit
+    system, before the SI check of the override would name raw bytes."""
+    from comet_dse.design_space.study import AXIS_BOUNDS
+
+    for r in RESOURCES:
+        value, bound = values.get(r.key), AXIS_BOUNDS.get(r.key)
+        if value in (None, "") or bound is None:
+            continue
+        number = _number(r.key, value)
+        low, high = bound.low / r.si, bound.high / r.si
+        if not low <= number <= high:
+            shown_low = "0" if bound.low <= 1.0 else f"{low:,.6g}"        # 1 byte: the bound only refuses 0
+            raise InputError(r.key, f"{number:,.6g} {r.unit} is outside what a device can have: {shown_low} .. "
+                             f"{high:,.6g} {r.unit} ({bound.why})")
+
+
+def partial_domains(cluster: Cluster, devices: int) -> str:
+    """'' where ``devices`` fill the cluster's scale-up domains (its innermost network dimension) whole; else a
+    line that says how much of each is used: 128 GPUs on NVL72 racks run as 2 racks of 64 of their 72
+    (Cluster.dim_sizes, as NVIDIA's GB200 benchmarks do)."""
+    inner, sizes = cluster.network[0], cluster.dim_sizes(devices)
+    if inner.size is None or sizes[0] >= inner.size or inner.size <= cluster.devices_per_node:
+        return ""
+    domains = devices // sizes[0]
+    return (f"{domains:,} {inner.name} domain{'s' if domains != 1 else ''} used in part: {sizes[0]:,} of the "
+            f"{inner.size:,} devices of {'each' if domains != 1 else 'it'} (whole nodes; the rest idle)")
 
 
 def _memory_bit(family) -> int:
