@@ -66,19 +66,25 @@ def exported(request, tmp_path_factory):
     return devices, strategy, folder, load(folder), cluster
 
 
-def test_every_rank_decodes_and_reads_as_chakras_feeder_reads_it(exported):
-    """One file per rank; the metadata first; ids unique; every data dependency on an earlier node (the feeder
-    resolves them, and a graph in file order has no cycle); every node type one the workload layer issues."""
-    devices, _, folder, traces, _ = exported
-    s = schema()
+
+def assert_well_formed(traces: dict, devices: int, node_types: tuple) -> None:
+    """Every rank has a trace: its metadata of this schema first, ids 0..n-1, every data dependency on an earlier
+    node (a graph in file order has no cycle), a name, a type among ``node_types``, no CPU op."""
     assert sorted(traces) == list(range(devices))
     for rank, (meta, nodes) in traces.items():
         assert meta.version == SCHEMA_VERSION
         assert [n.id for n in nodes] == list(range(len(nodes)))
         for n in nodes:
             assert all(d < n.id for d in n.data_deps) and n.name
-            assert n.type in (s.COMP_NODE, s.COMM_COLL_NODE, s.COMM_SEND_NODE, s.COMM_RECV_NODE)
+            assert n.type in node_types
             assert attrs(n)["is_cpu_op"] is False
+
+def test_every_rank_decodes_and_reads_as_chakras_feeder_reads_it(exported):
+    """One file per rank; the metadata first; ids unique; every data dependency on an earlier node (the feeder
+    resolves them, and a graph in file order has no cycle); every node type one the workload layer issues."""
+    devices, _, folder, traces, _ = exported
+    s = schema()
+    assert_well_formed(traces, devices, (s.COMP_NODE, s.COMM_COLL_NODE, s.COMM_SEND_NODE, s.COMM_RECV_NODE))
     table = json.loads((folder / "chakra" / "ranks.json").read_text())
     assert {int(r): v["nodes"] for r, v in table.items()} == {r: len(t[1]) for r, t in traces.items()}
 
