@@ -66,7 +66,6 @@ def exported(request, tmp_path_factory):
     return devices, strategy, folder, load(folder), cluster
 
 
-
 def assert_well_formed(traces: dict, devices: int, node_types: tuple) -> None:
     """Every rank has a trace: its metadata of this schema first, ids 0..n-1, every data dependency on an earlier
     node (a graph in file order has no cycle), a name, a type among ``node_types``, no CPU op."""
