@@ -341,8 +341,7 @@ def place_tables(model: Recommendation, acc, tables, state, total, hbm_rate) -> 
     slowdown = np.zeros_like(np.asarray(total, dtype=float))
     moved = {"expansion": np.zeros_like(slowdown), "host": np.zeros_like(slowdown)}
     for name, capacity, bandwidth in tiers(acc):
-        take = np.minimum(remaining, capacity)
-        moved[name] = np.where(np.isfinite(take), take, 0.0)
+        take = moved[name] = np.minimum(remaining, capacity)
         resident = np.clip(resident + moved[name] / movable, 0.0, 1.0)
         now = hot_share(model, resident)
         slowdown = slowdown + (now - served) * (1.0 / bandwidth - 1.0 / hbm_rate)
@@ -410,9 +409,9 @@ def step_arrays(model: Recommendation, cluster: Cluster, devices: int, st: Strat
     memory["reserved"] = reserved_bytes(footprint, cluster.reserved_memory, cluster.fragmentation,
                                         cluster.workspace_memory)
     total = footprint + memory["reserved"]
-    placed = place_tables(model, acc, table_bytes, state_bytes, total, acc.hbm.bandwidth * GATHER_EFFICIENCY)
-
     gather_bw = acc.hbm.bandwidth * GATHER_EFFICIENCY
+    placed = place_tables(model, acc, table_bytes, state_bytes, total, gather_bw)
+
     hbm_lookup = big_b * lookup / gather_bw + dev.overhead
     hbm_update = big_b * update / gather_bw + dev.overhead
     tier_extra = big_b * _per_point(st, table, "tier_io") * placed.slowdown
