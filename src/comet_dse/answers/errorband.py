@@ -33,6 +33,7 @@ from comet_dse.base.stats import error_stats
 from comet_dse.hardware.efficiency import kind_of, precision_class
 
 BANDS_FILE = "error_bands.csv"
+LOWEST = -0.9    # the lowest an assumed band reaches (band_for)
 POOLED = "every validated accelerator"   # the nearest "family" of an accelerator without any: all of one kind
 MIN_RUNS = 3     # runs a family needs for a band of its own: one run's error is a point, not a range; the fitted
                  # efficiencies take the same count (answers/efficiency_fit.py)
@@ -141,7 +142,9 @@ def band_for(accelerator: str, dtype: str, bands=None, kind: str = "dense") -> d
                 "runs": few, "low": None, "high": None, "mean_abs_error": None, "frameworks": "", "text": text,
                 "nearest": None}
     wide_low, wide_high = assumption_margins(bands)
-    low, high = max(nearest["low"] - wide_low, -0.9), nearest["high"] + wide_high
+    # a figure's slow end is x / (1 + low): a low of -100 % would be a run that never ends, so the widened low
+    # stops at -90 % (a run ten times slower than predicted), beyond any error the validation has seen
+    low, high = max(nearest["low"] - wide_low, LOWEST), nearest["high"] + wide_high
     which = (f"the span of every validated {nearest['kind']} family's band ({nearest['runs']} runs)"
              if nearest["hardware"] == POOLED else
              f"the nearest validated family's band ({nearest['runs']} {nearest['hardware']} {nearest['precision']} "
@@ -179,16 +182,12 @@ def _presets_by_accelerator() -> dict:
 
 def departures(cluster) -> list:
     """The performance fields (``_ACCELERATOR_FIELDS``, ``_CLUSTER_FIELDS``) in which ``cluster`` differs from
-    the closest preset of its accelerator (the fewest differences): [] for a preset as shipped; every field
-    differs from none where no preset has this accelerator."""
-    presets = _presets_by_accelerator().get(cluster.accelerator.name, [])
-    best = None
-    for preset in presets:
-        diff = [f for f in _ACCELERATOR_FIELDS if getattr(cluster.accelerator, f) != getattr(preset.accelerator, f)]
-        diff += [f for f in _CLUSTER_FIELDS if getattr(cluster, f) != getattr(preset, f)]
-        if best is None or len(diff) < len(best):
-            best = diff
-    return best if best is not None else ["accelerator"]
+    the closest preset of its accelerator (the fewest differences): [] for a preset as shipped, and where no
+    preset has this accelerator (no validated family's runs ran on it to depart from)."""
+    diffs = [[f for f in _ACCELERATOR_FIELDS if getattr(cluster.accelerator, f) != getattr(preset.accelerator, f)]
+             + [f for f in _CLUSTER_FIELDS if getattr(cluster, f) != getattr(preset, f)]
+             for preset in _presets_by_accelerator().get(cluster.accelerator.name, [])]
+    return min(diffs, key=len, default=[])
 
 
 def extrapolated(band: dict, cluster) -> dict:
@@ -197,7 +196,7 @@ def extrapolated(band: dict, cluster) -> dict:
     if band.get("low") is None:
         return {**band, "extrapolated": False}
     changed = departures(cluster)
-    if not changed or changed == ["accelerator"]:
+    if not changed:
         return {**band, "extrapolated": False}
     return {**band, "extrapolated": True,
             "text": band["text"] + f"; extrapolated: {', '.join(changed)} changed from the preset its runs ran on"}
