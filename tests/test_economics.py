@@ -364,3 +364,16 @@ def test_the_explorer_places_each_design_it_evaluates_on_a_price_front():
     assert points["as it is"]["on_front"]                  # nothing is cheaper
     figure = figures.designs(view)
     assert len(figure["data"][0]["x"]) == 2 and "annotations" not in figure["layout"]
+
+
+def test_search_tables_carry_the_same_expected_values_as_its_best_strategy(capsys):
+    """search --tokens: each row's training figures are its band's expected values, as the detailed block's,
+    with the model's own beside them (economics.expected_columns)."""
+    code, out, err = run(capsys, "search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64",
+                         "--global-batch", "512", "--tp", "2", "--tokens", "1T", "--top", "1", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    top, best = data["top"][0], data["best"]["training"]
+    mean = best["band_mean_error"]
+    assert top["time_to_train_s"] == pytest.approx(top["time_to_train_s_modelled"] / (1 + mean))
+    assert top["time_to_train_s"] == pytest.approx(best["time_to_train_s"])

@@ -237,27 +237,28 @@ def whatif(model, cluster, devices: int, global_batch: int, *, resources=None, f
                                     token_budget(tokens)), cluster, model)
 
 
+# A what-if cell's training figures: as the baseline's, the band's expected values (each cell's cluster is the
+# baseline's with one resource scaled: the same family's band, extrapolated)
+CELL_FIGURES = ("time_to_train_s", "energy_j", "training_cost_usd")
+
+
 def whatif_with_band(result: WhatIf, cluster: Cluster, model: Transformer) -> WhatIf:
     """``result`` with its baseline's training figures given their ranges under the error band of the
-    baseline's strategy (economics.with_ranges), as ``with_band`` gives an estimate's."""
+    baseline's strategy (economics.with_ranges), as ``with_band`` gives an estimate's, and every cell's
+    (CELL_FIGURES) the same band's expected values (economics.expected)."""
     from dataclasses import replace
 
     from comet_dse.answers.errorband import band_of_cluster
-    from comet_dse.whole_run.economics import with_ranges
+    from comet_dse.whole_run.economics import band_mean, expected, with_ranges
 
     base = result.baseline
     if not base.training or not base.strategy:
         return result
     band = band_of_cluster(cluster, base.strategy.get("dtype", "bf16"), bool(model.moe), kind=model.kind)
-    mean = band.get("mean_error") if band.get("low") is not None else None
-    cells = [replace(c, **{k: getattr(c, k) / (1.0 + mean) for k in CELL_FIGURES if getattr(c, k) is not None})
+    mean = band_mean(band)
+    cells = [replace(c, **{k: expected(getattr(c, k), mean) for k in CELL_FIGURES if getattr(c, k) is not None})
              for c in result.cells] if mean is not None else result.cells
     return replace(result, baseline=replace(base, training=with_ranges(base.training, band)), cells=cells)
-
-
-# A what-if cell's training figures: as the baseline's, the band's expected values (each cell's cluster is the
-# baseline's with one resource scaled: the same family's band, extrapolated)
-CELL_FIGURES = ("time_to_train_s", "energy_j", "training_cost_usd")
 
 
 def plan(model, tokens, global_batch: int, *, days: float | None = None, budget: float | None = None,

@@ -79,14 +79,13 @@ def expected(result, cluster, model):
 
     from comet_dse.answers.errorband import band_of_cluster
     from comet_dse.strategy.declared import KNOB
-    from comet_dse.whole_run.economics import expected_columns
+    from comet_dse.whole_run.economics import band_mean, expected_columns
 
     codes = np.asarray(result.columns["dtype"])
-    mean = np.zeros(len(codes))
+    mean = np.full(len(codes), np.nan)                 # NaN: no band, the model's own figure (expected_columns)
     for code in np.unique(codes):
-        band = band_of_cluster(cluster, str(KNOB["dtype"].decode(code)), bool(model.moe), kind=model.kind)
-        value = band.get("mean_error") if band.get("low") is not None else None
-        mean[codes == code] = value if value is not None else 0.0
+        value = band_mean(band_of_cluster(cluster, str(KNOB["dtype"].decode(code)), bool(model.moe), kind=model.kind))
+        mean[codes == code] = np.nan if value is None else value
     return replace(result, columns=expected_columns(result.columns, mean))
 
 

@@ -367,6 +367,17 @@ def band_range(value: float, band: dict) -> list | None:
     return [value / (1.0 + band["high"]), value / (1.0 + band["low"])]
 
 
+def band_mean(band: dict | None) -> float | None:
+    """The mean signed error a band's figures are corrected by (``expected``): None without a band's range."""
+    return band.get("mean_error") if band and band.get("low") is not None else None
+
+
+def expected(value, mean_error):
+    """The band's expected value of a figure that grows in proportion to the step time: the model's figure
+    / (1 + the band's mean signed error e), as measured = predicted / (1 + e) (``band_range``)."""
+    return value / (1.0 + mean_error)
+
+
 def expected_columns(cols: dict, mean_error) -> dict:
     """A result table's training columns (RANGED, where present) as their error band's expected values, each
     divided by 1 + the band's mean signed error (``mean_error``: one per row, NaN or None where a row has no
@@ -377,7 +388,7 @@ def expected_columns(cols: dict, mean_error) -> dict:
     for k in RANGED:
         if k in cols:
             out[f"{k}_modelled"] = cols[k]
-            out[k] = np.asarray(cols[k], dtype=float) / (1.0 + mean)
+            out[k] = expected(np.asarray(cols[k], dtype=float), mean)
     return out
 
 
@@ -392,7 +403,7 @@ def with_ranges(training: dict | None, band: dict | None) -> dict | None:
     or "modelled"; ``band_mean_error``: the mean used."""
     if training is None:
         return None
-    mean = band.get("mean_error") if band and band.get("low") is not None else None
+    mean = band_mean(band)
     out = {**training, "headline": "modelled" if mean is None else "expected", "band_mean_error": mean}
     for k in RANGED:
         if k not in training:
@@ -401,5 +412,5 @@ def with_ranges(training: dict | None, band: dict | None) -> dict | None:
         out[f"{k}_range"] = band_range(value, band)
         if mean is not None and value is not None and math.isfinite(value):
             out[f"{k}_modelled"] = value
-            out[k] = value / (1.0 + mean)
+            out[k] = expected(value, mean)
     return out
