@@ -25,6 +25,7 @@ from comet_dse.strategy.text import compact_text
 from comet_dse.whole_run.economics import cost_column, with_ranges
 from comet_dse.workload.families import family_of
 
+NO_FIT = "no strategy fits"      # a Candidate's note where the size was searched and nothing fits
 DEFAULT_DEVICES = (512, 1024, 2048, 4096, 8192, 16384)   # the sizes tried unless asked otherwise
 
 
@@ -92,7 +93,7 @@ def candidate(model: Transformer, cluster: Cluster, devices: int, global_batch: 
     space = with_cluster_defaults(SearchSpace(), cluster, devices, False)
     found = search(model, cluster, devices, global_batch, space)
     if not found.feasible:
-        return Candidate(cluster.name, devices, None, None, None, note="no strategy fits")
+        return Candidate(cluster.name, devices, None, None, None, note=NO_FIT)
     strategy = strategy_at(found.columns, int(found.ranked[0]))
     result = estimate(model, cluster, devices, strategy, tokens=tokens)
     band = band_of(cluster, strategy.dtype.value, bool(model.moe), kind=model.kind)
@@ -109,20 +110,14 @@ def candidates(model: Transformer, clusters: list, devices, global_batch: int, t
 
     from tqdm import tqdm
 
-    designs = [(cluster, n) for cluster in clusters for n in sizes_for(cluster, devices)]
-    for cluster in clusters:            # a size no cluster of this kind takes: a Candidate that says why
+    designs, out = [], []
+    for cluster in clusters:            # a size the cluster cannot take: a Candidate that says why
         refused = []
-        sizes_for(cluster, devices, refused)
-        out_of_range = [Candidate(cluster.name, n, None, None, None, note=why) for n, why in refused]
-        designs += [(c, None) for c in out_of_range]
-    out = []
+        designs += [(cluster, n) for n in sizes_for(cluster, devices, refused)]
+        out += [Candidate(cluster.name, n, None, None, None, note=why) for n, why in refused]
     with tqdm(total=len(designs), unit="design", file=sys.stderr, disable=not progress, delay=1.0,
               leave=False, desc="plan") as bar:
         for cluster, n in designs:
-            if n is None:                  # a refused size: already its Candidate
-                out.append(cluster)
-                bar.update()
-                continue
             bar.set_postfix_str(f"{cluster.name} x {n:,}", refresh=False)
             out.append(candidate(model, cluster, n, global_batch, tokens, band_of))
             bar.update()

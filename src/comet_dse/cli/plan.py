@@ -98,13 +98,13 @@ def _designs(n: int) -> str:
 def render(result, top: int | None) -> str:
     """The answer lines, then the designs by cost on the plan's basis (unknown costs last; ``top`` of them, None:
     every one), how many of how many are shown, and the designs left out of the cost answers and why."""
-    from comet_dse.answers.planner import left_out
+    from comet_dse.answers.planner import NO_FIT, left_out
     from comet_dse.base.text import printable, render_table
     from comet_dse.base.units import format_count, format_duration, format_usd
 
     basis = result.basis
     lines = [f"{result.model}: {format_count(result.tokens)} {result.unit}, global batch {result.global_batch:,}; "
-             f"{_designs(sum(1 for c in result.candidates if c.training or c.note == 'no strategy fits'))} "
+             f"{_designs(sum(1 for c in result.candidates if c.training or c.note == NO_FIT))} "
              f"({len(result.clusters)} cluster{'' if len(result.clusters) == 1 else 's'} x the sizes each takes), "
              "the fastest strategy of each; "
              f"time to train with goodput; cost {basis}ing for all (unknown: "
@@ -131,10 +131,10 @@ def render(result, top: int | None) -> str:
     if out:
         lines += ["", f"Left out of the answers, every cost on one basis ({basis}ing): "
                   + "; ".join(f"{c} x {n:,} ({why})" for c, n, why in out)]
-    skipped = [c for c in result.candidates if not c.training and c.note == "no strategy fits"]
+    skipped = [c for c in result.candidates if not c.training and c.note == NO_FIT]
     if skipped:
         lines += ["", "No fit: " + ", ".join(f"{c.cluster} x {c.devices:,}" for c in skipped)]
-    refused = [c for c in result.candidates if not c.training and c.note != "no strategy fits"]
+    refused = [c for c in result.candidates if not c.training and c.note != NO_FIT]
     if refused:
         lines += ["", "Sizes not offered: " + "; ".join(f"{c.cluster} x {c.devices:,} ({c.note})" for c in refused)]
     return printable("\n".join(lines))
