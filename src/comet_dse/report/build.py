@@ -15,6 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -587,59 +588,82 @@ def _best_step(data: dict, rows: np.ndarray) -> tuple:
     return float(data["step_time_s"][i]), i
 
 
+class TierPoint(NamedTuple):
+    """One model on one device count of one cluster, at one tier bandwidth (``recommendation-tiers``): the
+    tables and state per device [GiB] and the speedup of the best tier of that bandwidth over no tier (None:
+    nothing fits without the tier)."""
+
+    cluster: str
+    model: str
+    devices: int
+    gib: float
+    bandwidth: float
+    speedup: float | None
+
+
+def _tier_points(section: Section) -> list:
+    """Every TierPoint of a recommendation study where some tier of the bandwidth makes something fit: the best
+    step over the tier's capacities against the best step on the same cluster without a tier (capacity 0)."""
+    data, study = section.data, section.study
+    per_device = {m.name: (m.embedding_bytes() + m.embedding_state_bytes()) / 2**30 for m in study.models}
+    models, devices = np.asarray(data["model"]).astype(str), np.asarray(data["devices"])
+
+    def best(rows, variants) -> float:
+        return min((_best_step(data, rows & (data["variant"] == v.index))[0] for v in variants), default=np.nan,
+                   key=lambda t: np.inf if np.isnan(t) else t)
+
+    out = []
+    for cluster in dict.fromkeys(_cluster_of(v) for v in study.variants):
+        variants = [v for v in study.variants if _cluster_of(v) == cluster]
+        without = [v for v in variants if v.values["expansion_capacity"] == 0]
+        for bw in sorted({v.values["expansion_bandwidth"] for v in variants if v.values["expansion_capacity"] > 0}):
+            tier = [v for v in variants if v.values["expansion_capacity"] > 0 and v.values["expansion_bandwidth"] == bw]
+            for model, gib in per_device.items():
+                for n in sorted({int(d) for d in devices[models == model]}):
+                    here = (models == model) & (devices == n)
+                    base, with_tier = best(here, without), best(here, tier)
+                    if np.isfinite(with_tier):
+                        speedup = base / with_tier if np.isfinite(base) else None
+                        out.append(TierPoint(cluster, model, n, gib / n, bw, speedup))
+    return out
+
+
 def _recommendation_tiers(section: Section, out: Path) -> None:
     """Kind `recommendation-tiers` (a recommendation model's study over clusters, device counts and an expansion
     tier): per cluster, the speedup the tier buys over the same cluster without it (capacity 0), by how much of
     the embedding tables and their optimizer state each device holds (the model's whole tables and state / the
-    devices) and by tier bandwidth, the best over the tier's capacities; triangles where only the tier makes it
-    fit. Then per cluster the share of the best design's step the exposed embedding exchange takes, by device
-    count: where the all-to-all dominates."""
-    data, stem, study = section.data, section.study.file_stem, section.study
-    per_device = {m.name: (m.embedding_bytes() + m.embedding_state_bytes()) / 2**30 for m in study.models}
-    models = np.asarray(data["model"]).astype(str)
-    devices = np.asarray(data["devices"])
-    clusters = list(dict.fromkeys(_cluster_of(v) for v in study.variants))
-    panels, marked, found = {}, {}, []
-    for cluster in clusters:
-        variants = [v for v in study.variants if _cluster_of(v) == cluster]
-        without = [v for v in variants if v.values["expansion_capacity"] == 0]
-        series, extra = {}, {}
-        for bw in sorted({v.values["expansion_bandwidth"] for v in variants if v.values["expansion_capacity"] > 0}):
-            tier = [v for v in variants if v.values["expansion_capacity"] > 0 and v.values["expansion_bandwidth"] == bw]
-            label = f"{bw / 1e9:g} GB/s"
-            points = []
-            for model in per_device:
-                for n in sorted({int(d) for d in devices[models == model]}):
-                    here = (models == model) & (devices == n)
-                    base = min((_best_step(data, here & (data["variant"] == v.index))[0] for v in without),
-                               default=float("nan"))
-                    best = np.nanmin([_best_step(data, here & (data["variant"] == v.index))[0] for v in tier] or
-                                     [float("nan")])
-                    x = per_device[model] / n
-                    if np.isfinite(best) and np.isfinite(base):
-                        points.append((x, base / best, False))
-                        found.append((cluster, model, n, x, bw, base / best))
-                    elif np.isfinite(best):
-                        points.append((x, 1.0, True))
-                        found.append((cluster, model, n, x, bw, None))
-            points.sort()
-            series[label] = ([p[0] for p in points if not p[2]], [p[1] for p in points if not p[2]])
-            extra[label] = ([p[0] for p in points if p[2]], [p[1] for p in points if p[2]])
-        panels[cluster], marked[cluster] = series, extra
+    devices) and by tier bandwidth, the best over the tier's capacities (``_tier_points``); triangles where only
+    the tier makes it fit. Then per cluster the share of the best design's step the exposed embedding exchange
+    takes, by device count: where the all-to-all dominates (``_exchange_shares``)."""
+    points = sorted(_tier_points(section), key=lambda p: p.gib)
+    panels, marked = {}, {}
+    for p in points:
+        label = f"{p.bandwidth / 1e9:g} GB/s"
+        series = (marked if p.speedup is None else panels).setdefault(p.cluster, {}).setdefault(label, ([], []))
+        series[0].append(p.gib)
+        series[1].append(1.0 if p.speedup is None else p.speedup)
     section.figures.append(figures.panels_by_cluster(
         panels, "tables + optimizer state per device (GiB)", "speedup over no tier (x)",
-        "Expansion tier: what it buys a recommendation model", f"{stem}-tiers",
+        "Expansion tier: what it buys a recommendation model", f"{section.study.file_stem}-tiers",
         "The best strategy with an expansion tier of each bandwidth (the best of its capacities) over the best "
         "on the same cluster and devices without one; the x axis is the model's tables and their optimizer state "
         "over the devices. Rows beyond HBM go to the fastest tier first (host memory where the preset has one, "
         "the expansion tier), the coldest first, every row alike (docs/model.md, \"Recommendation models\"). "
         "Triangles: nothing fits without the tier.", out, marked=marked))
-    _tier_findings(section, found)
+    _tier_findings(section, points)
+    _exchange_shares(section, out)
+
+
+def _exchange_shares(section: Section, out: Path) -> None:
+    """Per cluster and model, the share of the best design's step (over every tier variant of the cluster) the
+    exposed embedding exchange takes, by device count: a figure and a finding each."""
+    data, study = section.data, section.study
+    models, devices = np.asarray(data["model"]).astype(str), np.asarray(data["devices"])
     exchange = {}
-    for cluster in clusters:
+    for cluster in dict.fromkeys(_cluster_of(v) for v in study.variants):
         rows_c = np.isin(data["variant"], [v.index for v in study.variants if _cluster_of(v) == cluster])
         series = {}
-        for model in per_device:
+        for model in (m.name for m in study.models):
             xs, ys = [], []
             for n in sorted({int(d) for d in devices[models == model]}):
                 step, i = _best_step(data, rows_c & (models == model) & (devices == n))
@@ -658,28 +682,27 @@ def _recommendation_tiers(section: Section, out: Path) -> None:
         exchange[cluster] = series
     section.figures.append(figures.panels_by_cluster(
         exchange, "devices", "exposed embedding exchange (% of step)", "Where the all-to-all dominates",
-        f"{stem}-exchange", "The share of the best design's step (over every tier variant of the cluster) that "
-        "the exchange of row indices and pooled embeddings leaves exposed, by device count.", out))
+        f"{study.file_stem}-exchange", "The share of the best design's step (over every tier variant of the "
+        "cluster) that the exchange of row indices and pooled embeddings leaves exposed, by device count.", out))
 
 
-def _tier_findings(section: Section, found: list) -> None:
+def _tier_findings(section: Section, points: list) -> None:
     """One line per cluster: the largest speedup the tier buys and where, where it buys nothing, and where only
     the tier makes the model fit."""
-    for cluster in dict.fromkeys(f[0] for f in found):
-        mine = [f for f in found if f[0] == cluster]
-        sped = [f for f in mine if f[5] is not None]
-        only = sorted({(f[1], f[2]) for f in mine if f[5] is None})
+    for cluster in dict.fromkeys(p.cluster for p in points):
+        sped = [p for p in points if p.cluster == cluster and p.speedup is not None]
+        only = sorted({(p.model, p.devices) for p in points if p.cluster == cluster and p.speedup is None})
         parts = []
         if sped:
-            top = max(sped, key=lambda f: f[5])
-            designs = sorted({(f[1], f[2]) for f in sped})
-            flat = [d for d in designs if all(f[5] < 1.005 for f in sped if (f[1], f[2]) == d)]
-            if top[5] < 1.005:
+            top = max(sped, key=lambda p: p.speedup)
+            designs = sorted({(p.model, p.devices) for p in sped})
+            flat = [d for d in designs if all(p.speedup < 1.005 for p in sped if (p.model, p.devices) == d)]
+            if top.speedup < 1.005:
                 parts.append(f"the tier buys nothing (under 0.5 %) on any of the {len(designs)} model and device "
                              "counts that fit without it")
             else:
-                parts.append(f"the tier buys up to {top[5]:.2f}x ({top[1]} on {top[2]:,} devices, {top[3]:.0f} GiB "
-                             f"of tables and state per device, {top[4] / 1e9:g} GB/s)")
+                parts.append(f"the tier buys up to {top.speedup:.2f}x ({top.model} on {top.devices:,} devices, "
+                             f"{top.gib:.0f} GiB of tables and state per device, {top.bandwidth / 1e9:g} GB/s)")
                 parts.append(f"under 0.5 % on {len(flat)} of the {len(designs)} model and device counts that fit "
                              "without it")
         if only:
