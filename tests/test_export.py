@@ -8,6 +8,8 @@ from collections import defaultdict
 from importlib import resources
 from pathlib import Path
 
+from dataclasses import replace
+
 import pytest
 
 from comet_dse.answers.estimate import estimate
@@ -28,7 +30,12 @@ ROWS = list(csv.DictReader(resources.files("comet_dse").joinpath("data", "valida
                            .read_text().splitlines()))
 
 H100 = load_cluster("dgx-h100")
-STRATEGIES = {        # name -> (devices, strategy[, cluster]); DGX A100 unless a cluster is given
+MIXTRAL = load_model("mixtral-8x7b").with_seq_len(4096)
+TINY_MOE = load_model(str(resources.files("comet_dse").joinpath("data", "validation", "models",
+                                                                "megatron-ci-tiny-moe.yaml")))
+# the tiny MoE model with its first two layers dense (DeepSeek's first_k_dense_replace; model.moe.dense_layers)
+TINY_MOE_DENSE_FIRST = replace(TINY_MOE, moe=replace(TINY_MOE.moe, dense_layers=2))
+STRATEGIES = {        # name -> (devices, strategy[, cluster[, model]]); DGX A100 and megatron-1.7b unless given
     "tp2-pp4-dp2-interleaved": (16, Strategy(tp=2, pp=4, dp=2, global_batch=16, micro_batch=1, interleave=2)),
     "fp8-dp-pp-tp-placement-separate-accumulation": (8, Strategy(
         tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, dtype="fp8", placement="dp-pp-tp",
@@ -42,6 +49,17 @@ STRATEGIES = {        # name -> (devices, strategy[, cluster]); DGX A100 unless 
                                                   reshard_after_forward=False, grad_sync="step")),
     "pp4-embedding-loss": (4, Strategy(pp=4, global_batch=8, micro_batch=2, pipeline_split="embedding-loss",
                                        pipeline_engine="deepspeed")),
+    # mixture-of-experts: expert all-to-alls over EP, the routed experts' gradients over expert DP
+    "mixtral-tp2-pp2-ep4-sp-zero1": (16, Strategy(tp=2, pp=2, dp=4, ep=4, global_batch=8, micro_batch=1,
+                                                  sequence_parallel=True, zero=1, flash_attention=True),
+                                     H100, MIXTRAL),
+    "mixtral-fp8-dispatch-ep2-edp2-full": (8, Strategy(tp=2, dp=4, ep=2, global_batch=8, micro_batch=1, dtype="fp8",
+                                                       ep_fp8_dispatch=True, recompute="full", zero=1,
+                                                       flash_attention=True, moe_dispatcher="flex"), H100, MIXTRAL),
+    "tiny-moe-dense-first-pp2-ep2-edp2": (8, Strategy(pp=2, dp=4, ep=2, global_batch=8, micro_batch=1,
+                                                      moe_imbalance=1.3), DGX, TINY_MOE_DENSE_FIRST),
+    "tiny-moe-tp2-pp3-ep2-overlap": (24, Strategy(tp=2, pp=3, dp=4, ep=2, global_batch=16, micro_batch=2,
+                                                  ep_overlap=True, recompute="selective"), DGX, TINY_MOE),
 }
 
 
@@ -58,12 +76,17 @@ def attrs(node) -> dict:
     return {a.name: getattr(a, a.WhichOneof("value")) for a in node.attr}
 
 
+def case(name: str) -> tuple:
+    """(devices, strategy, cluster, model) of STRATEGIES[name]."""
+    devices, strategy, *rest = STRATEGIES[name]
+    return devices, strategy, rest[0] if rest else DGX, rest[1] if len(rest) > 1 else MODEL
+
+
 @pytest.fixture(scope="module", params=list(STRATEGIES))
 def exported(request, tmp_path_factory):
-    devices, strategy, *cluster = STRATEGIES[request.param]
-    cluster = cluster[0] if cluster else DGX
-    folder = export(MODEL, cluster, devices, strategy, tmp_path_factory.mktemp("export") / "out")
-    return devices, strategy, folder, load(folder), cluster
+    devices, strategy, cluster, model = case(request.param)
+    folder = export(model, cluster, devices, strategy, tmp_path_factory.mktemp("export") / "out")
+    return devices, strategy, folder, load(folder), cluster, model
 
 
 def assert_well_formed(traces: dict, devices: int, node_types: tuple) -> None:
@@ -81,7 +104,7 @@ def assert_well_formed(traces: dict, devices: int, node_types: tuple) -> None:
 def test_every_rank_decodes_and_reads_as_chakras_feeder_reads_it(exported):
     """One file per rank; the metadata first; ids unique; every data dependency on an earlier node (the feeder
     resolves them, and a graph in file order has no cycle); every node type one the workload layer issues."""
-    devices, _, folder, traces, _ = exported
+    devices, _, folder, traces, _, _ = exported
     s = schema()
     assert_well_formed(traces, devices, (s.COMP_NODE, s.COMM_COLL_NODE, s.COMM_SEND_NODE, s.COMM_RECV_NODE))
     table = json.loads((folder / "chakra" / "ranks.json").read_text())
@@ -91,8 +114,8 @@ def test_every_rank_decodes_and_reads_as_chakras_feeder_reads_it(exported):
 def test_compute_durations_add_up_to_the_estimates_compute(exported):
     """The busiest rank's forward and backward nodes sum to the estimate's forward + backward + recompute (whole
     microseconds, rounded once per rank); no rank computes more; the optimizer node is the estimate's."""
-    devices, strategy, _, traces, cluster = exported
-    result = estimate(MODEL, cluster, devices, strategy)
+    devices, strategy, _, traces, cluster, model = exported
+    result = estimate(model, cluster, devices, strategy)
     expected = sum(result.phases_s.values()) * 1e6
     per_rank = {}
     for rank, (_, nodes) in traces.items():
@@ -106,21 +129,22 @@ def test_compute_durations_add_up_to_the_estimates_compute(exported):
 
 
 def test_flops_over_all_ranks_are_the_estimates_hardware_flops(exported):
-    devices, strategy, _, traces, cluster = exported
+    devices, strategy, _, traces, cluster, model = exported
     total = sum(attrs(n).get("num_ops", 0) for _, nodes in traces.values() for n in nodes)
-    assert total == pytest.approx(estimate(MODEL, cluster, devices, strategy).hardware_flops_per_step, rel=1e-9)
+    assert total == pytest.approx(estimate(model, cluster, devices, strategy).hardware_flops_per_step, rel=1e-9)
 
 
 def test_bytes_of_every_collective_and_transfer(exported):
-    """TP collectives are on b s h e bytes (an all-gather's comm_size the 1/t each rank brings, as ASTRA-sim reads
-    it), pipeline transfers 1/t of it (Megatron's scatter-gather), the DP gradient
-    reductions fp32 gradients of every parameter once over the stages of one TP rank (the tied embedding's
-    copy on the last stage included; the layers' norms, replicated on every TP rank, t times)."""
-    devices, strategy, folder, traces, cluster = exported
+    """TP collectives are on b s/cp h e bytes (an all-gather's comm_size the 1/t each rank brings, as ASTRA-sim
+    reads it), pipeline transfers 1/t of it (Megatron's scatter-gather), the DP gradient reductions fp32
+    gradients of every parameter once over the stages of one TP rank (the tied embedding's copy on the last
+    stage included; the layers' norms and a MoE layer's router, replicated on every TP rank, t times); a MoE
+    model's routed experts reduced over expert DP instead, each EP block's ranks holding all of them."""
+    devices, strategy, folder, traces, cluster, model = exported
     s = schema()
-    act = strategy.micro_batch * MODEL.seq_len * MODEL.hidden * 2
+    act = strategy.micro_batch * model.seq_len // strategy.cp * model.hidden * 2
     groups = json.loads((folder / "astrasim2" / "comm_groups.json").read_text())
-    dp_bytes, gathered = defaultdict(float), defaultdict(float)
+    reduced, gathered = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: defaultdict(float))
     for rank, (_, nodes) in traces.items():
         for n in nodes:
             a = attrs(n)
@@ -128,34 +152,42 @@ def test_bytes_of_every_collective_and_transfer(exported):
                 assert rank in groups[a["pg_name"]]
                 if ".tp_" in n.name and "loss" not in n.name:     # an all-gather: each rank's piece (ASTRA-sim)
                     assert a["comm_size"] == (act // strategy.tp if a["comm_type"] == s.ALL_GATHER else act)
-                if "dp_gradient" in n.name:
-                    dp_bytes[rank] += a["comm_size"]
-                if "dp_weight_all_gather" in n.name:
-                    gathered[rank] += a["comm_size"] * strategy.dp
+                for part in ("dp", "expert"):
+                    if f"{part}_gradient" in n.name:
+                        reduced[part][rank] += a["comm_size"]
+                    if f"{part}_weight_all_gather" in n.name:      # the whole tensor: the piece x the members
+                        gathered[part][rank] += a["comm_size"] * len(groups[a["pg_name"]])
             elif n.type in (s.COMM_SEND_NODE, s.COMM_RECV_NODE):
                 assert a["comm_size"] == act // strategy.tp
-    if strategy.dp > 1:
-        table = json.loads((folder / "chakra" / "ranks.json").read_text())
-        per_tp_rank = sum(v for r, v in dp_bytes.items() if table[str(r)]["tp"] == 0 and table[str(r)]["dp"] == 0)
-        tied = MODEL.vocab * MODEL.hidden if (MODEL.tied_embeddings and strategy.pp > 1) else 0
-        norms = (strategy.tp - 1) * MODEL.layers * MODEL.layer_norm_params()
-        reductions = 1     # per step; ZeRO 3 reduce-scatters every micro-batch unless grad_sync step
-        if strategy.zero >= 3 and strategy.grad_sync.value == "micro-batch":
-            reductions = strategy.global_batch // (strategy.dp * strategy.micro_batch)
-        params = MODEL.total_params() + tied + norms
-        assert per_tp_rank * strategy.tp / 4 / reductions == pytest.approx(params, rel=1e-9)
-        # 16-bit weights gathered: once a step (ZeRO 1/2, after the optimizer); ZeRO 3 each micro-batch's
-        # forward, and its backward again when they were freed after forward
-        m = strategy.global_batch // (strategy.dp * strategy.micro_batch)
-        times = {0: 0, 1: 1, 2: 1, 3: m * (1 + strategy.reshard_after_forward)}[int(strategy.zero)]
-        gathered_tp0 = sum(v for r, v in gathered.items() if table[str(r)]["tp"] == 0 and table[str(r)]["dp"] == 0)
-        assert gathered_tp0 * strategy.tp / 2 == pytest.approx(times * params, rel=1e-9)
+    if strategy.dp * strategy.cp == 1:
+        return
+    table = json.loads((folder / "chakra" / "ranks.json").read_text())
+    block = [int(r) for r, v in table.items() if v["tp"] == 0 and v.get("cp", 0) == 0 and v["dp"] < strategy.ep]
+    tied = model.vocab * model.hidden if (model.tied_embeddings and strategy.pp > 1) else 0
+    replicated = model.layers * model.layer_norm_params() + model.moe_layers * model.hidden * (
+        model.moe.experts if model.moe else 0)
+    experts = model.moe_layers * model.moe.experts * model.ffn_params(model.moe.ffn) if model.moe else 0
+    expert_dp = strategy.dp * strategy.cp // strategy.ep > 1
+    params = {"dp": model.total_params() - experts + tied + (strategy.tp - 1) * replicated,
+              "expert": experts if expert_dp else 0}
+    reductions = 1     # per step; ZeRO 3 reduce-scatters every micro-batch unless grad_sync step
+    m = strategy.global_batch // (strategy.dp * strategy.micro_batch)
+    if strategy.zero >= 3 and strategy.grad_sync.value == "micro-batch":
+        reductions = m
+    # 16-bit weights gathered: once a step (ZeRO 1/2, after the optimizer); ZeRO 3 each micro-batch's forward,
+    # and its backward again when they were freed after forward
+    times = {0: 0, 1: 1, 2: 1, 3: m * (1 + strategy.reshard_after_forward)}[int(strategy.zero)]
+    for part, copies in (("dp", strategy.ep), ("expert", 1)):    # an EP block holds the shared weights ep times
+        per_block = sum(reduced[part][r] for r in block) * strategy.tp / copies
+        assert per_block / 4 / reductions == pytest.approx(params[part], rel=1e-9)
+        gathered_block = sum(gathered[part][r] for r in block) * strategy.tp / copies
+        assert gathered_block / 2 == pytest.approx(times * params[part], rel=1e-9)
 
 
 def test_sends_match_receives_and_groups_agree(exported):
     """Every send has one receive of the same bytes and tag on its destination; every member of a group issues
     the same collectives in the same order (ASTRA-sim pairs them by order)."""
-    _, _, folder, traces, _ = exported
+    _, _, folder, traces, _, _ = exported
     s = schema()
     sends, recvs, seq = defaultdict(int), defaultdict(int), defaultdict(list)
     for rank, (_, nodes) in traces.items():
@@ -232,11 +264,13 @@ def test_the_step_runs_to_completion(exported):
     critical rank's kernels and the optimizer when there is no pipeline, and with one no longer than those plus
     comet-dse's bubble, (p - 1)/v slowest-stage micro-batches: the traces' stages other than the slowest are
     faster, so their share of the warm-up and drain is shorter."""
-    devices, strategy, folder, traces, cluster = exported
+    devices, strategy, folder, traces, cluster, model = exported
     end = _run_to_completion(traces, json.loads((folder / "astrasim2" / "comm_groups.json").read_text()))
-    result = estimate(MODEL, cluster, devices, strategy)
+    result = estimate(model, cluster, devices, strategy)
     b = result.breakdown_s
-    kernels = sum(result.phases_s.values()) + b["optimizer"]
+    cast = max(n.duration_micros for _, nodes in traces.values() for n in nodes if n.name == "fp8_weight_cast"
+               ) / 1e6 if strategy.dtype.value == "fp8" else 0.0      # fp8's weight cast, once, before the step
+    kernels = sum(result.phases_s.values()) + b["optimizer"] + cast
     if strategy.pp == 1:
         assert end == pytest.approx(kernels * 1e6, abs=2.0)
     else:
@@ -340,7 +374,7 @@ def test_the_command_writes_replaces_its_own_and_refuses_the_rest(tmp_path, caps
 
 
 @pytest.mark.parametrize("extra, needles", [
-    (("--model", "mixtral-8x7b"), ("model", "mixture-of-experts")),
+    (("--model", "mixtral-8x7b", "--ep", 2, "--zero", 3), ("zero", "ZeRO 3 of a mixture-of-experts model")),
     (("--cp", 2, "--tp", 2), ("cp", "context parallelism")),
     (("--zero", 1, "--hybrid-shard"), ("hybrid-shard", "hybrid sharding")),
     (("--max-nodes", 10), ("max-nodes", "nodes")),

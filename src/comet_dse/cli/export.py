@@ -33,7 +33,10 @@ def run(args) -> int:
                     max_nodes=args.max_nodes or MAX_NODES, traces=args.traces)
     parts = (["chakra/ (one ET per rank)"] if args.traces else []) + ["astrasim2/"]
     parts += ["astrasim1/"] if (folder / "astrasim1").exists() else []
-    skipped = (" (no astrasim1/: the ASTRA-sim 1.0 workload describes transformers only)"
-               if isinstance(model, Recommendation) else "")
+    skipped = ""
+    if isinstance(model, Recommendation):
+        skipped = " (no astrasim1/: the ASTRA-sim 1.0 workload describes transformers only)"
+    elif model.moe:
+        skipped = " (no astrasim1/: the ASTRA-sim 1.0 workload describes dense transformer blocks only)"
     print(f"wrote {folder}: {', '.join(parts)}, estimate.json{skipped}; run astrasim2/run.sh (docs/export.md)")
     return 0

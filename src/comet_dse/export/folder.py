@@ -30,7 +30,7 @@ from comet_dse.export import astrasim_inputs as asi
 from comet_dse.export import recommendation
 from comet_dse.export.chakra import encode_rank
 from comet_dse.export.chakra_schema import schema
-from comet_dse.export.plan import Plan, plan_of
+from comet_dse.export.plan import Plan, Where, plan_of
 from comet_dse.export.schedule import groups_of, rank_trace
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.recommendation import Recommendation
@@ -47,38 +47,35 @@ MAX_RANKS = 2**20
 WORKLOAD = "workload"        # the ET files' prefix: chakra/workload.<rank>.et
 
 
-def ranks(plan: Plan) -> list:
-    """(rank, TP index, stage, DP index) of every device, by rank."""
-    out = [(plan.rank(i, s, d), i, s, d) for i in range(plan.tp) for s in range(plan.pp) for d in range(plan.dp)]
-    return sorted(out)
-
-
-def node_count(plan: Plan) -> int:
-    """Nodes over all ranks: each stage's trace length times the ranks that run it."""
-    groups = groups_of(plan)
-    return sum(len(rank_trace(plan, groups, 0, s, 0)) for s in range(plan.pp)) * plan.tp * plan.dp
+def node_count(plan: Plan, groups) -> int:
+    """Nodes over all ranks: each stage's trace length times the ranks that run it (a trace's length depends
+    on its stage only)."""
+    per_stage = sum(len(rank_trace(plan, groups, Where(0, 0, s, 0))) for s in range(plan.pp))
+    return per_stage * plan.tp * plan.cp * plan.dp
 
 
 class TransformerLayout:
-    """A transformer's export: its Plan and groups (schedule.py); the 1.0 workload where pp and cp are 1."""
+    """A transformer's export: its Plan and groups (schedule.py); the 1.0 workload where pp and cp are 1 and the
+    model is dense (the fork's workload describes dense transformer blocks only)."""
 
     fewer = "fewer devices, micro-batches or layers"     # what makes its traces shorter (the --max-nodes refusal)
 
     def __init__(self, plan: Plan):
         self.plan, self.groups = plan, groups_of(plan)
-        self.v1 = plan.strategy.pp == 1 and plan.strategy.cp == 1
+        self.v1 = plan.strategy.pp == 1 and plan.strategy.cp == 1 and not plan.model.moe
 
     @property
     def members(self) -> dict:
         return self.groups.members
 
     def node_count(self) -> int:
-        return node_count(self.plan)
+        return node_count(self.plan, self.groups)
 
     def traces(self):
-        """(rank, {"tp", "pp", "dp"}, its TraceNodes) of every rank, by rank."""
-        for rank, i, s, d in ranks(self.plan):
-            yield rank, {"tp": i, "pp": s, "dp": d}, rank_trace(self.plan, self.groups, i, s, d)
+        """(rank, {"tp", "cp", "pp", "dp"}, its TraceNodes) of every rank, by rank."""
+        for w in self.plan.places():
+            yield (self.plan.rank(w), {"tp": w.tp, "cp": w.cp, "pp": w.pp, "dp": w.dp},
+                   rank_trace(self.plan, self.groups, w))
 
 
 def layout_of(model, cluster: Cluster, devices: int, strategy: Strategy):

@@ -21,16 +21,23 @@ ZeRO 3 (FSDP) replaces the chunk's reduction: each layer's weights are all-gathe
 current layer's compute (prefetch depth 1, as cost/data_parallel.py: _sharded_layers), and each layer's
 gradients reduce-scattered after its backward, every micro-batch (grad_sync micro-batch) or in the
 last one (step), waited for only by the optimizer.
+A MoE layer (mixture-of-experts models: the layers after the first dense_layers) adds, after its forward
+node, the dispatch and the combine all-to-all over its EP group (the ep consecutive DP ranks of the same TP
+index, CP index and stage; StrategyArrays.strides) and, after its backward node, their gradients' (the
+combine's first, at the dispatch's bytes, then the dispatch's, at the combine's); full recomputation repeats
+the forward's first. Its gradients are reduced in two parts: the shared weights over the DP group, the routed
+experts over the expert-DP group (the DP ranks of the same place in every EP group), as cost/data_parallel.py:
+_dp_groups reduces them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from comet_dse.export.plan import Plan, Work
+from comet_dse.export.plan import Plan, Where, Work
 from comet_dse.strategy.choices import GradSync, PipelineEngine, Recompute, Zero
 
 COMP, COLL, SEND, RECV = "COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE"
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER"
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"
 TAG_SPACE = 2**31 - 1       # comm_tag is an int32
 
 
@@ -52,30 +59,57 @@ class TraceNode:
     tag: int = 0
 
 
+# Communicator groups by kind: the coordinates its members share (Where's fields), and which kinds a plan has.
+GROUP_KINDS = ("tp", "dp", "ep", "edp")
+
+
 @dataclass
 class Groups:
-    """Communicator groups: id (from 1) -> member ranks, and the TP and DP group of each rank."""
+    """Communicator groups: id (from 1) -> member ranks, and per kind (GROUP_KINDS) each rank's group id."""
 
     members: dict = field(default_factory=dict)
-    tp: dict = field(default_factory=dict)
-    dp: dict = field(default_factory=dict)
+    of: dict = field(default_factory=lambda: {kind: {} for kind in GROUP_KINDS})
+
+    def get(self, kind: str, rank: int) -> int:
+        """The id of ``rank``'s group of ``kind`` (0: none, it would have one member)."""
+        return self.of[kind].get(rank, 0)
+
+    def size(self, gid: int) -> int:
+        return len(self.members[gid])
 
 
-def groups_of(plan: Plan) -> Groups:
-    """The TP groups (one per stage and DP index) and DP groups (one per TP index and stage) of size > 1."""
+def group_key(plan: Plan, kind: str, w: Where):
+    """What the members of ``w``'s group of ``kind`` share: TP the CP index, stage and DP index; DP (the
+    gradient group, CP ranks included, as cost/data_parallel.py: _dp_groups) the TP index and stage; EP the TP
+    and CP index, stage and EP block (ep consecutive DP ranks); expert DP the TP index, stage and the DP
+    index's place in its EP block."""
+    return {"tp": (w.cp, w.pp, w.dp), "dp": (w.tp, w.pp), "ep": (w.tp, w.cp, w.pp, w.dp // plan.ep),
+            "edp": (w.tp, w.pp, w.dp % plan.ep)}[kind]
+
+
+def group_sizes(plan: Plan) -> dict:
+    """Members of each kind of group (expert DP only for a mixture-of-experts model)."""
+    return {"tp": plan.tp, "dp": plan.dp * plan.cp, "ep": plan.ep if plan.model.moe else 1,
+            "edp": plan.dp * plan.cp // plan.ep if plan.model.moe else 1}
+
+
+def groups_of(plan: Plan, places=None) -> Groups:
+    """The groups of more than one member of every kind, ids from 1 in kind order and then by their first
+    rank; ``places``: the devices to take them from (default all)."""
     out = Groups()
-    kinds = (("tp", plan.tp, lambda a, s, b: plan.rank(b, s, a), plan.dp),
-             ("dp", plan.dp, lambda a, s, b: plan.rank(a, s, b), plan.tp))
-    for kind, size, rank_of, other in kinds:
-        if size == 1:
+    sizes = group_sizes(plan)
+    places = plan.places() if places is None else places
+    for kind in GROUP_KINDS:
+        if sizes[kind] == 1:
             continue
-        for s in range(plan.pp):
-            for a in range(other):
-                gid = len(out.members) + 1
-                ranks = [rank_of(a, s, b) for b in range(size)]
-                out.members[gid] = ranks
-                for r in ranks:
-                    getattr(out, kind)[r] = gid
+        ids = {}
+        for w in places:
+            key, rank = group_key(plan, kind, w), plan.rank(w)
+            if key not in ids:
+                ids[key] = len(out.members) + 1
+                out.members[ids[key]] = []
+            out.members[ids[key]].append(rank)
+            out.of[kind][rank] = ids[key]
     return out
 
 
@@ -124,18 +158,20 @@ class _Stream:
         self.add(COMP, name, extra_deps=extra_deps, seconds=work.seconds, flops=work.flops, part=part)
 
 
-def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: int) -> list:
-    """The TraceNodes of one rank's step, in an order where every node follows its dependencies."""
+def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
+    """The TraceNodes of the step of the rank at ``w``, in an order where every node follows its dependencies."""
     st = plan.strategy
     p, v, m = plan.pp, plan.chunks, plan.microbatches
-    me = plan.rank(tp_index, stage, dp_index)
-    tp_group, dp_group = groups.tp.get(me, 0), groups.dp.get(me, 0)
+    stage = w.pp
+    me = plan.rank(w)
+    tp_group, dp_group = groups.get("tp", me), groups.get("dp", me)
+    ep_group, edp_group = groups.get("ep", me), groups.get("edp", me)
     f_ops, g_ops = plan.model.tp_operators
     sp, whole = st.sequence_parallel and st.tp > 1, st.pipeline_engine is PipelineEngine.DEEPSPEED
     s = _Stream()
     if plan.weight_cast > 0:
         s.compute("fp8_weight_cast", Work(plan.weight_cast, 0.0), "weight_cast")
-    first_layer = _first_layers(plan)
+    first_layer = plan.first_layers
 
     def tp_collectives(label: str, forward: bool) -> None:
         if not tp_group:
@@ -150,8 +186,18 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
             s.add(COLL, f"{label}.tp_{kind.lower()}{n}", comm=kind, size=comm_size(kind, plan.tp_bytes, plan.tp),
                   group=tp_group)
 
+    def expert_exchange(label: str, unit: int, forward: bool) -> None:
+        """A MoE layer's all-to-alls over its EP group: dispatch then combine; backward their gradients, the
+        combine's (the gradient sent to the experts, at the dispatch's bytes) then the dispatch's."""
+        if not (ep_group and plan.is_moe(unit)):
+            return
+        steps = ((("dispatch", plan.dispatch_bytes), ("combine", plan.combine_bytes)) if forward else
+                 (("combine_gradient", plan.dispatch_bytes), ("dispatch_gradient", plan.combine_bytes)))
+        for name, size in steps:
+            s.add(COLL, f"{label}.ep_{name}_all_to_all", comm=ALL_TO_ALL, size=size, group=ep_group)
+
     def peer_rank(virtual: int) -> int:
-        return plan.rank(tp_index, virtual % p, dp_index)
+        return plan.rank(Where(w.tp, w.cp, virtual % p, w.dp))
 
     def tag(k: int, boundary: int, backward: bool) -> int:
         return ((k * p * v + boundary) * 2 + backward) % TAG_SPACE
@@ -164,6 +210,7 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
             s.add(COLL, f"{name}.tp_regather", comm=ALL_GATHER, size=plan.tp_bytes / plan.tp, group=tp_group)
 
     zero3 = bool(dp_group) and st.zero >= Zero.PARAMETERS
+    dp_members = groups.size(dp_group) if dp_group else 1
 
     def gathers(label: str, chunk: int, units: list) -> dict:
         """ZeRO 3: the all-gather of each of ``units``' 16-bit weights (a chunk's parameters, its embedding or head
@@ -171,12 +218,13 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
         stream; unit -> the node its compute waits for."""
         if not zero3 or not units:
             return {}
-        size = 2.0 * plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] / plan.dp
+        size = 2.0 * plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] / dp_members
         return {u: s.add(COLL, f"{label}.layer{u}.dp_weight_all_gather", blocking=False, comm=ALL_GATHER,
                          size=size, group=dp_group) for u in units}
 
     def layer_pass(label: str, chunk: int, units: list, forward: bool, gather: bool, k: int) -> None:
-        """The units' compute in order, each with its TP collectives (and, backward, ZeRO 3's reduce-scatter)."""
+        """The units' compute in order, each with its EP and TP collectives (and, backward, ZeRO 3's
+        reduce-scatter)."""
         waits = {}
         for n, unit in enumerate(units):
             if gather and zero3:
@@ -184,18 +232,33 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
                     waits.update(gathers(label, chunk, units[:1]))
                 waits.update(gathers(label, chunk, units[n + 1:n + 2]))    # the next unit's, beside this one
             extra = [waits[unit].id] if unit in waits else []
+            moe = plan.is_moe(unit)
+            name = f"{label}.layer{unit}"
             if forward:
-                s.compute(f"{label}.layer{unit}.fwd", plan.layer_f, "forward", extra)
-                tp_collectives(f"{label}.layer{unit}.fwd", True)
+                s.compute(f"{name}.fwd", plan.moe_f if moe else plan.layer_f, "forward", extra)
+                expert_exchange(f"{name}.fwd", unit, True)
+                tp_collectives(f"{name}.fwd", True)
                 continue
             if st.recompute is Recompute.FULL:
-                tp_collectives(f"{label}.layer{unit}.recompute", True)
-            s.compute(f"{label}.layer{unit}.bwd", plan.layer_b, "backward", extra)
-            tp_collectives(f"{label}.layer{unit}.bwd", False)
+                expert_exchange(f"{name}.recompute", unit, True)
+                tp_collectives(f"{name}.recompute", True)
+            s.compute(f"{name}.bwd", plan.moe_b if moe else plan.layer_b, "backward", extra)
+            expert_exchange(f"{name}.bwd", unit, False)
+            tp_collectives(f"{name}.bwd", False)
             if zero3 and (st.grad_sync is GradSync.MICRO_BATCH or k == m - 1):
                 size = plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] * plan.grad_bytes_per_param
-                dp_pending.append(s.add(COLL, f"{label}.layer{unit}.dp_gradient_reduce_scatter", blocking=False,
+                dp_pending.append(s.add(COLL, f"{name}.dp_gradient_reduce_scatter", blocking=False,
                                         comm=REDUCE_SCATTER, size=size, group=dp_group))
+
+    def reduce_chunk(c: int) -> None:
+        """The chunk's gradients are final: the shared ones reduced over DP, the routed experts' over expert DP."""
+        kind = REDUCE_SCATTER if st.zero >= Zero.OPTIMIZER else ALL_REDUCE
+        parts = (("dp", dp_group, plan.chunk_shared_params(stage, c)),
+                 ("expert", edp_group, plan.chunk_expert_params(stage, c)))
+        for name, group, params in parts:
+            if group and params > 0:
+                dp_pending.append(s.add(COLL, f"chunk{c}.{name}_gradient_{kind.lower()}", blocking=not st.dp_overlap,
+                                        comm=kind, size=params * plan.grad_bytes_per_param, group=group))
 
     dp_pending = []
     for phase, k, c in order(plan, stage):
@@ -237,26 +300,15 @@ def rank_trace(plan: Plan, groups: Groups, tp_index: int, stage: int, dp_index: 
                 s.compute(f"{head}.grad_accumulate", Work(plan.accumulate / v, 0.0), "backward")
             if g > 0:
                 p2p(SEND, f"{head}.send_gradient", g - 1, k, g - 1, True)
-            if k == m - 1 and dp_group and not zero3:    # the chunk's gradients are final: reduce them over DP
-                kind = REDUCE_SCATTER if st.zero >= Zero.OPTIMIZER else ALL_REDUCE
-                dp_pending.append(s.add(COLL, f"chunk{c}.dp_gradient_{kind.lower()}", blocking=not st.dp_overlap,
-                                        comm=kind, size=plan.chunk_params(stage, c) * plan.grad_bytes_per_param,
-                                        group=dp_group))
+            if k == m - 1 and not zero3:
+                reduce_chunk(c)
     s.add(COMP, "optimizer", extra_deps=[n.id for n in dp_pending if n is not s.last],
           seconds=plan.optimizer, part="optimizer")
-    if dp_group and st.zero >= Zero.OPTIMIZER and not zero3:
-        params = sum(plan.chunk_params(stage, c) for c in range(v))
-        s.add(COLL, "dp_weight_all_gather", comm=ALL_GATHER, size=2.0 * params / plan.dp, group=dp_group)
+    if st.zero >= Zero.OPTIMIZER and not zero3:
+        parts = (("dp", dp_group, sum(plan.chunk_shared_params(stage, c) for c in range(v))),
+                 ("expert", edp_group, sum(plan.chunk_expert_params(stage, c) for c in range(v))))
+        for name, group, params in parts:
+            if group and params > 0:
+                s.add(COLL, f"{name}_weight_all_gather", comm=ALL_GATHER, size=2.0 * params / groups.size(group),
+                      group=group)
     return s.nodes
-
-
-def _first_layers(plan: Plan) -> list:
-    """[stage][chunk] -> the global index of the chunk's first layer (virtual stage c p + s holds the
-    c p + s'th block of layers)."""
-    p, v = plan.pp, plan.chunks
-    starts, at = [[0] * v for _ in range(p)], 0
-    for c in range(v):
-        for stage in range(p):
-            starts[stage][c] = at
-            at += plan.chunk_layers[stage][c]
-    return starts
