@@ -19,6 +19,7 @@ from comet_dse.answers.estimate import estimate
 from comet_dse.base.errors import InputError
 from comet_dse.design_space.search import search, strategy_at
 from comet_dse.design_space.space import SearchSpace, with_cluster_defaults
+from comet_dse.hardware.slices import nearest as nearest_slices
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.text import compact_text
@@ -62,27 +63,53 @@ class Candidate:
         return self.training.get("time_to_train_s_range") if self.training else None
 
 
-def sizes_for(cluster: Cluster, wanted, refused: list | None = None) -> list:
-    """The device counts of ``wanted`` that ``cluster`` can lay out, each one that it cannot replaced by the
-    nearest multiple of its bounded network dimensions (a TPU pod's torus, an NVL72 rack), without repeats.
-    ``refused``: where given, each count it cannot take at all is appended as (count, why): beyond the
-    preset's largest size (``max_devices``, the largest published job or system), or no layout."""
+def why_not_offered(cluster: Cluster, count: int) -> str | None:
+    """Why ``count`` devices of ``cluster`` cannot be bought or rented as they are, or None: beyond its largest
+    size (``max_devices``: the largest published job or system), no layout on its network, or, on a machine
+    rented in slices (a TPU pod, hardware/slices.py), no whole number of equal offered slices."""
+    try:
+        cluster.dim_sizes(count)
+    except InputError as exc:
+        return exc.message
+    if cluster.slices is not None and cluster.slice_layout(count) is None:
+        return f"no whole number of equal {cluster.name} slices ({cluster.slices.text()})"
+    return None
+
+
+def nearest_offered(cluster: Cluster, n: int) -> int:
+    """The offered count nearest ``n`` where ``n`` is not offered: on a machine rented in slices, the nearest
+    whole number of equal slices (the smaller on a tie); elsewhere the nearest multiple of its bounded network
+    dimensions (a TPU pod's torus, an NVL72 rack)."""
+    if cluster.slices is not None:
+        caps, outer = cluster.slice_caps()
+        below, above = nearest_slices(cluster.slices, caps, outer, n, cluster.max_devices)
+        near = [c for c in (below, above) if c is not None]
+        return min(near, key=lambda c: (abs(c - n), c)) if near else n
     unit = math.prod(d.size for d in cluster.network if d.size is not None)
+    return max(unit, round(n / unit) * unit)
+
+
+def sizes_for(cluster: Cluster, wanted, refused: list | None = None) -> list:
+    """The device counts of ``wanted`` that ``cluster`` is offered in, each one that it is not replaced by the
+    nearest one that it is (``nearest_offered``), without repeats. ``refused``: where given, each count beyond
+    the largest size or with no offered replacement is appended as (count, why) (``why_not_offered``)."""
     out = []
     for n in wanted:
-        why = None
-        for count in (n, max(unit, round(n / unit) * unit)):
-            try:
-                cluster.dim_sizes(count)
-            except InputError as exc:
-                why = why or exc.message
+        why = why_not_offered(cluster, n)
+        count = n
+        beyond = cluster.max_devices is not None and n > cluster.max_devices
+        if why is not None and beyond:
+            if refused is not None:
+                refused.append((n, why))
+            continue
+        if why is not None:
+            count = nearest_offered(cluster, n)
+            if why_not_offered(cluster, count) is not None:
+                if refused is not None:
+                    refused.append((n, why))
                 continue
-            if count not in out:
-                out.append(count)
-            why = None
-            break
-        if why is not None and refused is not None:
-            refused.append((n, why))
+        if count not in out:
+            out.append(count)
     return out
 
 

@@ -21,6 +21,7 @@ from comet_dse.base.units import KIND_BANDWIDTH, KIND_BYTES, KIND_COUNT, KIND_FL
 from comet_dse.hardware.efficiency import PHYSICAL, efficiency_of
 from comet_dse.hardware.economics_block import Economics, anchored, economics_from
 from comet_dse.hardware.spec import DTYPES, Accelerator, Cluster, MemoryTier, NetworkDim, Topology
+from comet_dse.hardware.slices import Slices, slices_from
 
 MAX_TILE = BOUNDS["matmul_tile"].high     # the largest tile side a cluster file may give
 # Which row of bounds.BOUNDS a tier's capacity is checked against.
@@ -209,10 +210,20 @@ def cluster_from(data: dict, prefix: str = "cluster", folder: Path | None = None
         fragmentation=fields.quantity("fragmentation", KIND_COUNT, 0.0, bound="fragmentation"),
         workspace_memory=fields.quantity("workspace_memory", KIND_BYTES, 0.0, bound="reserved_memory"),
         calibration=_calibration(fields, data, folder),
+        slices=_slices(fields, network) if fields.has("slices") else None,
     )
     cluster = with_efficiency(cluster, fields.raw("training_efficiency", PHYSICAL), fields.name("training_efficiency"))
     fields.reject_unknown()
     return anchored(cluster)
+
+
+def _slices(fields: Fields, network: tuple) -> Slices:
+    """The file's ``slices:`` block (hardware/slices.py), cut from its bounded (torus) dimensions."""
+    caps = tuple(d.size for d in network if d.size is not None)
+    if not caps:
+        raise InputError(fields.name("slices"), "slices are cut from bounded network dimensions; this network "
+                         "has none")
+    return slices_from(fields.raw("slices"), caps, fields.name("slices"))
 
 
 def with_efficiency(cluster: Cluster, setting, where: str = "training_efficiency") -> Cluster:

@@ -11,6 +11,7 @@ from enum import Enum
 
 from comet_dse.base.bounds import BOUNDS
 from comet_dse.base.errors import InputError
+from comet_dse.hardware.slices import Slices, layout as slice_layout
 from comet_dse.hardware.efficiency import precision_class
 from comet_dse.hardware.economics_block import Economics
 
@@ -207,6 +208,8 @@ class Cluster:
     # PyTorch, Transformer Engine's): part of the reserve, but inside the allocator (torch max_allocated counts it)
     workspace_memory: float = 0.0
     calibration: dict | None = field(default=None, compare=False, hash=False)  # provenance (comet-dse calibrate)
+    # The slice shapes a provider offers this torus machine in (hardware/slices.py; TPU pods); None: any count
+    slices: Slices | None = None
     # The file's `training_efficiency:` setting (hardware/efficiency.py): "public-runs", "physical" or a path;
     # what it gives is in accelerator.training_efficiency.
     efficiency_setting: str = field(default="physical", compare=False, hash=False)
@@ -223,6 +226,9 @@ class Cluster:
         devices = BOUNDS["devices"].check_integer("devices", devices)
         if self.max_devices is not None and devices > self.max_devices:
             raise InputError("devices", f"{self.name} has at most {self.max_devices} devices, asked for {devices}")
+        in_slices = self.slice_layout(devices)
+        if in_slices is not None:
+            return in_slices + (1,) * (len(self.network) - len(in_slices))
         sizes, left, inner = [], devices, 1
         for dim in self.network:
             cap = left if dim.size is None else dim.size
@@ -243,6 +249,29 @@ class Cluster:
             total = devices // left
             raise InputError("devices", f"{self.name} holds at most {total} devices in its network, asked for {devices}")
         return tuple(sizes)
+
+    def slice_caps(self) -> tuple:
+        """(sizes of the bounded torus dimensions the slices are cut from, how many slices the outer network
+        joins: None for any number, 1 where there is no outer network)."""
+        caps = tuple(d.size for d in self.network if d.size is not None)
+        return caps, (None if self.network[-1].size is None else 1)
+
+    def slice_layout(self, devices: int) -> tuple | None:
+        """The sizes of each network dimension for ``devices`` devices in equal offered slices (hardware/slices.py:
+        layout), or None: no slice shapes, or ``devices`` is no whole number of equal slices."""
+        if self.slices is None:
+            return None
+        caps, outer = self.slice_caps()
+        return slice_layout(self.slices, caps, outer, devices)
+
+    def orderable(self, devices: int) -> bool:
+        """Whether ``devices`` can be rented as they are: any count dim_sizes lays out, and on a machine rented in
+        slices, a whole number of equal offered slices (``plan`` offers no other count)."""
+        try:
+            self.dim_sizes(devices)
+        except InputError:
+            return False
+        return self.slices is None or self.slice_layout(devices) is not None
 
     def _partial_domain(self, cap: int, devices: int) -> int:
         """The largest whole number of nodes' devices, at most ``cap``, that divides ``devices`` (``cap`` when
