@@ -184,7 +184,6 @@ class Plan:
 def check_supported(model: Transformer, strategy: Strategy) -> None:
     """An InputError for what the trace writer does not lay out yet (docs/export.md, "Not carried over")."""
     unsupported = (
-        (strategy.cp > 1, "cp", "context parallelism is not exported yet; use cp 1"),
         (bool(model.moe) and strategy.zero >= Zero.PARAMETERS, "zero", "ZeRO 3 of a mixture-of-experts model is "
          "not exported yet (its expert shards live on the expert-data-parallel group); use zero 0, 1 or 2"),
         (strategy.hybrid_shard, "hybrid-shard", "hybrid sharding is not exported yet"),

@@ -28,13 +28,20 @@ combine's first, at the dispatch's bytes, then the dispatch's, at the combine's)
 the forward's first. Its gradients are reduced in two parts: the shared weights over the DP group, the routed
 experts over the expert-DP group (the DP ranks of the same place in every EP group), as cost/data_parallel.py:
 _dp_groups reduces them.
+Context parallelism (cp > 1; each rank holds s / cp tokens of every sequence): with the ring (cp_algorithm
+ring) each layer's K and V pass around the CP group (the CP ranks of one TP index, stage and DP index) in
+cp - 1 send/receive steps beside the layer's forward node, and K, V and their gradients (two transfers a
+step) beside its backward node, with the recomputed forward's beside it too under full recomputation; what
+follows the node waits for the last receive (the cost model hides the ring behind the attention and
+charges the excess). With all-gather (Llama 3) K and V are all-gathered before the forward node and their
+gradients reduce-scattered after the backward node, blocking. The DP gradient group holds the CP ranks too.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from comet_dse.export.plan import Plan, Where, Work
-from comet_dse.strategy.choices import GradSync, PipelineEngine, Recompute, Zero
+from comet_dse.strategy.choices import CpAlgorithm, GradSync, PipelineEngine, Recompute, Zero
 
 COMP, COLL, SEND, RECV = "COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE"
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL"
@@ -60,7 +67,7 @@ class TraceNode:
 
 
 # Communicator groups by kind: the coordinates its members share (Where's fields), and which kinds a plan has.
-GROUP_KINDS = ("tp", "dp", "ep", "edp")
+GROUP_KINDS = ("tp", "cp", "dp", "ep", "edp")
 
 
 @dataclass
@@ -79,17 +86,21 @@ class Groups:
 
 
 def group_key(plan: Plan, kind: str, w: Where):
-    """What the members of ``w``'s group of ``kind`` share: TP the CP index, stage and DP index; DP (the
+    """What the members of ``w``'s group of ``kind`` share: TP the CP index, stage and DP index; CP the TP
+    index, stage and DP index; DP (the
     gradient group, CP ranks included, as cost/data_parallel.py: _dp_groups) the TP index and stage; EP the TP
     and CP index, stage and EP block (ep consecutive DP ranks); expert DP the TP index, stage and the DP
     index's place in its EP block."""
-    return {"tp": (w.cp, w.pp, w.dp), "dp": (w.tp, w.pp), "ep": (w.tp, w.cp, w.pp, w.dp // plan.ep),
-            "edp": (w.tp, w.pp, w.dp % plan.ep)}[kind]
+    return {"tp": (w.cp, w.pp, w.dp), "cp": (w.tp, w.pp, w.dp), "dp": (w.tp, w.pp),
+            "ep": (w.tp, w.cp, w.pp, w.dp // plan.ep), "edp": (w.tp, w.pp, w.dp % plan.ep)}[kind]
 
 
 def group_sizes(plan: Plan) -> dict:
-    """Members of each kind of group (expert DP only for a mixture-of-experts model)."""
-    return {"tp": plan.tp, "dp": plan.dp * plan.cp, "ep": plan.ep if plan.model.moe else 1,
+    """Members of each kind of group (CP only where it gathers, the ring's transfers being sends and receives;
+    expert DP only for a mixture-of-experts model)."""
+    gathered = plan.strategy.cp_algorithm is CpAlgorithm.ALL_GATHER
+    return {"tp": plan.tp, "cp": plan.cp if gathered else 1, "dp": plan.dp * plan.cp,
+            "ep": plan.ep if plan.model.moe else 1,
             "edp": plan.dp * plan.cp // plan.ep if plan.model.moe else 1}
 
 
@@ -141,17 +152,19 @@ def order(plan: Plan, stage: int) -> list:
 
 
 class _Stream:
-    """The nodes of one rank, and the node the next blocking one waits for."""
+    """The nodes of one rank, the node the next one waits for, and the nodes it waits for besides (``joins``:
+    transfers that ran beside the last compute), until a blocking one has waited for them."""
 
     def __init__(self):
-        self.nodes, self.last = [], None
+        self.nodes, self.last, self.joins = [], None, []
 
     def add(self, node_type: str, name: str, blocking: bool = True, extra_deps=(), **fields) -> TraceNode:
         deps = ([self.last.id] if self.last is not None else []) + list(extra_deps)
+        deps += [n.id for n in self.joins if n.id not in deps]
         node = TraceNode(id=len(self.nodes), name=name, type=node_type, deps=deps, **fields)
         self.nodes.append(node)
         if blocking:
-            self.last = node
+            self.last, self.joins = node, []
         return node
 
     def compute(self, name: str, work: Work, part: str, extra_deps=()) -> None:
@@ -164,7 +177,7 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
     p, v, m = plan.pp, plan.chunks, plan.microbatches
     stage = w.pp
     me = plan.rank(w)
-    tp_group, dp_group = groups.get("tp", me), groups.get("dp", me)
+    tp_group, dp_group, cp_group = groups.get("tp", me), groups.get("dp", me), groups.get("cp", me)
     ep_group, edp_group = groups.get("ep", me), groups.get("edp", me)
     f_ops, g_ops = plan.model.tp_operators
     sp, whole = st.sequence_parallel and st.tp > 1, st.pipeline_engine is PipelineEngine.DEEPSPEED
@@ -195,6 +208,41 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
                  (("combine_gradient", plan.dispatch_bytes), ("dispatch_gradient", plan.combine_bytes)))
         for name, size in steps:
             s.add(COLL, f"{label}.ep_{name}_all_to_all", comm=ALL_TO_ALL, size=size, group=ep_group)
+
+    ring = plan.cp > 1 and st.cp_algorithm is CpAlgorithm.RING
+    cp_next, cp_prev = (plan.rank(Where(w.tp, (w.cp + d) % plan.cp, w.pp, w.dp)) for d in (1, -1))
+
+    def cp_ring(label: str, unit: int, k: int, passes: tuple):
+        """Context parallelism's ring beside the next compute node: per pass in ``passes`` (0 forward, 1 the
+        recomputed forward, 2 backward) cp - 1 steps, each sending the K and V it holds to the next CP rank
+        and receiving the previous rank's (backward: K and V and their gradients, two transfers a step), of
+        cp_kv_bytes each, as cost/layer_work.py charges them. They wait for what the compute waits for, each
+        send and receive for the receive before it (a send forwards what arrived). Returns the last receive,
+        which what follows the compute waits for too (None without a ring)."""
+        if not ring:
+            return None
+        recv = None
+        for pass_ in passes:
+            parts = ("kv", "kv_gradient") if pass_ == 2 else ("kv",)
+            for step in range(plan.cp - 1):
+                for which, part in enumerate(parts):
+                    tag = ((((k * plan.model.layers + unit) * 3 + pass_) * plan.cp + step) * 2 + which) % TAG_SPACE
+                    name = f"{label}.cp_{part}_{('fwd', 'recompute', 'bwd')[pass_]}{step}"
+                    s.add(SEND, f"{name}.send", blocking=False, extra_deps=[recv.id] if recv else [],
+                          size=plan.kv_bytes, peer=cp_next, tag=tag)
+                    recv = s.add(RECV, f"{name}.recv", blocking=False, extra_deps=[recv.id] if recv else [],
+                                 size=plan.kv_bytes, peer=cp_prev, tag=tag)
+        return recv
+
+    def cp_gather(label: str, forward: bool) -> None:
+        """Context parallelism by all-gather (Llama 3): K and V of the whole sequence gathered before the
+        attention (comm_size each rank's cp_kv_bytes), their gradients reduce-scattered after its backward
+        (the whole cp x cp_kv_bytes), as cost/layer_work.py charges them, blocking."""
+        if not cp_group or ring:
+            return
+        kind = ALL_GATHER if forward else REDUCE_SCATTER
+        s.add(COLL, f"{label}.cp_kv_{kind.lower()}", comm=kind,
+              size=comm_size(kind, plan.cp * plan.kv_bytes, plan.cp), group=cp_group)
 
     def peer_rank(virtual: int) -> int:
         return plan.rank(Where(w.tp, w.cp, virtual % p, w.dp))
@@ -235,14 +283,22 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
             moe = plan.is_moe(unit)
             name = f"{label}.layer{unit}"
             if forward:
+                cp_gather(f"{name}.fwd", True)
+                beside = cp_ring(f"{name}.fwd", unit, k, (0,))
                 s.compute(f"{name}.fwd", plan.moe_f if moe else plan.layer_f, "forward", extra)
+                s.joins += [beside] if beside else []
                 expert_exchange(f"{name}.fwd", unit, True)
                 tp_collectives(f"{name}.fwd", True)
                 continue
-            if st.recompute is Recompute.FULL:
+            full = st.recompute is Recompute.FULL
+            if full:
+                cp_gather(f"{name}.recompute", True)
                 expert_exchange(f"{name}.recompute", unit, True)
                 tp_collectives(f"{name}.recompute", True)
+            beside = cp_ring(f"{name}.bwd", unit, k, (1, 2) if full else (2,))
             s.compute(f"{name}.bwd", plan.moe_b if moe else plan.layer_b, "backward", extra)
+            s.joins += [beside] if beside else []
+            cp_gather(f"{name}.bwd", False)
             expert_exchange(f"{name}.bwd", unit, False)
             tp_collectives(f"{name}.bwd", False)
             if zero3 and (st.grad_sync is GradSync.MICRO_BATCH or k == m - 1):
