@@ -35,6 +35,8 @@ TINY_MOE = load_model(str(resources.files("comet_dse").joinpath("data", "validat
                                                                 "megatron-ci-tiny-moe.yaml")))
 # the tiny MoE model with its first two layers dense (DeepSeek's first_k_dense_replace; model.moe.dense_layers)
 TINY_MOE_DENSE_FIRST = replace(TINY_MOE, moe=replace(TINY_MOE.moe, dense_layers=2))
+# megatron-1.7b cut to 14 layers: with the embedding's and the loss's slots 16, which 4 x 2 and 2 x 4 chunks divide
+MODEL_14 = replace(MODEL, layers=14)
 STRATEGIES = {        # name -> (devices, strategy[, cluster[, model]]); DGX A100 and megatron-1.7b unless given
     "tp2-pp4-dp2-interleaved": (16, Strategy(tp=2, pp=4, dp=2, global_batch=16, micro_batch=1, interleave=2)),
     "fp8-dp-pp-tp-placement-separate-accumulation": (8, Strategy(
@@ -68,6 +70,15 @@ STRATEGIES = {        # name -> (devices, strategy[, cluster[, model]]); DGX A10
                                                       recompute="full", placement="dp-pp-tp", zero=1)),
     "tiny-moe-cp2-ep2-sp-zero1": (16, Strategy(tp=2, cp=2, dp=4, ep=2, global_batch=8, micro_batch=1,
                                                sequence_parallel=True, zero=1), DGX, TINY_MOE),
+    # the embedding-loss split with interleaving: 16 slots in p v equal chunks, the first and the last a layer short
+    "pp4-v2-embedding-loss-zero3": (8, Strategy(pp=4, dp=2, global_batch=16, micro_batch=2, interleave=2,
+                                                pipeline_split="embedding-loss", zero=3), DGX, MODEL_14),
+    "pp2-v4-embedding-loss-tp2-sp": (8, Strategy(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, interleave=4,
+                                                 pipeline_split="embedding-loss", sequence_parallel=True), DGX,
+                                     MODEL_14),
+    "tiny-moe-14-pp2-v2-embedding-loss-ep2": (8, Strategy(pp=2, dp=4, ep=2, global_batch=8, micro_batch=1,
+                                                          interleave=2, pipeline_split="embedding-loss"),
+                                              DGX, replace(TINY_MOE, layers=14)),
 }
 
 
@@ -459,3 +470,62 @@ def test_each_stages_layers_by_hand():
     assert layers_per_stage(126, 16, 1) == [7] + [8] * 14 + [7]
     assert layers_per_stage(61, 4) == [15, 16, 15, 15]
     assert layers_per_stage(5, 2) == [2, 3] and layers_per_stage(24, 1, 1) == [24]
+
+
+# --- the embedding-loss split with interleaving ---------------------------------------------------------------
+
+def test_embedding_loss_chunks_by_hand():
+    """14 layers + the embedding's and the loss's slots on 4 stages of 2 chunks: 8 virtual chunks of 2 slots, the
+    first (stage 0, chunk 0) and the last (stage 3, chunk 1) one layer each; Llama 3 405B's 126 layers on 8 stages
+    of 4 chunks: 32 of 4 slots, stage 0 3, 4, 4, 4 and the last stage 4, 4, 4, 3."""
+    from comet_dse.export.plan import chunk_layers_of
+
+    assert chunk_layers_of(14, 4, 2, 1) == ((1, 2), (2, 2), (2, 2), (2, 1))
+    llama = chunk_layers_of(126, 8, 4, 1)
+    assert llama[0] == (3, 4, 4, 4) and llama[-1] == (4, 4, 4, 3) and set(llama[1:-1]) == {(4, 4, 4, 4)}
+
+
+@pytest.mark.parametrize("pp, interleave", [(2, 2), (2, 4), (4, 2), (4, 4), (8, 2), (3, 2), (6, 3)])
+def test_embedding_loss_chunks_hold_the_cost_models_stage_layers(pp, interleave):
+    """For every layer count whose L + 2 slots divide into pp x interleave chunks of at least 2, each stage's
+    chunks sum to cost/pipeline.py's layers for that stage, every chunk but the first and the last holds the same
+    number, and every layer is placed once."""
+    from comet_dse.cost.pipeline import layers_per_stage
+    from comet_dse.export.plan import chunk_layers_of
+
+    chunks = pp * interleave
+    for layers in range(2 * chunks - 2, 130, chunks):
+        split = chunk_layers_of(layers, pp, interleave, 1)
+        assert [sum(c) for c in split] == layers_per_stage(layers, pp, 1)
+        n = (layers + 2) // chunks
+        flat = [x for stage in split for x in stage]
+        assert sum(flat) == layers and split[0][0] == split[-1][-1] == n - 1
+        assert sorted(flat)[2:] == [n] * (len(flat) - 2)
+
+
+def test_embedding_loss_interleaved_traces_place_the_layers(tmp_path):
+    """megatron-1.7b cut to 14 layers, pp 4 v 2, embedding-loss: stage 0 runs the embedding and layer 0 (virtual
+    stage 0), then layers 7 and 8 (virtual stage 4); stage 3 layers 5 and 6, then 13 and the loss."""
+    devices, strategy, cluster, model = case("pp4-v2-embedding-loss-zero3")
+    folder = export(model, cluster, devices, strategy, tmp_path / "out")
+    traces = load(folder)
+    table = json.loads((folder / "chakra" / "ranks.json").read_text())
+
+    def layers_of(stage):
+        rank = next(int(r) for r, v in table.items() if v["pp"] == stage and v["dp"] == 0)
+        names = [n.name for n in traces[rank][1] if n.name.startswith("mb0.") and n.name.endswith(".fwd")
+                 and n.type == schema().COMP_NODE]
+        return names
+
+    assert layers_of(0) == ["mb0.embedding.fwd", "mb0.layer0.fwd", "mb0.layer7.fwd", "mb0.layer8.fwd"]
+    assert layers_of(3) == ["mb0.layer5.fwd", "mb0.layer6.fwd", "mb0.layer13.fwd", "mb0.head_loss.fwd"]
+
+
+def test_embedding_loss_interleaving_needs_equal_chunks(tmp_path, capsys):
+    """24 layers + 2 slots do not divide into 4 x 2 chunks: one line naming interleave; 2 x 2 x 13 chunks of 26
+    slots would leave the first without a layer (megatron-1.7b's 24 layers cannot be split so; Megatron-LM
+    requires the division)."""
+    args = ("export", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80gb", "--devices", 8, "--pp", 4,
+            "--interleave", 2, "--global-batch", 8, "--pipeline-split", "embedding-loss", "-o", tmp_path / "out")
+    one_line_error(run(capsys, *args), "interleave", "embedding-loss", "pp x interleave")
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,8 @@
 ``plan_of`` reads the cost model's per-micro-batch terms (cost/microbatch_pass.py: microbatch_terms, the same
 terms ``estimate`` combines) and its layout (cost/cache.py: layout_of), and lays the model out on the
 devices as comet-dse does: TP innermost unless the placement says otherwise (StrategyArrays.strides),
-pipeline stages holding the layer counts of cost/pipeline.py, interleaved chunks of L / (p v) layers.
+pipeline stages holding the layer counts of cost/pipeline.py, interleaved chunks of L / (p v) layers (with the
+embedding-loss split, (L + 2) / (p v) slots, the first and the last chunk one layer fewer: ``chunk_layers_of``).
 A mixture-of-experts model runs its first ``dense_layers`` layers dense, the rest MoE (cost/pipeline.py: layers
 run dense first); each kind's kernels are the cost model's terms of that kind (dense.*, moe.*).
 Nothing here costs anything itself: the FLOP counts a Chakra node carries are the cost model's own
@@ -183,22 +184,51 @@ class Plan:
 
 def check_supported(model: Transformer, strategy: Strategy) -> None:
     """An InputError for what the trace writer does not lay out yet (docs/export.md, "Not carried over")."""
+    slots = embedding_slots(strategy)
+    chunks = strategy.pp * strategy.interleave
     unsupported = (
         (bool(model.moe) and strategy.zero >= Zero.PARAMETERS, "zero", "ZeRO 3 of a mixture-of-experts model is "
          "not exported yet (its expert shards live on the expert-data-parallel group); use zero 0, 1 or 2"),
         (strategy.hybrid_shard, "hybrid-shard", "hybrid sharding is not exported yet"),
         (strategy.grad_buffer is GradBuffer.LAYER, "grad-buffer", "per-layer gradient reduction is not exported "
          "yet; use grad-buffer whole"),
-        (strategy.pp > 1 and strategy.pipeline_split is PipelineSplit.EMBEDDING_LOSS and strategy.interleave > 1,
-         "pipeline-split", "embedding-loss with interleave > 1 is not exported yet"),
-        (strategy.interleave > 1 and model.layers % (strategy.pp * strategy.interleave) != 0, "interleave",
+        (strategy.interleave > 1 and slots == 0 and model.layers % chunks != 0, "interleave",
          f"interleaving needs the {model.layers} layers to divide into pp x interleave chunks"),
+        (strategy.interleave > 1 and slots == 1 and (model.layers + 2) % chunks != 0, "interleave",
+         f"interleaving with the embedding-loss split needs the {model.layers} layers and the embedding's and the "
+         "loss's slots to divide into pp x interleave equal chunks, as Megatron-LM's virtual stages split them"),
+        (strategy.interleave > 1 and slots == 1 and (model.layers + 2) // chunks < 2, "interleave",
+         f"{chunks} chunks of the embedding-loss split would leave the first or the last chunk without layers; "
+         "use a smaller pp x interleave"),
         (strategy.interleave > 1 and (strategy.global_batch // (strategy.dp * strategy.micro_batch)) % strategy.pp,
          "interleave", "the interleaved schedule needs the micro-batches per step to be a multiple of pp"),
     )
     for broken, field, message in unsupported:
         if broken:
             raise InputError(field, message)
+
+
+def embedding_slots(strategy: Strategy) -> int:
+    """1 where the embedding and the loss each take a layer's slot of the pipeline split (cost/pipeline.py:
+    embedding_slots), else 0."""
+    return 1 if strategy.pipeline_split is PipelineSplit.EMBEDDING_LOSS else 0
+
+
+def chunk_layers_of(layers: int, pp: int, interleave: int, slots: int) -> tuple:
+    """[stage][chunk] -> the chunk's transformer layers. Each stage's layers (``stage_layers``) in ``interleave``
+    equal chunks; with the embedding's and the loss's slots (Megatron-LM --account-for-embedding-in-pipeline-split
+    and --account-for-loss-in-pipeline-split with virtual stages, megatron/core/transformer/transformer_layer.py:
+    get_transformer_layer_offset) the L + 2 slots in p v equal virtual chunks of n = (L + 2) / (p v), the first
+    chunk of stage 0 holding the embedding's slot and n - 1 layers, the last chunk of the last stage the loss's
+    and n - 1: each stage's total is then cost/pipeline.py's (n v - 1 at both ends, n v between)."""
+    per_stage = stage_layers(layers, pp, slots)
+    if not (slots and interleave > 1):
+        return tuple(tuple([n // interleave] * interleave) for n in per_stage)
+    n = (layers + 2) // (pp * interleave)
+    out = tuple(tuple(n - (s == 0 and c == 0) - (s == pp - 1 and c == interleave - 1) for c in range(interleave))
+                for s in range(pp))
+    assert [sum(c) for c in out] == per_stage      # the cost model's split, chunk by chunk
+    return out
 
 
 def stage_layers(layers: int, pp: int, slots: int) -> list:
@@ -278,10 +308,7 @@ def plan_of(model: Transformer, cluster: Cluster, devices: int, strategy: Strate
     head_f = 2.0 * tokens * model.vocab * model.hidden / strategy.tp
     e = ACTIVATION_BYTES
     whole = strategy.pipeline_engine is PipelineEngine.DEEPSPEED
-    slots = 1 if strategy.pipeline_split is PipelineSplit.EMBEDDING_LOSS else 0
-    per_stage = stage_layers(model.layers, strategy.pp, slots)
-    v = strategy.interleave
-    chunk_layers = tuple(tuple([n // v] * v) for n in per_stage)
+    chunk_layers = chunk_layers_of(model.layers, strategy.pp, strategy.interleave, embedding_slots(strategy))
     sixteen = strategy.dtype is Dtype.FP16 or strategy.grad_precision is GradPrecision.SIXTEEN_BIT
     t = strategy.tp
     attention = attention_params_per_device(model, t)
