@@ -2,6 +2,7 @@
 configurations) in a folder (docs/export.md); transformers and recommendation models (no 1.0 workload for these)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from comet_dse.answers.overrides import add_override_options
@@ -19,6 +20,10 @@ def add_parser(sub) -> None:
                    help="refuse traces of more nodes over all ranks (default 20,000,000)")
     p.add_argument("--no-traces", dest="traces", action="store_false",
                    help="write no Chakra traces: the ASTRA-sim configurations and the 1.0 workload only")
+    p.add_argument("--slice", choices=("replica",), default=None,
+                   help="write one data-parallel replica's ranks only (a MoE model's first EP block), each the whole "
+                        "job's trace of that rank less the collectives that reach other replicas (slice.json lists "
+                        "them): a large job under --max-nodes")
 
 
 def run(args) -> int:
@@ -30,7 +35,7 @@ def run(args) -> int:
     cluster.dim_sizes(args.devices)
     strategy = strategy_from(args, args.devices)
     folder = export(model, cluster, args.devices, strategy, args.output, inputs=inputs,
-                    max_nodes=args.max_nodes or MAX_NODES, traces=args.traces)
+                    max_nodes=args.max_nodes or MAX_NODES, traces=args.traces, part=args.slice)
     parts = (["chakra/ (one ET per rank)"] if args.traces else []) + ["astrasim2/"]
     parts += ["astrasim1/"] if (folder / "astrasim1").exists() else []
     skipped = ""
@@ -38,5 +43,11 @@ def run(args) -> int:
         skipped = " (no astrasim1/: the ASTRA-sim 1.0 workload describes transformers only)"
     elif model.moe:
         skipped = " (no astrasim1/: the ASTRA-sim 1.0 workload describes dense transformer blocks only)"
+    if args.slice:
+        meta = json.loads((folder / "slice.json").read_text())
+        parts.append("slice.json")
+        skipped += (f"; a {args.slice} slice: {meta['ranks']:,} of the job's {meta['job_devices']:,} ranks, each the "
+                    "job's trace of that rank less the collectives with other replicas (DP gradient reductions and "
+                    "gathers; slice.json lists them), estimate.json the whole job's")
     print(f"wrote {folder}: {', '.join(parts)}, estimate.json{skipped}; run astrasim2/run.sh (docs/export.md)")
     return 0

@@ -7,6 +7,8 @@
                              model: its DP index and node count)
       astrasim2/             network.yml, system.json, remote_memory.json, comm_groups.json, run.sh
       astrasim1/             workload.txt, system.txt, network.json (transformers, pure MP x DP splits only: pp 1)
+      slice.json             with --slice: which ranks the folder holds and the collectives it leaves out
+                             (slicing.py)
 
 A model's traces come from its layout: ``members`` (communicator group id -> ranks), ``node_count()``,
 ``traces()`` ((rank, its ranks.json entry, its TraceNodes) of every rank), ``v1`` (whether the ASTRA-sim 1.0
@@ -32,6 +34,7 @@ from comet_dse.export.chakra import encode_rank
 from comet_dse.export.chakra_schema import schema
 from comet_dse.export.plan import Plan, Where, plan_of
 from comet_dse.export.schedule import groups_of, rank_trace
+from comet_dse.export.slicing import SLICES, ReplicaSlice, replica_ranks
 from comet_dse.hardware.spec import Cluster
 from comet_dse.model.recommendation import Recommendation
 from comet_dse.model.spec import Transformer
@@ -65,6 +68,10 @@ class TransformerLayout:
         self.v1 = plan.strategy.pp == 1 and plan.strategy.cp == 1 and not plan.model.moe
 
     @property
+    def devices(self) -> int:
+        return self.plan.devices
+
+    @property
     def members(self) -> dict:
         return self.groups.members
 
@@ -78,32 +85,45 @@ class TransformerLayout:
                    rank_trace(self.plan, self.groups, w))
 
 
-def layout_of(model, cluster: Cluster, devices: int, strategy: Strategy):
-    """The export layout of ``model``'s family: recommendation.layout_of or a TransformerLayout."""
+def layout_of(model, cluster: Cluster, devices: int, strategy: Strategy, part: str | None = None):
+    """The export layout of ``model``'s family: recommendation.layout_of or a TransformerLayout; with ``part``
+    ("replica") a transformer's slice (slicing.py)."""
     if isinstance(model, Recommendation):
+        if part is not None:
+            raise InputError("slice", "--slice lays out transformers only; a recommendation model's step is one "
+                             "data-parallel exchange over every device")
         return recommendation.layout_of(model, cluster, devices, strategy)
-    return TransformerLayout(plan_of(model, cluster, devices, strategy))
+    plan = plan_of(model, cluster, devices, strategy)
+    return TransformerLayout(plan) if part is None else ReplicaSlice(plan)
 
 
 def export(model: Transformer | Recommendation, cluster: Cluster, devices: int, strategy: Strategy, output, inputs=(),
-           max_nodes: int = MAX_NODES, traces: bool = True) -> Path:
+           max_nodes: int = MAX_NODES, traces: bool = True, part: str | None = None) -> Path:
     """Write the export of one point to ``output``; every refusal is an InputError raised before anything is
     written. ``traces`` False: no chakra/ folder (the ASTRA-sim configurations and the 1.0 workload only,
-    e.g. for the paper's 4,096-device splits). Returns the folder."""
+    e.g. for the paper's 4,096-device splits). ``part``: None (every rank) or a slice of SLICES ("replica":
+    slicing.py). Returns the folder."""
     output = Path(os.path.abspath(output))
-    if devices > MAX_RANKS:
-        raise InputError("devices", f"an export writes every rank's trace and communicator groups; {devices:,} ranks "
+    if part is not None and part not in SLICES:
+        raise InputError("slice", f"must be one of {', '.join(SLICES)}, got {part!r}")
+    ranks = devices if part is None or isinstance(model, Recommendation) else replica_ranks(model, strategy)
+    if ranks > MAX_RANKS:
+        raise InputError("devices", f"an export writes every rank's trace and communicator groups; {ranks:,} ranks "
                          f"is more than {MAX_RANKS:,} (ASTRA-sim simulations run tens of thousands): export a smaller "
-                         "job of the same strategy")
+                         "job of the same strategy" + ("" if part else ", or one replica of it (--slice replica)"))
     result = estimate(model, cluster, devices, strategy)
     if not result.runnable:
         raise InputError("strategy", "this strategy cannot run, so there is no step to export: "
                          + "; ".join(r for r, code in zip(result.reasons, result.broken_rules) if code != "memory"))
-    layout = layout_of(model, cluster, devices, strategy)
+    layout = layout_of(model, cluster, devices, strategy, part)
+    written_ranks = getattr(layout, "devices", devices)
     total = layout.node_count() if traces else 0
     if total > max_nodes:
-        raise InputError("max-nodes", f"the traces would hold {total:,} nodes over {devices:,} ranks, more than "
-                         f"{max_nodes:,}; {layout.fewer}, or raise --max-nodes")
+        whole = "" if part or written_ranks < devices or isinstance(model, Recommendation) else \
+            ", export one replica (--slice replica)"
+        raise InputError("max-nodes", f"the traces would hold {total:,} nodes over {written_ranks:,} ranks"
+                         + (f" (a {part} slice of {devices:,})" if part else "") + f", more than {max_nodes:,}; "
+                         f"{layout.fewer}{whole}, or raise --max-nodes")
     if traces:
         schema()                              # the export extra is installed: checked before writing
     written.check_folder(output, MARKER, KIND, inputs=inputs)
@@ -113,7 +133,7 @@ def export(model: Transformer | Recommendation, cluster: Cluster, devices: int, 
         try:
             (tmp / MARKER).write_text("{}")   # an export being written: stale-temporary cleaning may remove it
             _write_all(tmp, layout, model, cluster, devices, strategy, result, traces)
-            written.seal(tmp, MARKER, KIND, devices=devices, nodes=total)
+            written.seal(tmp, MARKER, KIND, devices=devices, nodes=total, ranks=written_ranks, slice=part)
         except OSError as exc:                # a full disk: one line naming the folder asked for, not the temporary
             raise written.failure("output", "write", output, exc) from None
         written.replace_folder(tmp, output, lambda: written.check_folder(output, MARKER, KIND, inputs=inputs))
@@ -124,8 +144,12 @@ def export(model: Transformer | Recommendation, cluster: Cluster, devices: int, 
 
 
 def _write_all(root: Path, layout, model, cluster, devices, strategy, result, traces: bool) -> None:
-    """estimate.json, chakra/ (with ``traces``), astrasim2/ and, where ``layout.v1``, astrasim1/ under ``root``."""
+    """estimate.json, chakra/ (with ``traces``), astrasim2/ and, where ``layout.v1``, astrasim1/ under ``root``;
+    a slice's slice.json, and its network and system files for the ranks it holds."""
     (root / "estimate.json").write_text(jsonout.dumps(result.to_dict(), indent=2) + "\n")
+    if hasattr(layout, "metadata"):
+        (root / "slice.json").write_text(jsonout.dumps(layout.metadata(), indent=1) + "\n")
+        devices = layout.devices
     if traces:
         chakra = root / "chakra"
         chakra.mkdir()

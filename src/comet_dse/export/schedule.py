@@ -72,17 +72,16 @@ GROUP_KINDS = ("tp", "cp", "dp", "ep", "edp")
 
 @dataclass
 class Groups:
-    """Communicator groups: id (from 1) -> member ranks, and per kind (GROUP_KINDS) each rank's group id."""
+    """Communicator groups: id (from 1) -> member ranks, its kind (GROUP_KINDS), and per kind each rank's group
+    id."""
 
     members: dict = field(default_factory=dict)
+    kind: dict = field(default_factory=dict)
     of: dict = field(default_factory=lambda: {kind: {} for kind in GROUP_KINDS})
 
     def get(self, kind: str, rank: int) -> int:
         """The id of ``rank``'s group of ``kind`` (0: none, it would have one member)."""
         return self.of[kind].get(rank, 0)
-
-    def size(self, gid: int) -> int:
-        return len(self.members[gid])
 
 
 def group_key(plan: Plan, kind: str, w: Where):
@@ -118,7 +117,7 @@ def groups_of(plan: Plan, places=None) -> Groups:
             key, rank = group_key(plan, kind, w), plan.rank(w)
             if key not in ids:
                 ids[key] = len(out.members) + 1
-                out.members[ids[key]] = []
+                out.members[ids[key]], out.kind[ids[key]] = [], kind
             out.members[ids[key]].append(rank)
             out.of[kind][rank] = ids[key]
     return out
@@ -258,7 +257,8 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
             s.add(COLL, f"{name}.tp_regather", comm=ALL_GATHER, size=plan.tp_bytes / plan.tp, group=tp_group)
 
     zero3 = bool(dp_group) and st.zero >= Zero.PARAMETERS
-    dp_members = groups.size(dp_group) if dp_group else 1
+    sizes = group_sizes(plan)        # the whole job's groups (a slice may hold part of one: export/slicing.py)
+    dp_members = sizes["dp"]
 
     def gathers(label: str, chunk: int, units: list) -> dict:
         """ZeRO 3: the all-gather of each of ``units``' 16-bit weights (a chunk's parameters, its embedding or head
@@ -361,10 +361,10 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
     s.add(COMP, "optimizer", extra_deps=[n.id for n in dp_pending if n is not s.last],
           seconds=plan.optimizer, part="optimizer")
     if st.zero >= Zero.OPTIMIZER and not zero3:
-        parts = (("dp", dp_group, sum(plan.chunk_shared_params(stage, c) for c in range(v))),
-                 ("expert", edp_group, sum(plan.chunk_expert_params(stage, c) for c in range(v))))
-        for name, group, params in parts:
+        parts = (("dp", dp_group, "dp", sum(plan.chunk_shared_params(stage, c) for c in range(v))),
+                 ("expert", edp_group, "edp", sum(plan.chunk_expert_params(stage, c) for c in range(v))))
+        for name, group, kind, params in parts:
             if group and params > 0:
-                s.add(COLL, f"{name}_weight_all_gather", comm=ALL_GATHER, size=2.0 * params / groups.size(group),
+                s.add(COLL, f"{name}_weight_all_gather", comm=ALL_GATHER, size=2.0 * params / sizes[kind],
                       group=group)
     return s.nodes
