@@ -24,7 +24,7 @@ from test_export import attrs, case, load
 pytest.importorskip("google.protobuf")
 
 MOE_CASES = ["mixtral-tp2-pp2-ep4-sp-zero1", "mixtral-fp8-dispatch-ep2-edp2-full", "tiny-moe-dense-first-pp2-ep2-edp2",
-             "tiny-moe-tp2-pp3-ep2-overlap"]
+             "tiny-moe-tp2-pp3-ep2-overlap", "tiny-moe-dense-first-zero3-ep2-edp2"]
 
 
 @pytest.fixture(scope="module", params=MOE_CASES)

@@ -32,7 +32,7 @@ from comet_dse.hardware.spec import Cluster
 from comet_dse.model.spec import Transformer
 from comet_dse.strategy.arrays import StrategyArrays
 from comet_dse.strategy.choices import (Dtype, GradBuffer, GradPrecision, PipelineEngine, PipelineSplit,
-                                        Recompute, Zero)
+                                        Recompute)
 from comet_dse.strategy.declared import Strategy
 
 LOSS_BYTES = 4.0    # the vocabulary-parallel cross entropy's fp32 all-reduces (cost/microbatch_pass.py: embedding_and_head)
@@ -187,8 +187,6 @@ def check_supported(model: Transformer, strategy: Strategy) -> None:
     slots = embedding_slots(strategy)
     chunks = strategy.pp * strategy.interleave
     unsupported = (
-        (bool(model.moe) and strategy.zero >= Zero.PARAMETERS, "zero", "ZeRO 3 of a mixture-of-experts model is "
-         "not exported yet (its expert shards live on the expert-data-parallel group); use zero 0, 1 or 2"),
         (strategy.hybrid_shard, "hybrid-shard", "hybrid sharding is not exported yet"),
         (strategy.grad_buffer is GradBuffer.LAYER, "grad-buffer", "per-layer gradient reduction is not exported "
          "yet; use grad-buffer whole"),

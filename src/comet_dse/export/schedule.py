@@ -258,17 +258,25 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
 
     zero3 = bool(dp_group) and st.zero >= Zero.PARAMETERS
     sizes = group_sizes(plan)        # the whole job's groups (a slice may hold part of one: export/slicing.py)
-    dp_members = sizes["dp"]
+
+    def unit_parts(chunk: int) -> list:
+        """ZeRO 3's shards of one unit of ``chunk`` (its parameters in equal units of a layer, the embedding or
+        head included, as cost/layout.py splits a stage's): (name, group id, members in the job, parameters per
+        device) of the shared weights over DP and, for a MoE model, the routed experts over expert DP
+        (cost/data_parallel.py: data_parallel_comm, one unit collective per group)."""
+        layers = plan.chunk_layers[stage][chunk]
+        parts = (("dp", dp_group, sizes["dp"], plan.chunk_shared_params(stage, chunk) / layers),
+                 ("expert", edp_group, sizes["edp"], plan.chunk_expert_params(stage, chunk) / layers))
+        return [part for part in parts if part[1] and part[3] > 0]
 
     def gathers(label: str, chunk: int, units: list) -> dict:
-        """ZeRO 3: the all-gather of each of ``units``' 16-bit weights (a chunk's parameters, its embedding or head
-        included, in equal units of a layer, as cost/layout.py splits a stage's), issued without blocking the
-        stream; unit -> the node its compute waits for."""
+        """ZeRO 3: the all-gather of each of ``units``' 16-bit weight shards (``unit_parts``), issued without
+        blocking the stream; unit -> the nodes its compute waits for."""
         if not zero3 or not units:
             return {}
-        size = 2.0 * plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] / dp_members
-        return {u: s.add(COLL, f"{label}.layer{u}.dp_weight_all_gather", blocking=False, comm=ALL_GATHER,
-                         size=size, group=dp_group) for u in units}
+        return {u: [s.add(COLL, f"{label}.layer{u}.{name}_weight_all_gather", blocking=False, comm=ALL_GATHER,
+                          size=2.0 * params / members, group=group) for name, group, members, params in unit_parts(chunk)]
+                for u in units}
 
     def layer_pass(label: str, chunk: int, units: list, forward: bool, gather: bool, k: int) -> None:
         """The units' compute in order, each with its EP and TP collectives (and, backward, ZeRO 3's
@@ -279,7 +287,7 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
                 if n == 0:                                    # the first unit's weights: now
                     waits.update(gathers(label, chunk, units[:1]))
                 waits.update(gathers(label, chunk, units[n + 1:n + 2]))    # the next unit's, beside this one
-            extra = [waits[unit].id] if unit in waits else []
+            extra = [node.id for node in waits.get(unit, [])]
             moe = plan.is_moe(unit)
             name = f"{label}.layer{unit}"
             if forward:
@@ -302,9 +310,9 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
             expert_exchange(f"{name}.bwd", unit, False)
             tp_collectives(f"{name}.bwd", False)
             if zero3 and (st.grad_sync is GradSync.MICRO_BATCH or k == m - 1):
-                size = plan.chunk_params(stage, chunk) / plan.chunk_layers[stage][chunk] * plan.grad_bytes_per_param
-                dp_pending.append(s.add(COLL, f"{name}.dp_gradient_reduce_scatter", blocking=False,
-                                        comm=REDUCE_SCATTER, size=size, group=dp_group))
+                for part, group, _, params in unit_parts(chunk):
+                    dp_pending.append(s.add(COLL, f"{name}.{part}_gradient_reduce_scatter", blocking=False,
+                                            comm=REDUCE_SCATTER, size=params * plan.grad_bytes_per_param, group=group))
 
     def reduce_chunk(c: int) -> None:
         """The chunk's gradients are final: the shared ones reduced over DP, the routed experts' over expert DP."""
