@@ -206,7 +206,8 @@ def test_bytes_of_every_collective_and_transfer(exported):
     times = {0: 0, 1: 1, 2: 1, 3: m * (1 + strategy.reshard_after_forward)}[int(strategy.zero)]
     for part, copies in (("dp", strategy.ep), ("expert", 1)):    # an EP block holds the shared weights ep times
         scale = strategy.tp / copies
-        rounding = {kind: 0.5 * scale * sum(nodes_of[(kind, part, r)] for r in block) for kind in ("reduced", "gathered")}
+        rounding = {kind: 0.5 * scale * sum(nodes_of[(kind, part, r)] for r in block)
+                    for kind in ("reduced", "gathered")}
         per_block = sum(reduced[part][r] for r in block) * scale
         assert per_block / 4 / reductions == pytest.approx(params[part], rel=1e-9, abs=rounding["reduced"] / 4)
         gathered_block = sum(gathered[part][r] for r in block) * scale

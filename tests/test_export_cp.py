@@ -21,7 +21,8 @@ from test_export import attrs, case, load
 
 pytest.importorskip("google.protobuf")
 
-CP_CASES = ["cp2-ring-tp2-dp2", "cp4-all-gather-pp2-full", "cp4-ring-full-placement-dp-pp-tp", "tiny-moe-cp2-ep2-sp-zero1"]
+CP_CASES = ["cp2-ring-tp2-dp2", "cp4-all-gather-pp2-full", "cp4-ring-full-placement-dp-pp-tp",
+            "tiny-moe-cp2-ep2-sp-zero1"]
 
 
 @pytest.fixture(scope="module", params=CP_CASES)

@@ -119,8 +119,9 @@ def export(model: Transformer | Recommendation, cluster: Cluster, devices: int, 
     written_ranks = getattr(layout, "devices", devices)
     total = layout.node_count() if traces else 0
     if total > max_nodes:
-        whole = "" if part or written_ranks < devices or isinstance(model, Recommendation) else \
-            ", export one replica (--slice replica)"
+        replicas = not (part or isinstance(model, Recommendation)) and layout.plan.dp > replica_ranks(
+            model, strategy) // (strategy.tp * strategy.cp * strategy.pp)
+        whole = ", export one replica (--slice replica)" if replicas else ""
         raise InputError("max-nodes", f"the traces would hold {total:,} nodes over {written_ranks:,} ranks"
                          + (f" (a {part} slice of {devices:,})" if part else "") + f", more than {max_nodes:,}; "
                          f"{layout.fewer}{whole}, or raise --max-nodes")

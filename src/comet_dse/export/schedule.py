@@ -27,7 +27,7 @@ index, CP index and stage; StrategyArrays.strides) and, after its backward node,
 combine's first, at the dispatch's bytes, then the dispatch's, at the combine's); full recomputation repeats
 the forward's first. Its gradients are reduced in two parts: the shared weights over the DP group, the routed
 experts over the expert-DP group (the DP ranks of the same place in every EP group), as cost/data_parallel.py:
-_dp_groups reduces them.
+_dp_groups reduces them, and under ZeRO 3 gathered and reduce-scattered unit by unit in the same two parts.
 Context parallelism (cp > 1; each rank holds s / cp tokens of every sequence): with the ring (cp_algorithm
 ring) each layer's K and V pass around the CP group (the CP ranks of one TP index, stage and DP index) in
 cp - 1 send/receive steps beside the layer's forward node, and K, V and their gradients (two transfers a
@@ -274,8 +274,9 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
         blocking the stream; unit -> the nodes its compute waits for."""
         if not zero3 or not units:
             return {}
+        parts = unit_parts(chunk)
         return {u: [s.add(COLL, f"{label}.layer{u}.{name}_weight_all_gather", blocking=False, comm=ALL_GATHER,
-                          size=2.0 * params / members, group=group) for name, group, members, params in unit_parts(chunk)]
+                          size=2.0 * params / members, group=group) for name, group, members, params in parts]
                 for u in units}
 
     def layer_pass(label: str, chunk: int, units: list, forward: bool, gather: bool, k: int) -> None:
