@@ -92,3 +92,16 @@ def test_a_bad_slices_block_is_one_clear_error(block, needle):
     with pytest.raises(InputError) as exc:
         cluster_from(data)
     assert needle in str(exc.value)
+
+
+def test_a_replaced_network_drops_the_slices_it_no_longer_has():
+    """A study's `network` axis or an override can replace the torus the shapes are cut from: then no shape
+    applies and the count is laid out on the new network as on any other machine."""
+    import dataclasses as dc
+
+    v4 = load_cluster("tpu-v4")
+    flat = dc.replace(v4, network=(dc.replace(v4.network[0], size=None),))
+    assert not flat.rented_in_slices and flat.slice_layout(64) is None
+    assert flat.dim_sizes(64) == (64,) and flat.orderable(2)
+    wider = dc.replace(v4, network=tuple(dc.replace(d, size=2) for d in v4.network))   # a 2x2x2 torus
+    assert wider.rented_in_slices and wider.dim_sizes(8) == (2, 2, 2)

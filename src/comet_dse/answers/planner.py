@@ -71,7 +71,7 @@ def why_not_offered(cluster: Cluster, count: int) -> str | None:
         cluster.dim_sizes(count)
     except InputError as exc:
         return exc.message
-    if cluster.slices is not None and cluster.slice_layout(count) is None:
+    if cluster.rented_in_slices and cluster.slice_layout(count) is None:
         return f"no whole number of equal {cluster.name} slices ({cluster.slices.text()})"
     return None
 
@@ -80,7 +80,7 @@ def nearest_offered(cluster: Cluster, n: int) -> int:
     """The offered count nearest ``n`` where ``n`` is not offered: on a machine rented in slices, the nearest
     whole number of equal slices (the smaller on a tie); elsewhere the nearest multiple of its bounded network
     dimensions (a TPU pod's torus, an NVL72 rack)."""
-    if cluster.slices is not None:
+    if cluster.rented_in_slices:
         caps, outer = cluster.slice_caps()
         below, above = nearest_slices(cluster.slices, caps, outer, n, cluster.max_devices)
         near = [c for c in (below, above) if c is not None]

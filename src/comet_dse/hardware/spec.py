@@ -256,10 +256,20 @@ class Cluster:
         caps = tuple(d.size for d in self.network if d.size is not None)
         return caps, (None if self.network[-1].size is None else 1)
 
+    @property
+    def rented_in_slices(self) -> bool:
+        """Whether the slice shapes apply to this network: a study's `network` axis or an override may have
+        replaced the torus they are cut from (other dimensions, other sizes), and then none of them does."""
+        if self.slices is None:
+            return False
+        caps, _ = self.slice_caps()
+        return bool(caps) and all(len(s) == len(caps) for s in self.slices.listed) and \
+            (self.slices.block is None or len(self.slices.block) == len(caps)) and bool(self.slices.shapes(caps))
+
     def slice_layout(self, devices: int) -> tuple | None:
         """The sizes of each network dimension for ``devices`` devices in equal offered slices (hardware/slices.py:
-        layout), or None: no slice shapes, or ``devices`` is no whole number of equal slices."""
-        if self.slices is None:
+        layout), or None: no slice shapes that apply, or ``devices`` is no whole number of equal slices."""
+        if not self.rented_in_slices:
             return None
         caps, outer = self.slice_caps()
         return slice_layout(self.slices, caps, outer, devices)
@@ -271,7 +281,7 @@ class Cluster:
             self.dim_sizes(devices)
         except InputError:
             return False
-        return self.slices is None or self.slice_layout(devices) is not None
+        return not self.rented_in_slices or self.slice_layout(devices) is not None
 
     def _partial_domain(self, cap: int, devices: int) -> int:
         """The largest whole number of nodes' devices, at most ``cap``, that divides ``devices`` (``cap`` when
