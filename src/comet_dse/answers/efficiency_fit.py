@@ -34,14 +34,14 @@ from comet_dse.hardware.efficiency import PHYSICAL, SHIPPED_FILE, checksum, kind
 MIN_RUNS = 3                # a family needs this many runs for a fitted efficiency (else: nearest, assumed)
 PARAMETER = "sustained"     # calibrate's parameter: tensor_sustained for every dtype
 DECIMALS = 4                # the efficiency as written (the fit's 1-sigma is about 0.01)
-RUNS_FILES = ("h100_public.csv", "gpu_public.csv")
+RUNS_FILES = ("h100_public.csv", "gpu_public.csv", "accelerators_public.csv")
 HEADER = "# Written by python -m comet_dse.answers.efficiency_fit; do not edit: its checksum would not match.\n"
 
 
 def today_runs(directory: Path) -> list:
     """Every whole run of h100_public.csv and gpu_public.csv in ``directory`` that the model can run as written
     (validation.PublishedRun: the runs ``comet-dse validate`` compares), with its stated settings."""
-    from comet_dse.answers.validation import comparisons_of, gpu_runs, h100_runs
+    from comet_dse.answers.validation import OTHERS, comparisons_of, gpu_runs, h100_runs
     from comet_dse.presets.catalog import load_cluster
 
     clusters = {}
@@ -51,7 +51,7 @@ def today_runs(directory: Path) -> list:
             clusters[name] = load_cluster(name, efficiency=PHYSICAL)
         return clusters[name]
 
-    runs = h100_runs(directory, physical("dgx-h100")) + gpu_runs(directory)
+    runs = h100_runs(directory, physical("dgx-h100")) + gpu_runs(directory) + gpu_runs(directory, OTHERS)
     kept = {(c.dataset, c.label) for c in comparisons_of(runs, physical)}
     return [r for r in runs if (r.dataset, r.label) in kept]
 
@@ -90,20 +90,28 @@ def fit_family(preset: str, members: list, progress: bool = False, cross_validat
     if not cross_validated:
         return entry
     held = cross_validate(runs, cluster, [PARAMETER], result, progress=progress)
+    physical = round(cluster.accelerator.physical_sustained("bf16"), DECIMALS)
     return entry | {
         "sigma": round(float(result.sigma[0]), DECIMALS) if np.isfinite(result.sigma[0]) else None,
-        "physical": round(cluster.accelerator.physical_sustained("bf16"), DECIMALS),
+        "physical": physical,
         "frameworks": "; ".join(sorted({m.framework for m in members})),
         "error_physical": _stats(result.before), "error_fitted": _stats(result.after),
         "cross_validation": cross_validation(len(runs))[1], "error_cross_validated": _stats(held),
         "run_ids": [m.label for m in members],
-    } | _applies(result.before, held)
+    } | _applies(result.before, held, entry["efficiency"] >= physical)
 
 
-def _applies(physical, held) -> dict:
+def _applies(physical, held, at_physical: bool = False) -> dict:
     """{applies, why}: a fitted value is shipped only where runs it did not see read closer with it than at
     the physical reading (cross-validated mean |error| below the physical one); else the family takes the
-    nearest family's, as one without runs does."""
+    nearest family's, as one without runs does. A fit at or above the physical reading (``at_physical``: the
+    runs are faster than the model at the burn-test rate, so the tensor rate is not what the model has too
+    slow) is not shipped either, and the family keeps the physical reading (hardware/efficiency.py: resolve)."""
+    if at_physical:
+        return {"applies": False, "at_physical": True,
+                "why": "fitted at or above the physical reading: the runs are faster than the model even at the "
+                       "burn-test rate, so no efficiency below it explains them; the family keeps the physical "
+                       "reading"}
     physical, held = float(np.mean(np.abs(physical))), float(np.mean(np.abs(held)))
     if held < physical:
         return {"applies": True}

@@ -43,11 +43,12 @@ TABLE1 = "narayanan2021_table1.csv"
 TABLE4 = "korthikanti2022_table4.csv"
 H100 = "h100_public.csv"
 GPU = "gpu_public.csv"
+OTHERS = "accelerators_public.csv"      # TPUs, AMD Instinct, Intel Gaudi (accelerators_public.md)
 MEMORY = "memory.csv"
 MOE_LAYER = "moe_layer_perf.csv"
 FSDP = "fsdp_public.csv"
 RECSYS = "recsys_public.csv"
-STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU, FSDP, RECSYS)   # `validate`'s step times, in order
+STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU, OTHERS, FSDP, RECSYS)   # `validate`'s step times, in order
 
 
 @dataclass(frozen=True)
@@ -465,7 +466,7 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory) + moe_layer_comparisons(h100, directory)
             + h100_comparisons(h100, directory, skipped) + gpu_comparisons(directory, skipped)
-            + gpu_comparisons(directory, skipped, FSDP) + gpu_comparisons(directory, skipped, RECSYS))
+            + gpu_comparisons(directory, skipped, OTHERS) + gpu_comparisons(directory, skipped, FSDP) + gpu_comparisons(directory, skipped, RECSYS))
 
 
 @dataclass(frozen=True)

@@ -161,13 +161,17 @@ def shipped_path() -> Path:
 def resolve(families, accelerator: str, source: str) -> dict:
     """(precision, kind) -> Applied for every family of ``accelerator``: measured where the file has it (and
     its value generalises: ``applies``, efficiency_fit), else the nearest measured family of the accelerator (then of its same-silicon sibling), assumed;
-    families with nothing to take from are left out (they keep the physical reading)."""
+    families with nothing to take from are left out (they keep the physical reading), as are those whose own
+    runs were fitted at or above it (``at_physical``: taking another family's lower value would read them slower
+    still)."""
     out = {}
+    kept_physical = {(f["precision"], f["kind"]) for f in families
+                     if f["accelerator"] == accelerator and f.get("at_physical")}
     for name in (accelerator, SAME_SILICON.get(accelerator)):
         own = [f for f in families if f["accelerator"] == name and f.get("applies", True)]
         for precision in PRECISIONS:
             for kind in KINDS:
-                if (precision, kind) in out or not own:
+                if (precision, kind) in out or (precision, kind) in kept_physical or not own:
                     continue
                 exact = [f for f in own if f["precision"] == precision and f["kind"] == kind]
                 if exact and name == accelerator:
