@@ -539,3 +539,39 @@ def test_embedding_loss_interleaving_needs_equal_chunks(tmp_path, capsys):
             "--interleave", 2, "--global-batch", 8, "--pipeline-split", "embedding-loss", "-o", tmp_path / "out")
     one_line_error(run(capsys, *args), "interleave", "embedding-loss", "pp x interleave")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_overlapped_gradient_reduction_and_weight_gather_sit_where_the_estimate_hides_them(tmp_path, zero):
+    """With dp_overlap (the default), each layer's gradients are reduced right after its backward in the last
+    micro-batch, before the next layer's backward starts, and (ZeRO 1/2) each layer's updated weights are
+    gathered before its forward in the first micro-batch; none of them blocks the stream. Without dp_overlap
+    the reduction follows the last backward whole and the gather follows the optimizer (exposed, as the
+    estimate charges them then)."""
+    for overlap in (True, False):
+        strategy = Strategy(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, zero=zero, dp_overlap=overlap)
+        folder = export(MODEL, DGX, 8, strategy, tmp_path / f"z{zero}-{overlap}")
+        _, nodes = load(folder)[0]
+        names = [n.name for n in nodes]
+        m = strategy.global_batch // (strategy.dp * strategy.micro_batch)
+        kind = "reduce_scatter" if zero else "all_reduce"
+        reductions = [i for i, name in enumerate(names) if f"dp_gradient_{kind}" in name]
+        gathers = [i for i, name in enumerate(names) if "dp_weight_all_gather" in name]
+        last_bwd = max(i for i, name in enumerate(names) if name.endswith(".bwd"))
+        optimizer = names.index("optimizer")
+        if overlap:
+            layers = sum(1 for name in names if name.startswith(f"mb{m - 1}.") and name.endswith(".bwd")
+                         and ".layer" in name)
+            assert len(reductions) == layers > 1
+            assert all(names[i].startswith(f"mb{m - 1}.layer") for i in reductions)
+            assert min(reductions) < last_bwd                    # issued inside the last backward, not after it
+            assert all(nodes[i].id not in nodes[i + 1].data_deps or nodes[i + 1].type != schema().COMP_NODE
+                       for i in reductions)                      # the next compute does not wait for it
+            if zero:
+                first_fwd = min(i for i, name in enumerate(names) if name.startswith("mb0.layer") and
+                                name.endswith(".fwd"))
+                assert len(gathers) == layers and min(gathers) < first_fwd < optimizer
+                assert all(names[i].startswith("mb0.layer") for i in gathers)
+        else:
+            assert len(reductions) == 1 and reductions[0] > last_bwd
+            assert len(gathers) == (1 if zero else 0) and all(i > optimizer for i in gathers)

@@ -8,8 +8,10 @@ micro-batch (j // p v) p + j mod p (backward chunks counted from the last).
 
 Dependencies (``data_deps``, the only ones ASTRA-sim's feeder follows) form one stream per rank: every
 compute node waits for the node before it; a blocking collective (TP, the loss's, DP without
-dp_overlap) is waited for by the next compute; a non-blocking one (DP with dp_overlap: the gradient
-reduction of a chunk once its last micro-batch's backward is done) only by the optimizer. A receive
+dp_overlap) is waited for by the next compute; a non-blocking one (DP with dp_overlap: each layer's
+gradient reduction as soon as its backward in the last micro-batch has made them final, a chunk's whole once its
+last backward is done where the pipeline is interleaved, and with ZeRO 1/2 each layer's weight all-gather beside
+the first micro-batch's forward that needs it) only by the optimizer, resp. that forward. A receive
 blocks what follows it; a send blocks it unless pp_overlap. Per layer: its forward kernels, then its
 TP collectives (Megatron's g: all-reduces of b s h e bytes; with sequence parallelism an all-gather per
 f and a reduce-scatter per g); its backward (and recomputation: full recomputation repeats the
@@ -269,10 +271,23 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
                  ("expert", edp_group, sizes["edp"], plan.chunk_expert_params(stage, chunk) / layers))
         return [part for part in parts if part[1] and part[3] > 0]
 
-    def gathers(label: str, chunk: int, units: list) -> dict:
-        """ZeRO 3: the all-gather of each of ``units``' 16-bit weight shards (``unit_parts``), issued without
+    # With dp_overlap (Megatron-LM's --overlap-grad-reduce / --overlap-param-gather, bucketed; cost/data_parallel.py:
+    # exposed_data_parallel hides them behind the last micro-batch's backward, resp. the first one's forward):
+    # without interleaving each unit's gradients are reduced as soon as the last micro-batch's backward has made
+    # them final (with v chunks the estimate's window is per chunk, and the chunk's reduction follows its last
+    # backward whole: per-unit pieces there queue the pipeline's transfers behind them in a simulator that keeps
+    # one communication per rank in flight, docs/export.md); with ZeRO 1/2 each unit's updated weights are
+    # gathered beside the forward that needs them, which a one-step trace writes as the step's first
+    # micro-batch (the steady state: the gather of the weights the previous step updated).
+    overlapped = bool(dp_group) and st.dp_overlap and not zero3
+    bucketed = overlapped and v == 1
+    gather_step_start = overlapped and st.zero >= Zero.OPTIMIZER
+
+    def gathers(label: str, chunk: int, units: list, k: int = 0) -> dict:
+        """ZeRO 3 (every gathering pass), or ZeRO 1/2 with the gather overlapped (the first micro-batch's
+        forward): the all-gather of each of ``units``' 16-bit weight shards (``unit_parts``), issued without
         blocking the stream; unit -> the nodes its compute waits for."""
-        if not zero3 or not units:
+        if not (zero3 or (gather_step_start and k == 0)) or not units:
             return {}
         parts = unit_parts(chunk)
         return {u: [s.add(COLL, f"{label}.layer{u}.{name}_weight_all_gather", blocking=False, comm=ALL_GATHER,
@@ -284,10 +299,10 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
         reduce-scatter)."""
         waits = {}
         for n, unit in enumerate(units):
-            if gather and zero3:
+            if gather and (zero3 or (gather_step_start and forward and k == 0)):
                 if n == 0:                                    # the first unit's weights: now
-                    waits.update(gathers(label, chunk, units[:1]))
-                waits.update(gathers(label, chunk, units[n + 1:n + 2]))    # the next unit's, beside this one
+                    waits.update(gathers(label, chunk, units[:1], k))
+                waits.update(gathers(label, chunk, units[n + 1:n + 2], k))    # the next unit's, beside this one
             extra = [node.id for node in waits.get(unit, [])]
             moe = plan.is_moe(unit)
             name = f"{label}.layer{unit}"
@@ -314,6 +329,11 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
                 for part, group, _, params in unit_parts(chunk):
                     dp_pending.append(s.add(COLL, f"{name}.{part}_gradient_reduce_scatter", blocking=False,
                                             comm=REDUCE_SCATTER, size=params * plan.grad_bytes_per_param, group=group))
+            if bucketed and k == m - 1:                       # this unit's gradients are final: reduce them now
+                kind = REDUCE_SCATTER if st.zero >= Zero.OPTIMIZER else ALL_REDUCE
+                for part, group, _, params in unit_parts(chunk):
+                    dp_pending.append(s.add(COLL, f"{name}.{part}_gradient_{kind.lower()}", blocking=False,
+                                            comm=kind, size=params * plan.grad_bytes_per_param, group=group))
 
     def reduce_chunk(c: int) -> None:
         """The chunk's gradients are final: the shared ones reduced over DP, the routed experts' over expert DP."""
@@ -365,11 +385,11 @@ def rank_trace(plan: Plan, groups: Groups, w: Where) -> list:
                 s.compute(f"{head}.grad_accumulate", Work(plan.accumulate / v, 0.0), "backward")
             if g > 0:
                 p2p(SEND, f"{head}.send_gradient", g - 1, k, g - 1, True)
-            if k == m - 1 and not zero3:
+            if k == m - 1 and not zero3 and not bucketed:
                 reduce_chunk(c)
     s.add(COMP, "optimizer", extra_deps=[n.id for n in dp_pending if n is not s.last],
           seconds=plan.optimizer, part="optimizer")
-    if st.zero >= Zero.OPTIMIZER and not zero3:
+    if st.zero >= Zero.OPTIMIZER and not zero3 and not gather_step_start:
         parts = (("dp", dp_group, "dp", sum(plan.chunk_shared_params(stage, c) for c in range(v))),
                  ("expert", edp_group, "edp", sum(plan.chunk_expert_params(stage, c) for c in range(v))))
         for name, group, kind, params in parts:
