@@ -200,8 +200,9 @@ def _nondefault(knob):
     """A valid value other than the default, as Python value and as command-line text."""
     if knob.kind is bool:
         return (not knob.default), ("off" if knob.default else "on")
-    if knob.kind is float:
-        return 2.5, "2.5"
+    if knob.kind is float:          # 2.5, or the middle of a narrower range (a share: 0.5)
+        value = 2.5 if knob.high is None or knob.high >= 2.5 else (knob.low + knob.high) / 2
+        return value, f"{value:g}"
     if knob.kind is int:
         return 2, "2"
     value = next(m for m in knob.kind if m != knob.default)

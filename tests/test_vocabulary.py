@@ -210,7 +210,7 @@ def _sample_strategies() -> list:
     every knob applies (all degrees above 1, flash attention on, fp8 for the fp8 dispatch)."""
     base = dict(tp=2, cp=2, ep=2, pp=2, dp=4, interleave=2, global_batch=64, flash_attention=True, zero=3,
                 hybrid_shard=True, dtype="fp8")
-    values = {"moe_imbalance": (1.0, 1.5), "micro_batch": (1, 4)}
+    values = {"moe_imbalance": (1.0, 1.5), "micro_batch": (1, 4), "activation_offload": (0.0, 0.5)}
     out = []
     for k in KNOBS:
         options = values.get(k.name) or (tuple(k.kind) if k.is_choice else (False, True) if k.kind is bool else

@@ -52,8 +52,9 @@ TIME_PARTS = (
          "gathers, as far as not hidden; plus, with tied embeddings and pp > 1, the embedding gradient "
          "all-reduce between the first and last stage (always exposed)"),
     Part("optimizer", "optimizer step", "#8C8C8C", "the Adam update of this device's share of the weights"),
-    Part("offload", "expansion-tier traffic (exposed)", "#CCB974",
-         "reads and writes of state spilled to the expansion memory tier, as far as not overlapped"),
+    Part("offload", "offload traffic (exposed)", "#CCB974",
+         "reads and writes of state spilled to the expansion memory tier, of activations offloaded to host memory "
+         "and of a recommendation model's rows in host memory, as far as not overlapped"),
     Part("overhead", "fixed framework overhead", "#B0B0B0",
          "seconds per step and per micro-batch the framework adds (0 unless calibrated)"),
 )

@@ -224,7 +224,9 @@ def _memory_lines(est: Estimate, hbm_capacity: float, expansion_capacity: float 
     if expansion_capacity:
         tier_line += f"; in the expansion tier {format_bytes(tiers['expansion'])} of {format_bytes(expansion_capacity)}"
     if tiers.get("host"):
-        tier_line += f"; in host memory {format_bytes(tiers['host'])} (embedding rows and their optimizer state)"
+        offloaded = est.inputs.get("strategy", {}).get("activation_offload", 0.0)
+        held = "activations offloaded for backward" if offloaded else "embedding rows and their optimizer state"
+        tier_line += f"; in host memory {format_bytes(tiers['host'])} ({held})"
     return lines + [tier_line, ""]
 
 

@@ -126,3 +126,17 @@ def offload_time(acc, placed, memory, act_per_mb, m, overlap=None, roofline=None
             backward = np.maximum(roof_b - c_b, 0.0)
             exposed = np.where(on, (m + fill) * (forward + backward) + optimizer, exposed)
     return exposed + phases * lat
+
+
+def host_offload_time(acc, moved, m, fwd, bwd):
+    """Exposed seconds per step of the activations that wait in host memory (activation_offload):
+        m [max(0, a / B_h - T_f) + max(0, a / B_h - T_b)]
+    a = o A: the offloaded share of a micro-batch's kept activations [bytes], copied to the host beside each
+    forward and back beside each backward (copy engines, as Megatron-Core's and MaxText's offloading run them);
+    B_h the host link's achievable bandwidth per device (accelerator.memory.host: bandwidth x efficiency);
+    T_f, T_b the pass's compute [s]. Without a host tier the point does not fit (cost/step.py) and nothing moves.
+    """
+    if acc.host is None or not acc.host.achievable_bandwidth > 0:
+        return np.zeros_like(np.asarray(moved, dtype=float))
+    copy = np.asarray(moved, dtype=float) / acc.host.achievable_bandwidth
+    return m * (np.maximum(copy - fwd, 0.0) + np.maximum(copy - bwd, 0.0))

@@ -108,7 +108,7 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
         ("dtype", ~has_rate,
          lambda i: f"{cluster.accelerator.name} has no {KNOB['dtype'].decode(st.dtype[i]).value} rate"),
         ("memory", ~step.fits,
-         lambda i: _memory_reason(step, i, hbm, exp, cluster.accelerator.state_tiers)),
+         lambda i: _memory_reason(step, i, hbm, exp, cluster.accelerator.state_tiers, cluster.accelerator.host)),
         ("pure_mp", pure & (p > 1),
          lambda i: f"pure model parallelism (COMET) has no pipeline: pp={p[i]:.0f} must be 1"),
         # never report a wrong answer as feasible: a step time the inputs' bounds should have made finite
@@ -119,9 +119,17 @@ def violations(model: Transformer, cluster: Cluster, devices: int, st: StrategyA
     return rules
 
 
-def _memory_reason(step, i, hbm, expansion, tiers: str = "HBM") -> str:
-    """Why point ``i`` does not fit; ``hbm``: the bytes that hold state on the device (``tiers``: which memories)."""
+def _memory_reason(step, i, hbm, expansion, tiers: str = "HBM", host=None) -> str:
+    """Why point ``i`` does not fit; ``hbm``: the bytes that hold state on the device (``tiers``: which memories);
+    ``host``: the host memory tier offloaded activations wait in (activation_offload)."""
     need = step.memory_total[i]
+    on_host = step.host_bytes[i] if step.host_bytes is not None else 0.0
+    if on_host > (host.capacity if host else 0.0):
+        if host is None:
+            return (f"offloads {format_bytes(on_host)} of activations per device to host memory, which this "
+                    "accelerator does not list (memory.host)")
+        return (f"offloads {format_bytes(on_host)} of activations per device to host memory, which holds "
+                f"{format_bytes(host.capacity)} per device")
     parts = ", ".join(f"{name} {format_bytes(val[i])}" for name, val in step.memory.items() if val[i] > 0)
     verb = "hold" if " and " in tiers else "holds"
     if expansion is None:

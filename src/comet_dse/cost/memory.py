@@ -232,8 +232,11 @@ def state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes
 
 
 def step_memory(model: Transformer, st: StrategyArrays, terms: dict, states: list, mixes: list, m, cluster: Cluster):
-    """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; and
-    the total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included.
+    """Bytes per device of the stage that needs the most, by part; that stage's activations per micro-batch; the
+    total of the last pipeline rank (the one Megatron-LM logs memory from), its reserve included; and the most
+    bytes of kept activations any pipeline rank has waiting in host memory (activation_offload: a share o of its
+    kept activations K, o K, the device keeping (1 - o) K; the first rank, holding the most micro-batches, needs
+    the most; 0.0 where nothing is offloaded).
 
     Per candidate stage (cost/pipeline.py): model states (``state_bytes``: shared
     weights sharded by ZeRO over dp x cp, expert weights over dp/ep x cp, an fp8
@@ -262,7 +265,8 @@ def step_memory(model: Transformer, st: StrategyArrays, terms: dict, states: lis
     moe_pl, moe_work = (terms["moe.kept"], terms["moe.working"]) if model.moe else (dense_pl, dense_work)
     working = np.maximum(dense_work, moe_work) if model.moe else dense_work    # the same for every candidate
     logits, buffers = terms["logits"], terms["buffers"]
-    best, best_total, best_act = None, None, None
+    best, best_total, best_act, best_host = None, None, None, 0.0
+    offloads = bool(np.any(st.activation_offload > 0))      # most batches offload nothing: skip the products
     any_slot = bool(np.any(st.uses(PipelineSplit.EMBEDDING_LOSS)))
     slot = embedding_slots(st) if any_slot else 0.0
     bounds = warm_up(p, st.interleave, m)      # every rank's warm-up bounds, once for the candidates
@@ -301,21 +305,24 @@ def step_memory(model: Transformer, st: StrategyArrays, terms: dict, states: lis
                                  gradients)
         if any_unsharded:
             gradients = np.where(unsharded, stage["grad_unsharded"], gradients)
+        kept = inflight * per_layer
+        on_host = kept * st.activation_offload if offloads else 0.0      # waits in host memory instead
         memory = {"weights": stage["weights"], "gradients": gradients, "optimizer": stage["optimizer"],
-                  "activations": inflight * per_layer + working + with_head * logits,
+                  "activations": kept - on_host + working + with_head * logits,
                   "buffers": buffers}
         total = memory["weights"] + gradients + memory["optimizer"] + memory["activations"] + buffers
         act_per_mb = layers * per_layer
         if index == last:
             last_total = total
         if best is None:
-            best, best_total, best_act = memory, total, act_per_mb
+            best, best_total, best_act, best_host = memory, total, act_per_mb, on_host
         else:
             better = total > best_total
             best = {k: best[k] if memory[k] is best[k] else np.where(better, memory[k], best[k]) for k in best}
             best_act = np.where(better, act_per_mb, best_act)
+            best_host = np.maximum(on_host, best_host) if offloads else 0.0
             best_total = np.maximum(total, best_total)
     fixed = (cluster.reserved_memory, cluster.fragmentation, cluster.workspace_memory)
     reserved = reserved_bytes(best_total, *fixed)
     best["reserved"] = reserved if np.shape(reserved) == np.shape(best_total) else reserved + np.zeros_like(best_total)
-    return best, best_act, last_total + reserved_bytes(last_total, *fixed)
+    return best, best_act, last_total + reserved_bytes(last_total, *fixed), best_host

@@ -25,7 +25,9 @@ import numpy as np
 from comet_dse.cost.cache import layout_grouped, microbatch_terms_grouped
 from comet_dse.cost.data_parallel import exposed_data_parallel
 from comet_dse.cost.distinct import gathered
-from comet_dse.cost.expansion import offload_time, remote_compute_per_pass, remote_per_pass, stage_pass_flops
+from comet_dse.cost.expansion import (
+    host_offload_time, offload_time, remote_compute_per_pass, remote_per_pass, stage_pass_flops,
+)
 from comet_dse.cost.flops import step_flops
 from comet_dse.cost.layer_work import STAGE_KEYS, contention, work_total
 from comet_dse.cost.memory import place, step_memory
@@ -101,11 +103,15 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
     stage_mb = work_total(stage)
     bubble = (p - 1) / v * (stage_mb + p2p)
 
-    memory, act_per_mb, last_stage = step_memory(model, st, terms, lay.memory, lay.mixes, m, cluster)
+    memory, act_per_mb, last_stage, on_host = step_memory(model, st, terms, lay.memory, lay.mixes, m, cluster)
     acc = cluster.accelerator
     exp_cap = acc.expansion.capacity if acc.expansion else 0.0
     memory_total = _added(memory.values())
     placed = place(memory, acc.state_capacity, exp_cap, memory_total)
+    fits = placed.fits
+    offloads = bool(np.any(st.activation_offload > 0))
+    if offloads:        # the offloaded activations must fit the device's share of host memory
+        fits = fits & (on_host <= (acc.host.capacity if acc.host else 0.0))
 
     flops = step_flops(model, st)
     dp_fwd, dp_bwd = fwd, bwd
@@ -131,6 +137,8 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
 
     offload = offload_time(acc, placed, memory, act_per_mb, m,
                             overlap=(st.expansion_overlap, fwd, bwd, optimizer, dp_exposed), roofline=roofline)
+    if offloads:
+        offload = offload + host_offload_time(acc, st.activation_offload * act_per_mb, m, fwd, bwd)
 
     breakdown = {
         "compute": m * (stage["fwd_math"] + stage["bwd_math"] + stage["rec_math"]) + dp_slowdown,
@@ -159,8 +167,9 @@ def evaluate(model: Transformer, cluster: Cluster, devices: int, st: StrategyArr
         hbm_bytes=placed.hbm, expansion_bytes=placed.expansion, step_time=step_time,
         model_flops=model_flops, hardware_flops=hw_flops,
         tokens_per_second=st.global_batch * model.seq_len / step_time,
-        mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=placed.fits, microbatches=m,
+        mfu=model_flops / capacity, hfu=hw_flops / capacity, fits=fits, microbatches=m,
         stage_layers=lay.stage_layers, last_stage_memory=last_stage,
+        host_bytes=on_host + np.zeros_like(step_time) if offloads else None,
     )
 
 

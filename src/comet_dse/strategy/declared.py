@@ -206,6 +206,13 @@ class Strategy:
         "traffic for each other node over its scale-up links and sends it through all its network interfaces "
         "(HugeCTR's Hierarchical communication); off, each device's bytes leave through its own interface",
         label=lambda v: "hierarchical embedding exchange" if v else "flat embedding exchange", short="embh")
+    activation_offload: float = knob(
+        0.0, "share of the activations each layer keeps for backward that wait in host memory instead of the "
+        "device's (Megatron-Core --cpu-offloading-num-layers over the stage's layers, MaxText's offloaded remat "
+        "tensors, NxD activation offload): copied to the host beside each forward and back beside each backward "
+        "over the host link, only what the pass's compute does not cover exposed; needs the accelerator's host "
+        "memory (memory.host)", microbatch=True, label=lambda v: f"activations {v:.0%} offloaded to host",
+        short="aoff", low=0.0, high=1.0)
     expansion_overlap: bool = knob(
         False, "prefetch expansion-tier traffic and overlap it with each pass's compute (ZeRO-Infinity, CXL memory "
         "pooling); off exposes it all", label=lambda v: "expansion traffic overlapped" if v else
