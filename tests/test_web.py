@@ -289,3 +289,12 @@ def test_the_expert_overlap_and_fp8_dispatch_controls_reach_the_search():
                             rank=1, tokens=None, strategy={"ep_overlap": "on", "dtype": "fp8", "ep_fp8_dispatch": "on"},
                             tp_across_nodes=False))
     assert view.top and all("epo" in r["strategy"] and "ep-fp8" in r["strategy"] for r in view.top)
+
+
+def test_the_activation_offload_control_reaches_the_search():
+    """The share chosen on the page is searched: every listed design offloads it."""
+    from comet_dse.web.view import STRATEGY_CONTROLS, Controls, compute
+    assert "activation_offload" in STRATEGY_CONTROLS
+    view = compute(Controls(model="llama3-70b", cluster="gb200-nvl72", devices=64, global_batch=64, resources={},
+                            rank=1, tokens=None, strategy={"activation_offload": "0.5"}, tp_across_nodes=False))
+    assert view.top and all("aoff0.5" in r["strategy"] for r in view.top)

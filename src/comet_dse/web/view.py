@@ -139,6 +139,8 @@ STRATEGY_CONTROLS = {
     "zero": ("ZeRO stage (default: every stage)", ("default", "0", "1", "2", "3")),
     "ep_overlap": ("Expert all-to-all beside compute (MoE; default: off)", ("default", "on", "off")),
     "ep_fp8_dispatch": ("fp8 expert dispatch (MoE, with fp8; default: off)", ("default", "on", "off")),
+    "activation_offload": ("Activations offloaded to host memory (share; default: none)",
+                           ("default", "0.25", "0.5", "1")),
 }
 
 
