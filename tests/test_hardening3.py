@@ -551,10 +551,11 @@ def _explorer_request(app, **values):
     """The JSON body the page posts when a control changes, with ``values`` for the controls."""
     key = next(k for k in app.callback_map if k.startswith("..status"))
     spec = app.callback_map[key]
+    from comet_dse.web.view import STRATEGY_CONTROLS
+
     given = {"model": "megatron-1.7b", "model-file": None, "cluster": "dgx-a100-80gb", "devices": 8,
-             "global-batch": 8, "rank": 1, "tokens": None, "strategy-dtype": "bf16",
-             "strategy-flash_attention": "default", "strategy-recompute": "default", "strategy-zero": "default",
-             "strategy-ep_overlap": "default", "strategy-ep_fp8_dispatch": "default",
+             "global-batch": 8, "rank": 1, "tokens": None,
+             **{f"strategy-{knob}": "default" for knob in STRATEGY_CONTROLS}, "strategy-dtype": "bf16",
              "tp-across-nodes": [], **values}
     inputs = [[] if i["id"].startswith("{") else {"id": i["id"], "property": i["property"], "value": given[i["id"]]}
               for i in spec["inputs"]]
