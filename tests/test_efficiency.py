@@ -182,3 +182,17 @@ def test_a_family_fitted_at_the_physical_reading_keeps_it_and_lends_nothing():
     fams = {(f["accelerator"], f["precision"], f["kind"]): f for f in shipped_table()}
     moe = fams["Google TPU7x", "fp8", "MoE"]
     assert moe["at_physical"] and not moe["applies"] and moe["error_physical"]["mean_error"] > 0
+
+
+def test_a_dense_family_takes_a_same_generation_siblings_dense_value_before_its_own_moe_one():
+    """The B300's only fitted family is MoE (0.568); its dense families take the B200's fp8 dense (the same
+    Blackwell tensor rates), assumed, instead of lending the MoE value to dense layers; its MoE families keep
+    their own. The GB300, whose fits reached the physical reading or do not apply, takes nothing."""
+    b300 = load_cluster("dgx-b300").accelerator.training_efficiency
+    b200 = load_cluster("dgx-b200").accelerator.training_efficiency
+    for precision in ("16-bit", "fp8"):
+        assert b300[precision, "dense"].status == ASSUMED
+        assert b300[precision, "dense"].family["accelerator"] == "NVIDIA B200 180GB"
+        assert b300[precision, "dense"].value == b200["fp8", "dense"].value
+    assert b300["fp8", "MoE"].status == MEASURED and b300["fp8", "MoE"].family["accelerator"] == "NVIDIA B300 270GB"
+    assert load_cluster("gb300-nvl72").accelerator.training_efficiency == {}

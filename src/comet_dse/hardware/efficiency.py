@@ -44,6 +44,13 @@ MEASURED, ASSUMED = "measured", "assumed"
 # Parts cut from the same die whose training steps run the same kernels at the same clocks: the H800 is an
 # H100 SXM5 with fewer NVLink links (NVIDIA H800 product brief: same GH100, 989.4 TFLOP/s dense bf16).
 SAME_SILICON = {"NVIDIA H800 SXM5 80GB": "NVIDIA H100 SXM5 80GB"}
+# Parts of one architecture whose tensor rates and software stack are the same: the B300 is Blackwell Ultra, the
+# Blackwell architecture with more HBM and faster NVFP4 (NVIDIA technical blog "Inside NVIDIA Blackwell Ultra",
+# Aug 2025), at the B200's dense bf16 and fp8 rates (HGX B300 and HGX B200 tables: 2.25 and 4.5 PFLOP/s per GPU).
+# A family with no measured family of its kind on its own accelerator takes the sibling's of that kind before its
+# own of the other kind: a MoE family's efficiency folds in losses dense layers do not have (docs/hardware.md,
+# "Training efficiency"; B300's two dense runs read 27 % slow at its MoE family's value).
+SAME_GENERATION = {"NVIDIA B300 270GB": "NVIDIA B200 180GB"}
 
 
 def precision_class(dtype: str) -> str:
@@ -160,7 +167,8 @@ def shipped_path() -> Path:
 
 def resolve(families, accelerator: str, source: str) -> dict:
     """(precision, kind) -> Applied for every family of ``accelerator``: measured where the file has it (and
-    its value generalises: ``applies``, efficiency_fit), else the nearest measured family of the accelerator (then of its same-silicon sibling), assumed;
+    its value generalises: ``applies``, efficiency_fit), else the nearest measured family of the accelerator (then of its same-silicon sibling), assumed
+    (where that would be the other kind of model, a same-generation sibling's family of the same kind first);
     families with nothing to take from are left out (they keep the physical reading), as are those whose own
     runs were fitted at or above it (``at_physical``: taking another family's lower value would read them slower
     still)."""
@@ -178,8 +186,18 @@ def resolve(families, accelerator: str, source: str) -> dict:
                     out[precision, kind] = Applied(float(exact[0]["efficiency"]), MEASURED, exact[0], source)
                     continue
                 near = _nearest(own, precision, kind)
+                if near["kind"] != kind and name == accelerator:
+                    near = _same_kind_of_generation(families, accelerator, precision, kind) or near
                 out[precision, kind] = Applied(float(near["efficiency"]), ASSUMED, near, source)
     return out
+
+
+def _same_kind_of_generation(families, accelerator: str, precision: str, kind: str) -> dict | None:
+    """The nearest shipped family of ``kind`` on ``accelerator``'s same-generation sibling (SAME_GENERATION), or
+    None."""
+    sibling = SAME_GENERATION.get(accelerator)
+    same = [f for f in families if f["accelerator"] == sibling and f["kind"] == kind and f.get("applies", True)]
+    return _nearest(same, precision, kind) if same else None
 
 
 def _nearest(own: list, precision: str, kind: str) -> dict:
