@@ -244,19 +244,25 @@ def rank_copy_fraction(moe: MoE | None, ep, dispatcher):
     return np.where(dispatcher == DISPATCHER_ALLTOALL, 1.0, ep * (1.0 - none) / moe.top_k)
 
 
-def expert_exchange_time(moe: MoE, a2a_bytes, ctx: Context, st: StrategyArrays):
-    """Dispatch plus combine all-to-all of one pass through a MoE layer [s].
+def expert_exchange_bytes(moe: MoE, a2a_bytes, ctx: Context, st: StrategyArrays) -> tuple:
+    """(dispatch, combine) bytes one device sends in a MoE layer's all-to-alls of one pass [B].
 
     Each moves the layer's a2a_bytes per device (16-bit token copies, one per routed expert) times
-    ``rank_copy_fraction`` (one per destination rank with DeepEP), and across the outer dimension no more
-    than ``node_copy_fraction`` of them (one per destination node). With ep_fp8_dispatch the
-    dispatch (and in backward the gradient sent to the down projection) is
-    fp8 plus its scales: a2a_bytes * (1 + 4/128) / e; combines stay 16-bit.
+    ``rank_copy_fraction`` (one per destination rank with DeepEP). With ep_fp8_dispatch the dispatch (and in
+    backward the gradient sent to the down projection) is fp8 plus its scales: a2a_bytes * (1 + 4/128) / e;
+    combines stay 16-bit.
     """
+    sent = a2a_bytes * rank_copy_fraction(moe, st.ep, st.moe_dispatcher)
+    fp8 = (1.0 + FP8_SCALE_BYTES) / ctx.shape.e
+    return sent * np.where(st.ep_fp8_dispatch, fp8, 1.0), sent
+
+
+def expert_exchange_time(moe: MoE, a2a_bytes, ctx: Context, st: StrategyArrays):
+    """Dispatch plus combine all-to-all of one pass through a MoE layer [s]: the bytes of
+    ``expert_exchange_bytes``, across the outer dimension no more than ``node_copy_fraction`` of the copies
+    (one per destination node)."""
     ranks = rank_copy_fraction(moe, st.ep, st.moe_dispatcher)
     fraction = np.minimum(node_copy_fraction(moe, ctx.spans["ep"]), ranks) / ranks
-    fp8 = (1.0 + FP8_SCALE_BYTES) / ctx.shape.e
-    sent = a2a_bytes * ranks
-    dispatch = sent * np.where(st.ep_fp8_dispatch, fp8, 1.0)
+    dispatch, combine = expert_exchange_bytes(moe, a2a_bytes, ctx, st)
     return (coll.all_to_all_time(dispatch, ctx.dims, ctx.spans["ep"], outer_scale=fraction)
-            + coll.all_to_all_time(sent, ctx.dims, ctx.spans["ep"], outer_scale=fraction))
+            + coll.all_to_all_time(combine, ctx.dims, ctx.spans["ep"], outer_scale=fraction))

@@ -23,7 +23,7 @@ from comet_dse.base.errors import InputError
 from comet_dse.cost.cache import layout_of
 from comet_dse.cost.flops import dense_layer_flops
 from comet_dse.cost.layer_ops import layer_cost, moe_block
-from comet_dse.cost.layer_work import FP8_SCALE_BYTES, rank_copy_fraction
+from comet_dse.cost.layer_work import expert_exchange_bytes
 from comet_dse.cost.memory import grad_bytes
 from comet_dse.cost.microbatch_pass import microbatch_terms
 from comet_dse.cost.pipeline import attention_params_per_device, layers_per_stage
@@ -264,18 +264,14 @@ def moe_layer_flops(model: Transformer, strategy: Strategy, tokens: float) -> tu
     return (forward + delta) / strategy.tp, (backward + (2.0 + full) * delta) / strategy.tp
 
 
-def expert_exchange_bytes(model: Transformer, ctx, st: StrategyArrays) -> tuple:
-    """(dispatch, combine) bytes one rank sends in a MoE layer's all-to-alls, as cost/layer_work.py:
-    expert_exchange_time charges them: the layer's a2a_bytes (cost/layer_ops.py: moe_block, 16-bit token
-    copies, one per routed expert: tokens / t x top_k x imbalance x h e) times rank_copy_fraction (one copy
-    per destination rank with DeepEP), the dispatch in fp8 with its scales, (1 + 4/128) / e of it, under
-    ep_fp8_dispatch. The outer dimension's node_copy_fraction (group-limited routing) is not carried over:
-    the all-to-all is written flat (docs/export.md)."""
+def layer_exchange_bytes(model: Transformer, ctx, st: StrategyArrays) -> tuple:
+    """(dispatch, combine) comm_size of one MoE layer's all-to-alls on one rank: cost/layer_work.py's
+    expert_exchange_bytes of the layer's a2a_bytes (cost/layer_ops.py: moe_block). The outer dimension's
+    node_copy_fraction (group-limited routing) is not carried over: the all-to-all is written flat
+    (docs/export.md)."""
     _, a2a = moe_block(model, ctx.shape, ctx.dev)
-    sent = a2a * rank_copy_fraction(model.moe, st.ep, st.moe_dispatcher)
-    fp8 = (1.0 + FP8_SCALE_BYTES) / ctx.shape.e
-    dispatch = sent * np.where(st.ep_fp8_dispatch, fp8, 1.0)
-    return _scalar(dispatch), _scalar(sent)
+    dispatch, combine = expert_exchange_bytes(model.moe, a2a, ctx, st)
+    return _scalar(dispatch), _scalar(combine)
 
 
 def _scalar(x) -> float:
@@ -292,7 +288,7 @@ def plan_of(model: Transformer, cluster: Cluster, devices: int, strategy: Strate
         ctx = context_of(model, cluster, devices, st)
         terms = {k: _scalar(v) for k, v in microbatch_terms(model, ctx, st).items()}
         lay = layout_of(model, cluster, devices, st)
-        dispatch, combine = expert_exchange_bytes(model, ctx, st) if model.moe else (0.0, 0.0)
+        dispatch, combine = layer_exchange_bytes(model, ctx, st) if model.moe else (0.0, 0.0)
         kv_bytes = _scalar(layer_cost(model, ctx.shape, ctx.dev).cp_kv_bytes)
 
     def kernels(prefix: str, phase: str) -> float:
