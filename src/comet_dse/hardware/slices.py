@@ -14,6 +14,7 @@ turn (the COMET studies ask about such machines), and ``plan`` does not offer it
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -30,12 +31,9 @@ class Slices:
     block: tuple | None = None
 
     def shapes(self, caps: tuple) -> list:
-        """Every offered shape within ``caps`` (the torus dimensions' sizes), as given (axes unordered)."""
-        out = set(tuple(sorted(s)) for s in self.listed)
-        if self.block is not None:
-            ranges = [range(b, max(caps) + 1, b) for b in self.block]
-            out.update(tuple(sorted(s)) for s in itertools.product(*ranges) if fits(s, caps))
-        return sorted(s for s in out if fits(s, caps))
+        """Every offered shape within ``caps`` (the torus dimensions' sizes), axes sorted; none where ``caps``
+        is empty or of another number of axes (a network that replaced the torus)."""
+        return list(_offered(self, tuple(caps)))
 
     def text(self) -> str:
         """The shapes in words, e.g. "2x2x1, 2x2x2, 2x4x4, or whole 4x4x4 blocks"."""
@@ -43,6 +41,18 @@ class Slices:
         if self.block is not None:
             words.append(f"whole {shape_text(self.block)} blocks")
         return ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _offered(slices: Slices, caps: tuple) -> tuple:
+    """``Slices.shapes``, computed once per (slices, caps): Cluster.dim_sizes asks for every layout."""
+    if not caps:
+        return ()
+    out = set(tuple(sorted(s)) for s in slices.listed)
+    if slices.block is not None:
+        ranges = [range(b, max(caps) + 1, b) for b in slices.block]
+        out.update(tuple(sorted(s)) for s in itertools.product(*ranges) if fits(s, caps))
+    return tuple(sorted(s for s in out if fits(s, caps)))
 
 
 def shape_text(shape) -> str:

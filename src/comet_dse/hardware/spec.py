@@ -260,11 +260,7 @@ class Cluster:
     def rented_in_slices(self) -> bool:
         """Whether the slice shapes apply to this network: a study's `network` axis or an override may have
         replaced the torus they are cut from (other dimensions, other sizes), and then none of them does."""
-        if self.slices is None:
-            return False
-        caps, _ = self.slice_caps()
-        return bool(caps) and all(len(s) == len(caps) for s in self.slices.listed) and \
-            (self.slices.block is None or len(self.slices.block) == len(caps)) and bool(self.slices.shapes(caps))
+        return self.slices is not None and bool(self.slices.shapes(self.slice_caps()[0]))
 
     def slice_layout(self, devices: int) -> tuple | None:
         """The sizes of each network dimension for ``devices`` devices in equal offered slices (hardware/slices.py:
