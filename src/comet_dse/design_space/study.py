@@ -58,7 +58,7 @@ CLUSTER_AXES = {
 }
 # bandwidth: per device per direction (it sets link_bandwidth = value / links_per_device); link_bandwidth: per link.
 DIM_AXES = {"bandwidth": KIND_BANDWIDTH, "link_bandwidth": KIND_BANDWIDTH, "latency": KIND_TIME,
-            "efficiency": KIND_COUNT, "topology": "text"}
+            "efficiency": KIND_COUNT, "topology": "text", "size": KIND_COUNT}
 
 # The value an axis sets -> its row of bounds.BOUNDS: the bounds a cluster file's field is checked against
 # (hardware.load), so that no variant holds a value a cluster file could not. Every value is checked as
@@ -519,13 +519,39 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
     _, dim_name, attr = name.split(".")
     dims = []
     for dim in cluster.network:
-        if dim.name == dim_name and attr == "bandwidth":     # per device per direction
+        if dim.name == dim_name and attr == "size":
+            dim = dc.replace(dim, size=_domain_size(cluster, dim, name, label, mode, x))
+        elif dim.name == dim_name and attr == "bandwidth":     # per device per direction
             dim = dc.replace(dim, link_bandwidth=scaled(dim.bandwidth, "link_bandwidth", dim.links_per_device))
         elif dim.name == dim_name:
             value = Topology(x) if attr == "topology" else scaled(getattr(dim, attr), attr)
             dim = dc.replace(dim, **{attr: value})
         dims.append(dim)
     return dc.replace(cluster, network=tuple(dims))
+
+
+def _domain_size(cluster: Cluster, dim, name: str, label: str, mode: str, x) -> int:
+    """A scale-up domain resized to ``x`` devices (``x`` times its own size where ``mode`` is 'scale'): a whole
+    number from 1 to the dimension's own size. A cluster's dimension size is the most devices its hardware joins there (GB200 NVL72: 72 over NVLink), so a
+    smaller domain is a choice (NVL36 racks, partitions) and a larger one another machine, refused: write that
+    machine's cluster file instead. Only switched and fully connected dimensions below the outermost: the
+    outermost spans as many nodes as the job needs, and a torus dimension's size is its slice shape, which the
+    device count chooses (hardware/slices.py)."""
+    where = f"axes.{name}"
+    if dim.size is None:
+        raise InputError(where, f"{dim.name} is {cluster.name}'s outermost dimension: it spans as many nodes as "
+                         "the job needs and has no size to set")
+    if dim.topology in (Topology.TORUS, Topology.RING, Topology.MESH):
+        raise InputError(where, f"{dim.name} is a {dim.topology.value} dimension: its size is the slice shape the "
+                         "device count chooses; set only the size of a switched or fully connected domain")
+    value = dim.size * x if mode == "scale" else x
+    shown = f"{label} ({value:g} devices)" if mode == "scale" else label
+    if value > dim.size:
+        raise InputError(where, f"{shown} is beyond {cluster.name}'s {dim.name} domain of {dim.size} devices; valid: "
+                         f"1 to {dim.size} (a larger domain is another machine: write its cluster file)")
+    if value != int(value) or value < 1:
+        raise InputError(where, f"{shown} is not a whole number of devices from 1 to {dim.size}")
+    return int(value)
 
 
 def _variants(bases: list, devices: dict, batches: dict, axes: dict, networks: dict) -> list:
