@@ -64,11 +64,11 @@ def test_a_fast_host_link_hides_the_copies_and_a_slow_one_exposes_them_by_the_fo
 
 
 def test_offloading_needs_host_memory_that_holds_it():
-    """A TPU preset lists no host memory tier: an offloading strategy does not fit, and says why; a host too small
-    for the offloaded bytes does not either."""
-    tpu = comet_dse.estimate("llama3-8b", "tpu-v5p", 64, tp=1, pp=1, dp=64, global_batch=64, micro_batch=1,
+    """The MI300X preset lists no host memory tier (no public figure of its host link): an offloading strategy
+    does not fit, and says why; a host too small for the offloaded bytes does not either."""
+    amd = comet_dse.estimate("llama3-8b", "mi300x", 64, tp=1, pp=1, dp=64, global_batch=64, micro_batch=1,
                              activation_offload=0.5)
-    assert not tpu.feasible and any("host memory" in r and "does not list" in r for r in tpu.reasons)
+    assert not amd.feasible and any("host memory" in r and "does not list" in r for r in amd.reasons)
     small = _estimate(1.0, overrides={"host_memory_capacity": "1 GiB"})
     assert not small.feasible and any("host memory, which holds 1.0 GiB" in r for r in small.reasons)
     assert _estimate(1.0).feasible

@@ -152,7 +152,7 @@ WHERE_NOT = {
     "zero": {"dp": 1, "cp": 1, "pp": 32, "ep": 1}, "dp_overlap": {"dp": 1, "cp": 1, "pp": 32, "ep": 1},
     "pipeline_split": {"pp": 1, "dp": 16}, "pp_overlap": {"interleave": 1}, "attention_kernel": {"flash_attention": False},
     "pipeline_engine": {"pp": 1, "dp": 16}, "reshard_after_forward": {"zero": 1}, "hybrid_shard": {"zero": 0},
-    "grad_precision": {"dtype": "fp16"}, "fp8_amax_reduction": {"dtype": "bf16"}, "grad_sync": {"zero": 2},
+    "grad_precision": {"dtype": "fp16"}, "fp8_amax_reduction": {"dtype": "bf16"}, "fp8_fused_cast": {"dtype": "bf16"}, "grad_sync": {"zero": 2},
 }
 
 

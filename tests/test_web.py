@@ -298,3 +298,13 @@ def test_the_activation_offload_control_reaches_the_search():
     view = compute(Controls(model="llama3-70b", cluster="gb200-nvl72", devices=64, global_batch=64, resources={},
                             rank=1, tokens=None, strategy={"activation_offload": "0.5"}, tp_across_nodes=False))
     assert view.top and all("aoff0.5" in r["strategy"] for r in view.top)
+
+
+def test_the_fp8_fused_cast_control_reaches_the_search():
+    """XLA's fp8 (the cast inside the matmuls) chosen on the page is searched: every listed design runs it."""
+    from comet_dse.web.view import STRATEGY_CONTROLS, Controls, compute
+    assert "fp8_fused_cast" in STRATEGY_CONTROLS
+    view = compute(Controls(model="llama3-70b", cluster="tpu-v7", devices=64, global_batch=64, resources={},
+                            rank=1, tokens=None, strategy={"dtype": "fp8", "fp8_fused_cast": "on"},
+                            tp_across_nodes=False))
+    assert view.top and all("fp8-fused" in r["strategy"] for r in view.top)

@@ -44,7 +44,7 @@ class Layout:
     accumulate: one separate fp32 gradient accumulation pass [s];
     optimizer: the optimizer step [s];
     dp: the data-parallel collectives (DataParallelComm);
-    weight_cast: fp8 training's cast of the stage's weights, once per step [s];
+    weight_cast: fp8 training's cast of the stage's weights, once per step (none with fp8_fused_cast) [s];
     amax: fp8_amax_reduction's blocking all-reduces of one micro-batch on one stage [s].
     """
 
@@ -79,7 +79,7 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
                  + step_scalar_reductions(st, ctx, is_fp16))
     stage_layers = stage_layer_counts(model.layers, st.pp, slots)[2]
     is_fp8 = st.uses(Dtype.FP8)
-    weight_cast = np.where(is_fp8, memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total, 0.0)
+    weight_cast = np.where(is_fp8 & ~st.fp8_fused_cast, memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total, 0.0)
     return Layout(
         strides={"tp": ctx.strides["tp"], "dp": ctx.strides["dp"]}, pp_spans=ctx.spans["pp"],
         mixes=mixes, stage_layers=stage_layers,

@@ -199,7 +199,10 @@ def state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes
 
     Shared weights are sharded by ZeRO over the dp shard, expert weights over
     dp/ep (cost/memory.py: model_state_bytes); fp8 training keeps an fp8 copy
-    of the weights (FP8_WEIGHT_COPY bytes per parameter). ZeRO 3 holds the
+    of the weights the device holds (FP8_WEIGHT_COPY bytes per parameter held:
+    with ZeRO 3 its shard and the gathered layers, as Megatron-FSDP's fp8
+    parameters and FSDP2's float8 all-gather hold them), none where the cast
+    runs inside the matmuls (fp8_fused_cast, XLA). ZeRO 3 holds the
     current and the prefetched layer gathered; without resharding after
     forward (SHARD_GRAD_OP) every layer stays gathered until its backward.
     For grad_buffer layer (``step_memory`` picks them per point) also
@@ -209,7 +212,7 @@ def state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes
     grad_sync step "grad_unsharded", g P, what ZeRO 3 then accumulates. Each only where some point
     uses it, as step_memory reads them: every key is gathered back to every point.
     """
-    is_fp8 = st.uses(Dtype.FP8)
+    kept_copy = st.uses(Dtype.FP8) & ~st.fp8_fused_cast
     layered, unsharded = bool(np.any(st.uses(GradBuffer.LAYER))), bool(np.any(st.uses(GradSync.STEP)))
     layer = model.layer_params() / st.tp
     keep = st.reshard_after_forward
@@ -219,7 +222,8 @@ def state_bytes(model: Transformer, st: StrategyArrays, candidates: list, gbytes
                                    gathered=np.where(keep, 2.0 * layer, params.shared))
         expert = model_state_bytes(params.expert, shards[1], st.zero, gbytes,
                                    gathered=np.where(keep, 0.0, params.expert))
-        states = {"weights": shared.weights + expert.weights + np.where(is_fp8, FP8_WEIGHT_COPY * params.total, 0.0),
+        held = shared.weights + expert.weights
+        states = {"weights": held + np.where(kept_copy, FP8_WEIGHT_COPY / WEIGHT_BYTES * held, 0.0),
                   "gradients": shared.gradients + expert.gradients, "optimizer": shared.optimizer + expert.optimizer,
                   "n_dense": n_dense, "n_moe": n_moe}
         if layered:

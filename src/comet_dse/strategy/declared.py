@@ -231,6 +231,13 @@ class Strategy:
         layout=True, applies=lambda s: _is_fp8(s),
         label=lambda v: "fp8 amax all-reduced per chunk" if v else "no blocking fp8 amax reduction",
         short="amax")
+    fp8_fused_cast: bool = knob(
+        False, "with dtype fp8: each weight is cast to fp8 inside the matmul that reads it (XLA's fp8 dot as "
+        "MaxText runs it, fp8 all-gathers of FSDP2 float8): no fp8 copy of the weights is kept and no separate cast "
+        "pass runs; off: Transformer Engine casts the weights once per step into a kept fp8 copy",
+        layout=True, applies=lambda s: _is_fp8(s),
+        label=lambda v: "fp8 cast inside the matmuls (no kept copy)" if v else "fp8 weight copy kept",
+        short="fp8-fused")
     dp_overlap: bool = knob(True, "overlap the data-parallel gradient reduction with backward",
                             applies=lambda s: s.dp * s.cp > 1,
                             label=lambda v: "DP reduction overlapped" if v else "DP reduction not overlapped",

@@ -141,6 +141,8 @@ STRATEGY_CONTROLS = {
     "ep_fp8_dispatch": ("fp8 expert dispatch (MoE, with fp8; default: off)", ("default", "on", "off")),
     "activation_offload": ("Activations offloaded to host memory (share; default: none)",
                            ("default", "0.25", "0.5", "1")),
+    "fp8_fused_cast": ("fp8 cast inside the matmuls, no kept weight copy (XLA; with fp8; default: off)",
+                       ("default", "on", "off")),
 }
 
 
