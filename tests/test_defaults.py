@@ -36,7 +36,8 @@ def _json(capsys, *argv) -> dict:
 # ---- fused attention -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cluster, fused", [("dgx-h100", True), ("dgx-h200", True), ("dgx-h800", True),
-                                            ("dgx-a100-80gb", True), ("tpu-v4", False), ("mi300x", False)])
+                                            ("dgx-a100-80gb", True), ("tpu-v4", False), ("mi300x", True),
+                                            ("gaudi3", False)])
 def test_fused_attention_by_default_where_the_accelerator_lists_a_rate(cluster, fused):
     c = load_cluster(cluster)
     assert fused is bool(c.accelerator.attention_efficiency)

@@ -65,7 +65,10 @@ def test_presets_carry_the_measured_family_and_assume_the_nearest_where_none_was
     assert gb200["16-bit", "MoE"].status == ASSUMED and gb200["fp8", "MoE"].status == MEASURED
     h800 = load_cluster("dgx-h800").accelerator.training_efficiency       # same silicon as the H100
     assert all(a.status == ASSUMED and a.family["accelerator"] == H100 for a in h800.values())
-    for name in ("dgx-a100-80gb", "tpu-v4", "mi300x"):                    # no public runs of today's kind
+    mi300x = load_cluster("mi300x").accelerator.training_efficiency     # the MI325X's compute dies
+    assert mi300x and all(a.status == ASSUMED and a.family["accelerator"] == "AMD Instinct MI325X"
+                          for a in mi300x.values())
+    for name in ("dgx-a100-80gb", "tpu-v4", "gaudi3"):                    # no public runs of today's kind
         assert load_cluster(name).accelerator.training_efficiency == {}
 
 

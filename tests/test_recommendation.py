@@ -243,8 +243,9 @@ def test_a_sequence_length_for_a_recommendation_model_is_one_line(capsys):
 
 def test_a_study_sweeps_a_recommendation_model_over_clusters_and_an_expansion_tier(tmp_path):
     """The DLRM study of studies/comet: on 2 DGX A100s DLRM-DCNv2's tables spill to host memory without a tier
-    and a faster tier makes the step faster; on 2 TPU v4 chips (no host tier in the preset) nothing fits without
-    one; the summary counts the infeasible points by the family's own rules."""
+    and a faster tier makes the step faster; on 2 TPU v4 chips (whose host memory takes no row reads: a TPU copies
+    whole buffers to the host, MemoryTier.row_reads) nothing fits without one; the summary counts the infeasible
+    points by the family's own rules."""
     from pathlib import Path
 
     study = Path(__file__).resolve().parents[1] / "studies" / "comet" / "rq6-dlrm-expansion.yaml"

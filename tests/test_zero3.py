@@ -151,6 +151,6 @@ def test_hybrid_zero3_more_flops_never_slower():
     mi300x = load_cluster("mi300x")
     model = LLAMA8.with_seq_len(8192)
     st = Strategy(tp=2, cp=2, dp=16, global_batch=64, micro_batch=1, zero=3, dtype="fp8", flash_attention=True,
-                  tp_overlap=True, hybrid_shard=True)
+                  attention_kernel="aiter", tp_overlap=True, hybrid_shard=True)
     base = estimate(model, mi300x, 64, st).step_time_s
     assert estimate(model, _scaled(mi300x, 1.5), 64, st).step_time_s <= base * (1 + 1e-12)

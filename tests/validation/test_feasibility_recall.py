@@ -29,20 +29,21 @@ def comparisons():
 def test_every_published_run_is_judged_to_fit(comparisons):
     """Table 5 (8), Table 1 (10) and h100_public (10) all fit. Of gpu_public's 189 compared runs (5 more, whose
     expert groups Megatron-Core draws from TP x CP x DP, the model cannot express and does not compare) it
-    judges 143 to fit: the others use what it cannot express (activation offload to the CPU, recompute of
-    single modules) or sit within 2 % of the capacity (data/validation/gpu_public_notes.md); the bound guards
-    that number. Of accelerators_public's 55 it judges 21 to fit: MaxText's runs keep chosen tensors of each
-    layer and offload others to host memory (remat policies the model reads as none or full recomputation,
-    and no host offload), accelerators_public.md; the bound guards that number too."""
+    judges 155 to fit: the others use what it cannot express (recompute of single modules, Megatron-FSDP's
+    buffers) or sit within 2 % of the capacity (data/validation/gpu_public_notes.md); the bound guards that
+    number. Of accelerators_public's 59 it judges 43 to fit: MaxText's runs that offload the decoder layer's input
+    to host memory fit with it (activation_offload, the TPU presets' host tier); those whose vocabulary tiling
+    or 16-bit Adam state the model does not express do not (accelerators_public.md); the bound guards that
+    number too."""
     old = recall([c for c in comparisons if c.dataset in (TABLE5, TABLE1, H100)])
     assert old["runs"] == 28 and old["missed"] == [] and old["judged_to_fit"] == 28
     assert {c.dataset for c in comparisons if c.fits is not None} == {TABLE5, TABLE1, H100, GPU, OTHERS, FSDP,
                                                                        RECSYS}
     gpu = recall([c for c in comparisons if c.dataset == GPU])
     assert gpu["runs"] == 189
-    assert gpu["judged_to_fit"] >= 143
+    assert gpu["judged_to_fit"] >= 155
     others = recall([c for c in comparisons if c.dataset == OTHERS])
-    assert others["runs"] == 55 and others["judged_to_fit"] >= 21
+    assert others["runs"] == 59 and others["judged_to_fit"] >= 43
     fsdp = recall([c for c in comparisons if c.dataset == FSDP])       # llm-foundry's FSDP runs: none offloads
     assert fsdp["runs"] == 216 and fsdp["missed"] == []
     recsys = recall([c for c in comparisons if c.dataset == RECSYS])    # MLPerf and DLE DLRM runs: tables in HBM

@@ -51,7 +51,8 @@ def default_resources(cluster: Cluster, model=None) -> list:
     tier = cluster.accelerator.expansion
     if tier is not None:
         names += ["expansion_capacity", "expansion_bandwidth"] + (["expansion_compute"] if tier.compute else [])
-    if cluster.accelerator.host is not None and getattr(model, "kind", None) == "recommendation":
+    host = cluster.accelerator.host
+    if host is not None and host.row_reads and getattr(model, "kind", None) == "recommendation":
         names += ["host_memory_capacity", "host_memory_bandwidth"]
     return names
 

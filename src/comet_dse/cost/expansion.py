@@ -134,9 +134,12 @@ def host_offload_time(acc, moved, m, fwd, bwd):
     a = o A: the offloaded share of a micro-batch's kept activations [bytes], copied to the host beside each
     forward and back beside each backward (copy engines, as Megatron-Core's and MaxText's offloading run them);
     B_h the host link's achievable bandwidth per device (accelerator.memory.host: bandwidth x efficiency);
-    T_f, T_b the pass's compute [s]. Without a host tier the point does not fit (cost/step.py) and nothing moves.
+    T_f, T_b the pass's compute [s]. Without a host tier the point does not fit (cost/step.py) and nothing moves;
+    a point that offloads nothing costs exactly 0, whatever its passes (NaN where it breaks a rule), as it does
+    in a batch where no point offloads.
     """
+    moved = np.asarray(moved, dtype=float)
     if acc.host is None or not acc.host.achievable_bandwidth > 0:
-        return np.zeros_like(np.asarray(moved, dtype=float))
-    copy = np.asarray(moved, dtype=float) / acc.host.achievable_bandwidth
-    return m * (np.maximum(copy - fwd, 0.0) + np.maximum(copy - bwd, 0.0))
+        return np.zeros_like(moved)
+    copy = moved / acc.host.achievable_bandwidth
+    return np.where(moved > 0, m * (np.maximum(copy - fwd, 0.0) + np.maximum(copy - bwd, 0.0)), 0.0)

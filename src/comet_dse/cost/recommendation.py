@@ -305,10 +305,10 @@ def hot_share(model: Recommendation, resident):
 
 def tiers(acc) -> list:
     """The tiers beyond HBM embedding rows may live in, fastest first: [(name, capacity B, bandwidth B/s)] of
-    the expansion tier and the host memory where the device has them (bandwidth: what a streaming kernel
-    reaches, MemoryTier.achievable_bandwidth)."""
+    the expansion tier and the host memory where the device has them and reads rows from it in place
+    (MemoryTier.row_reads; bandwidth: what a streaming kernel reaches, MemoryTier.achievable_bandwidth)."""
     out = [(name, tier.capacity, tier.achievable_bandwidth) for name, tier in
-           (("expansion", acc.expansion), ("host", acc.host)) if tier is not None]
+           (("expansion", acc.expansion), ("host", acc.host)) if tier is not None and tier.row_reads]
     return sorted(out, key=lambda x: -x[2])
 
 

@@ -42,8 +42,10 @@ KINDS = ("dense", "MoE")
 MEASURED, ASSUMED = "measured", "assumed"
 
 # Parts cut from the same die whose training steps run the same kernels at the same clocks: the H800 is an
-# H100 SXM5 with fewer NVLink links (NVIDIA H800 product brief: same GH100, 989.4 TFLOP/s dense bf16).
-SAME_SILICON = {"NVIDIA H800 SXM5 80GB": "NVIDIA H100 SXM5 80GB"}
+# H100 SXM5 with fewer NVLink links (NVIDIA H800 product brief: same GH100, 989.4 TFLOP/s dense bf16); the
+# MI300X carries the MI325X's CDNA 3 compute dies (304 CUs at 2.1 GHz, 1307.4 TFLOP/s dense bf16 on both AMD
+# datasheets) with less and slower HBM (192 GB HBM3 at 5.3 TB/s against 256 GB HBM3E at 6 TB/s).
+SAME_SILICON = {"NVIDIA H800 SXM5 80GB": "NVIDIA H100 SXM5 80GB", "AMD Instinct MI300X": "AMD Instinct MI325X"}
 # Parts of one architecture whose tensor rates and software stack are the same: the B300 is Blackwell Ultra, the
 # Blackwell architecture with more HBM and faster NVFP4 (NVIDIA technical blog "Inside NVIDIA Blackwell Ultra",
 # Aug 2025), at the B200's dense bf16 and fp8 rates (HGX B300 and HGX B200 tables: 2.25 and 4.5 PFLOP/s per GPU).

@@ -42,6 +42,7 @@ def tier_from(fields: Fields, name: str, with_latency: bool = False, may_hold_st
         latency=fields.quantity("latency", KIND_TIME, 0.0, bound="latency") if with_latency else 0.0,
         holds_state=fields.boolean("holds_state", False) if may_hold_state else False,
         compute=fields.quantity("compute", KIND_FLOPS, None, bound="peak_flops") if name == "expansion" else None,
+        row_reads=fields.boolean("row_reads", True) if name == "host" else True,
     )
     fields.reject_unknown(("source",))
     return tier

@@ -49,6 +49,11 @@ class MemoryTier:
     where the tier is host memory that computes on what it holds); None: no
     roof beyond the device's own. Used where the tier is costed as a roofline
     (``expansion_roofline``, cost/expansion.py: remote_compute_per_pass).
+    row_reads: host memory only: the device's kernels read the tier's bytes in
+    place, so an embedding row can be gathered from it (a GPU's unified memory
+    over PCIe or NVLink-C2C, TorchRec's UVM tables); false where only whole
+    buffers are copied by DMA (a TPU's host memory, XLA's host offload), which
+    serves offloaded activations but no row lookups.
     """
 
     name: str
@@ -58,6 +63,7 @@ class MemoryTier:
     latency: float = 0.0
     holds_state: bool = False
     compute: float | None = None
+    row_reads: bool = True
 
     @property
     def achievable_bandwidth(self) -> float:

@@ -94,6 +94,10 @@ class AttentionKernel(Choice):
 
     FA2 = "fa2"
     """FlashAttention-2 (Dao 2023, arXiv:2307.08691); Ampere and Hopper."""
+    AITER = "aiter"
+    """AMD's aiter fused attention: its v3 assembly FMHA kernels for CDNA 3 and 4 (ROCm/aiter), which
+    Transformer Engine's CK backend on ROCm also runs (NVTE_FUSED_ATTN_CK with the v3 kernels); MI300X,
+    MI325X, MI355X."""
     FA3 = "fa3"
     """FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608); Hopper only."""
     CUDNN = "cudnn"
