@@ -79,7 +79,8 @@ def layout_terms(model: Transformer, st: StrategyArrays, ctx) -> Layout:
                  + step_scalar_reductions(st, ctx, is_fp16))
     stage_layers = stage_layer_counts(model.layers, st.pp, slots)[2]
     is_fp8 = st.uses(Dtype.FP8)
-    weight_cast = np.where(is_fp8 & ~st.fp8_fused_cast, memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total, 0.0)
+    cast_pass = memory_pass_time(params.total * FP8_WEIGHT_CAST_BYTES, ctx.dev).total
+    weight_cast = np.where(is_fp8 & ~st.fp8_fused_cast, cast_pass, 0.0)
     return Layout(
         strides={"tp": ctx.strides["tp"], "dp": ctx.strides["dp"]}, pp_spans=ctx.spans["pp"],
         mixes=mixes, stage_layers=stage_layers,

@@ -532,11 +532,11 @@ def _apply(cluster: Cluster, name: str, label: str, setting: tuple, networks: di
 
 def _domain_size(cluster: Cluster, dim, name: str, label: str, mode: str, x) -> int:
     """A scale-up domain resized to ``x`` devices (``x`` times its own size where ``mode`` is 'scale'): a whole
-    number from 1 to the dimension's own size. A cluster's dimension size is the most devices its hardware joins there (GB200 NVL72: 72 over NVLink), so a
-    smaller domain is a choice (NVL36 racks, partitions) and a larger one another machine, refused: write that
-    machine's cluster file instead. Only switched and fully connected dimensions below the outermost: the
-    outermost spans as many nodes as the job needs, and a torus dimension's size is its slice shape, which the
-    device count chooses (hardware/slices.py)."""
+    number from 1 to the dimension's own size. A cluster's dimension size is the most devices its hardware joins
+    there (GB200 NVL72: 72 over NVLink), so a smaller domain is a choice (NVL36 racks, partitions) and a larger
+    one another machine, refused: write that machine's cluster file instead. Only switched and fully connected
+    dimensions below the outermost: the outermost spans as many nodes as the job needs, and a torus dimension's
+    size is its slice shape, which the device count chooses (hardware/slices.py)."""
     where = f"axes.{name}"
     if dim.size is None:
         raise InputError(where, f"{dim.name} is {cluster.name}'s outermost dimension: it spans as many nodes as "
