@@ -79,3 +79,22 @@ def test_bad_share_is_one_line(capsys):
             "--global-batch", "8", "--activation-offload")
     one_line_error(run(capsys, *args, "1.5"), "--activation-offload", "[0, 1]")
     one_line_error(run(capsys, *args, "-0.1"), "--activation-offload")
+
+
+def test_a_point_that_offloads_nothing_costs_no_offload_time_beside_one_that_does():
+    """In one batch with a point that offloads, a point that offloads nothing and breaks a rule (a fused kernel the
+    H100 lists no rate for, its passes NaN) reads 0 offload time, as its own estimate does (it read NaN)."""
+    import numpy as np
+
+    from comet_dse.design_space.table import evaluate_columns
+    from comet_dse.presets.catalog import load_cluster, load_model
+    from comet_dse.strategy.arrays import StrategyArrays
+    from comet_dse.strategy.declared import Strategy
+
+    offloading = Strategy(dp=8, global_batch=8, recompute="selective", activation_offload=1.0)
+    unlisted = Strategy(dp=8, global_batch=8, flash_attention=True, attention_kernel="aiter")
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    cols = evaluate_columns(model, cluster, 8, StrategyArrays.of([offloading, unlisted]))
+    alone = comet_dse.estimate(model, cluster, 8, **unlisted.to_dict())
+    assert np.isnan(cols["step_time_s"][1]) and not cols["feasible"][1]
+    assert cols["time_offload_s"][1] == alone.breakdown_s["offload"] == 0.0
