@@ -209,19 +209,18 @@ def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
 
     from comet_dse.answers.validation import whole_runs
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": (1.0, 1.0)})
     runs = whole_runs(comparisons)
-    colours = {}
-    for hardware in dict.fromkeys(c.hardware for c in runs):
+    accelerators = list(dict.fromkeys(c.hardware for c in runs))
+    palette = plt.get_cmap("tab20" if len(accelerators) > 10 else "tab10")
+    for index, hardware in enumerate(accelerators):     # one colour per accelerator, a marker per kind of model
         for kind, marker in (("dense", "o"), ("MoE", "^"), ("recommendation", "s")):
             group = [c for c in runs if c.hardware == hardware and c.kind == kind]
             if group:
-                dots = left.scatter([c.measured for c in group], [c.predicted for c in group], s=20, marker=marker,
-                                    alpha=0.75, color=colours.get(hardware),
-                                    label=f"{hardware} {kind} ({len(group)})")
-                colours.setdefault(hardware, dots.get_facecolor()[0][:3])
+                left.scatter([c.measured for c in group], [c.predicted for c in group], s=20, marker=marker,
+                             alpha=0.75, color=palette(index % palette.N), label=f"{hardware} {kind} ({len(group)})")
     _panel(left, [c.measured for c in runs] + [c.predicted for c in runs], "measured step time [s]",
-           "predicted step time [s]", f"Step time, {len(runs)} whole runs")
+           "predicted step time [s]", f"Step time, {len(runs)} whole runs", legend_outside=True)
     for measures, marker in (("max_allocated", "o"), ("max_reserved", "s"), ("device", "^")):
         group = [c for c in memory if c.measures == measures]
         if group:
@@ -234,8 +233,9 @@ def figure(comparisons: list, memory: list, path, fmt: str = "png") -> None:
     plt.close(fig)
 
 
-def _panel(ax, values: list, xlabel: str, ylabel: str, title: str) -> None:
-    """Log axes over ``values``, the line predicted = measured and the band within 10 % of it."""
+def _panel(ax, values: list, xlabel: str, ylabel: str, title: str, legend_outside: bool = False) -> None:
+    """Log axes over ``values``, the line predicted = measured and the band within 10 % of it; the legend in the
+    upper left corner, or right of the panel where it is long (``legend_outside``: one entry per family)."""
     values = [v for v in values if v > 0]
     if not values:
         ax.set_title(f"{title} (none)", fontsize=10)
@@ -251,4 +251,5 @@ def _panel(ax, values: list, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=6.5, loc="upper left", labelspacing=0.25, handletextpad=0.3, borderaxespad=0.3)
+    where = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if legend_outside else {"loc": "upper left"}
+    ax.legend(fontsize=6.5, labelspacing=0.25, handletextpad=0.3, borderaxespad=0.3, **where)
