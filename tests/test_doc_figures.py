@@ -441,7 +441,7 @@ SHORT = {"NVIDIA A100 SXM4 80GB": "A100", "NVIDIA H100 SXM5 80GB": "H100", "NVID
          "NVIDIA B200 180GB": "B200", "NVIDIA GB200 Blackwell GPU 186GB": "GB200"}
 # the accelerators whose public runs came with issue 42 (docs/validation.md, "The machines of 2026")
 MACHINES_2026 = {"NVIDIA B300 270GB": "B300", "NVIDIA GB300 Blackwell Ultra GPU 279GB": "GB300",
-                 "AMD Instinct MI325X": "MI325X", "AMD Instinct MI355X": "MI355X", "Google TPU v5p": "TPU v5p", "Google TPU v6e": "TPU v6e",
+                 "AMD Instinct MI325X": "MI325X", "AMD Instinct MI355X": "MI355X", "Google TPU v5e": "TPU v5e", "Google TPU v5p": "TPU v5p", "Google TPU v6e": "TPU v6e",
                  "Google TPU7x": "TPU7x", "Intel Gaudi 2 HL-225": "Gaudi 2"}
 
 

@@ -31,7 +31,7 @@ def test_every_published_run_is_judged_to_fit(comparisons):
     expert groups Megatron-Core draws from TP x CP x DP, the model cannot express and does not compare) it
     judges 155 to fit: the others use what it cannot express (recompute of single modules, Megatron-FSDP's
     buffers) or sit within 2 % of the capacity (data/validation/gpu_public_notes.md); the bound guards that
-    number. Of accelerators_public's 59 it judges 43 to fit: MaxText's runs that offload the decoder layer's input
+    number. Of accelerators_public's 70 it judges 52 to fit: MaxText's runs that offload the decoder layer's input
     to host memory fit with it (activation_offload, the TPU presets' host tier); those whose vocabulary tiling
     or 16-bit Adam state the model does not express do not (accelerators_public.md); the bound guards that
     number too."""
@@ -43,7 +43,7 @@ def test_every_published_run_is_judged_to_fit(comparisons):
     assert gpu["runs"] == 189
     assert gpu["judged_to_fit"] >= 155
     others = recall([c for c in comparisons if c.dataset == OTHERS])
-    assert others["runs"] == 59 and others["judged_to_fit"] >= 43
+    assert others["runs"] == 70 and others["judged_to_fit"] >= 52
     fsdp = recall([c for c in comparisons if c.dataset == FSDP])       # llm-foundry's FSDP runs: none offloads
     assert fsdp["runs"] == 216 and fsdp["missed"] == []
     recsys = recall([c for c in comparisons if c.dataset == RECSYS])    # MLPerf and DLE DLRM runs: tables in HBM

@@ -105,9 +105,10 @@ def test_validate_reports_memory_and_recall(capsys):
     assert "torchtitan-70b-fsdp32-tp8" in out
     code, out, err = run(capsys, "validate", "--json")
     data = json.loads(out)
-    # the runs judged not to fit are of gpu_public's (mb, mlperf, nemo, dgxc) and MaxText's (tpur) recipes only
-    assert not [label for label in data["feasibility_recall"]["missed"] if not label.startswith(("mb", "mlperf",
-                                                                                              "nemo", "dgxc", "tpur"))]
+    # the runs judged not to fit are of gpu_public's (mb, mlperf, nemo, dgxc) and MaxText's (tpur: its recipes;
+    # mtreadme: its README's tables, whose `minimal` remat keeps fewer tensors than no recomputation) only
+    prefixes = ("mb", "mlperf", "nemo", "dgxc", "tpur", "mtreadme")
+    assert not [label for label in data["feasibility_recall"]["missed"] if not label.startswith(prefixes)]
     assert data["memory"]["summary"]["rows"] == len(data["memory"]["rows"]) >= 10
     assert {"label", "predicted_bytes", "measured_bytes", "measures", "error", "source"} <= set(data["memory"]["rows"][0])
 

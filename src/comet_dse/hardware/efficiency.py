@@ -230,6 +230,17 @@ def efficiency_of(setting, accelerator: str) -> dict:
     return resolve(read_table(path), accelerator, str(path))
 
 
+def _fitted_at_physical(setting, accelerator: str, precision: str, kind: str) -> dict | None:
+    """The family of the efficiency file ``setting`` names whose own runs were fitted at or above the physical
+    reading (``at_physical``: the family keeps it), or None."""
+    if setting in (None, PHYSICAL):
+        return None
+    families = shipped_table() if setting == SHIPPED else read_table(Path(setting))
+    found = [f for f in families if f["accelerator"] == accelerator and f["precision"] == precision
+             and f["kind"] == kind and f.get("at_physical")]
+    return found[0] if found else None
+
+
 def efficiency_summary(accelerator, setting: str, dtype: str, moe, kind: str | None = None) -> dict:
     """What tensor rate an estimate on ``accelerator`` (spec.Accelerator) in ``dtype`` of a dense or MoE model
     (or of the ``kind`` given: "recommendation") runs at, for output: {value, status (measured / assumed /
@@ -239,8 +250,15 @@ def efficiency_summary(accelerator, setting: str, dtype: str, moe, kind: str | N
     applied = accelerator.training_efficiency.get((precision_class(dtype), kind))
     if applied is not None:
         return applied.to_dict(physical)
-    why = ("--physical or the cluster file's `training_efficiency: physical`" if setting == PHYSICAL else
-           f"no public {precision_class(dtype)} {kind} runs of {accelerator.name} in the efficiency file")
+    at_physical = _fitted_at_physical(setting, accelerator.name, precision_class(dtype), kind)
+    if setting == PHYSICAL:
+        why = "--physical or the cluster file's `training_efficiency: physical`"
+    elif at_physical is not None:
+        error = 100.0 * at_physical["error_physical"]["mean_abs_error"]
+        why = (f"its {at_physical['runs']} public {precision_class(dtype)} {kind} runs fit best at it, mean |error| "
+               f"{error:.1f} %: no efficiency below it explains them")
+    else:
+        why = f"no public {precision_class(dtype)} {kind} runs of {accelerator.name} in the efficiency file"
     return {"value": physical, "status": PHYSICAL, "physical": physical, "source": setting, "family": None,
             "cross_validation": None, "error_cross_validated": None, "error_physical": None,
             "text": f"{physical:.3f} of the benchmark tensor rate: the physical reading ({why})"}
