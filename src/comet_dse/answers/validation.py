@@ -48,7 +48,9 @@ MEMORY = "memory.csv"
 MOE_LAYER = "moe_layer_perf.csv"
 FSDP = "fsdp_public.csv"
 RECSYS = "recsys_public.csv"
-STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100, GPU, OTHERS, FSDP, RECSYS)   # `validate`'s step times, in order
+# the files in gpu_public.csv's columns, each run compared on the preset it names, as shipped (gpu_comparisons)
+PRESET_RUN_FILES = (GPU, OTHERS, FSDP, RECSYS)
+STEP_TIME_DATASETS = (TABLE5, TABLE1, TABLE4, MOE_LAYER, H100) + PRESET_RUN_FILES   # `validate`'s step times, in order
 
 
 @dataclass(frozen=True)
@@ -465,8 +467,8 @@ def all_comparisons(cluster: Cluster, directory: Path | None = None, h100: Clust
     h100 = h100 or load_cluster("dgx-h100")
     return (table5_comparisons(cluster, directory) + table1_comparisons(cluster, directory)
             + table4_comparisons(cluster, directory) + moe_layer_comparisons(h100, directory)
-            + h100_comparisons(h100, directory, skipped) + gpu_comparisons(directory, skipped)
-            + gpu_comparisons(directory, skipped, OTHERS) + gpu_comparisons(directory, skipped, FSDP) + gpu_comparisons(directory, skipped, RECSYS))
+            + h100_comparisons(h100, directory, skipped)
+            + [c for name in PRESET_RUN_FILES for c in gpu_comparisons(directory, skipped, name)])
 
 
 @dataclass(frozen=True)
