@@ -39,7 +39,7 @@ HEADER = "# Written by python -m comet_dse.answers.efficiency_fit; do not edit: 
 
 
 def today_runs(directory: Path) -> list:
-    """Every whole run of h100_public.csv and gpu_public.csv in ``directory`` that the model can run as written
+    """Every whole run of RUNS_FILES in ``directory`` that the model can run as written
     (validation.PublishedRun: the runs ``comet-dse validate`` compares), with its stated settings."""
     from comet_dse.answers.validation import OTHERS, comparisons_of, gpu_runs, h100_runs
     from comet_dse.presets.catalog import load_cluster

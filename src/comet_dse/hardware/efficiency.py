@@ -169,8 +169,9 @@ def shipped_path() -> Path:
 
 def resolve(families, accelerator: str, source: str) -> dict:
     """(precision, kind) -> Applied for every family of ``accelerator``: measured where the file has it (and
-    its value generalises: ``applies``, efficiency_fit), else the nearest measured family of the accelerator (then of its same-silicon sibling), assumed
-    (where that would be the other kind of model, a same-generation sibling's family of the same kind first);
+    its value generalises: ``applies``, efficiency_fit), else the nearest measured family of the accelerator
+    (then of its same-silicon sibling), assumed (where that would be the other kind of model, a same-generation
+    sibling's family of the same kind first);
     families with nothing to take from are left out (they keep the physical reading), as are those whose own
     runs were fitted at or above it (``at_physical``: taking another family's lower value would read them slower
     still)."""
