@@ -2,7 +2,10 @@
 aiter's published rates, and AMD searches run fused attention with it by default."""
 from __future__ import annotations
 
+import dataclasses as dc
+
 import pytest
+from test_gpu_truth import _bench_device
 
 import comet_dse
 from comet_dse.cost.kernels import Device, attention_rate
@@ -15,12 +18,7 @@ AITER = {"mi300x": (541.55e12, 412.04e12), "mi355x": (1392.485e12, 808.93e12)}
 
 def _device(preset: str) -> Device:
     """The preset's device at burst clocks (a kernel benchmark) with its per-head-dim attention kernels."""
-    acc = load_cluster(preset).accelerator
-    tm, tn, tk = acc.matmul_tile
-    return Device(peak=acc.peak_flops["bf16"], matmul_eff=acc.matmul_efficiencies()["bf16"], units=acc.compute_units,
-                  tile_m=tm, tile_n=tn, tile_k=tk, pipeline_overhead=acc.matmul_pipeline_overhead, sram_cap=1.0,
-                  sram_bw=1.0, hbm_bw=1.0, vector=1.0, overhead=0.0, peak16=acc.peak_flops["bf16"],
-                  sustained=1.0, sustained16=1.0, head_dim_kernels=True)
+    return dc.replace(_bench_device(load_cluster(preset)), sustained=1.0, sustained16=1.0, head_dim_kernels=True)
 
 
 @pytest.mark.parametrize("preset", sorted(AITER))
