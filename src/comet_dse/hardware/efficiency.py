@@ -176,8 +176,7 @@ def resolve(families, accelerator: str, source: str) -> dict:
     runs were fitted at or above it (``at_physical``: taking another family's lower value would read them slower
     still)."""
     out = {}
-    kept_physical = {(f["precision"], f["kind"]) for f in families
-                     if f["accelerator"] == accelerator and f.get("at_physical")}
+    kept_physical = _kept_at_physical(families, accelerator)
     for name in (accelerator, SAME_SILICON.get(accelerator)):
         own = [f for f in families if f["accelerator"] == name and f.get("applies", True)]
         for precision in PRECISIONS:
@@ -231,15 +230,18 @@ def efficiency_of(setting, accelerator: str) -> dict:
     return resolve(read_table(path), accelerator, str(path))
 
 
+def _kept_at_physical(families, accelerator: str) -> dict:
+    """(precision, kind) -> family of ``accelerator`` whose own runs were fitted at or above the physical reading
+    (``at_physical``, efficiency_fit): such a family keeps the physical reading."""
+    return {(f["precision"], f["kind"]): f for f in families if f["accelerator"] == accelerator and f.get("at_physical")}
+
+
 def _fitted_at_physical(setting, accelerator: str, precision: str, kind: str) -> dict | None:
-    """The family of the efficiency file ``setting`` names whose own runs were fitted at or above the physical
-    reading (``at_physical``: the family keeps it), or None."""
+    """``_kept_at_physical``'s family for (precision, kind) in the efficiency file ``setting`` names, or None."""
     if setting in (None, PHYSICAL):
         return None
     families = shipped_table() if setting == SHIPPED else read_table(Path(setting))
-    found = [f for f in families if f["accelerator"] == accelerator and f["precision"] == precision
-             and f["kind"] == kind and f.get("at_physical")]
-    return found[0] if found else None
+    return _kept_at_physical(families, accelerator).get((precision, kind))
 
 
 def efficiency_summary(accelerator, setting: str, dtype: str, moe, kind: str | None = None) -> dict:
