@@ -233,7 +233,8 @@ def efficiency_of(setting, accelerator: str) -> dict:
 def _kept_at_physical(families, accelerator: str) -> dict:
     """(precision, kind) -> family of ``accelerator`` whose own runs were fitted at or above the physical reading
     (``at_physical``, efficiency_fit): such a family keeps the physical reading."""
-    return {(f["precision"], f["kind"]): f for f in families if f["accelerator"] == accelerator and f.get("at_physical")}
+    return {(f["precision"], f["kind"]): f for f in families
+            if f["accelerator"] == accelerator and f.get("at_physical")}
 
 
 def _fitted_at_physical(setting, accelerator: str, precision: str, kind: str) -> dict | None:
